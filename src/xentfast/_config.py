@@ -1,0 +1,32 @@
+"""Build and run-time configuration report."""
+
+import platform
+
+from ._core._openmp_helpers import omp_max_threads, openmp_enabled
+from ._threads import effective_n_threads
+
+try:
+    from . import _build_info
+except ImportError:  # pragma: no cover - only when the build step did not run
+    _build_info = None
+
+
+def config():
+    """The facts :func:`show_config` prints, as a dict."""
+    from . import __version__
+
+    return {
+        "version": __version__,
+        "openmp": openmp_enabled(),
+        "default_n_threads": effective_n_threads(None),
+        "omp_max_threads": omp_max_threads(),
+        "cpu_code_path": "baseline (" + platform.machine() + ", compiler-vectorized, no FMA contraction)",
+        "cflags": getattr(_build_info, "CFLAGS", "unknown"),
+        "python": platform.python_version(),
+    }
+
+
+def show_config():
+    """Print version, OpenMP on/off, default thread count and the CPU code path."""
+    for key, value in config().items():
+        print(f"{key:>18}: {value}")

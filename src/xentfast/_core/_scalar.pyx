@@ -1,0 +1,77 @@
+# Test-only wrappers: the scalar functions of xentfast/numerics.h, applied elementwise, so the tests can
+# measure the header itself against mpmath (including every branch cutoff and its neighbours).
+import numpy as np
+
+cdef extern from "xentfast/numerics.h" nogil:
+    double xf_exp(double x)
+    double xf_exp_dd(double hi, double lo)
+    double xf_log(double x)
+    double xf_log1p(double x)
+    double xf_log1pexp(double x)
+    double xf_sigmoid(double x)
+    double xf_exp_shifted(double x, double m)
+    double xf_neg_log_prob(double x, double m, double log_s)
+
+
+ctypedef double (*unary_fn)(double) noexcept nogil
+ctypedef double (*binary_fn)(double, double) noexcept nogil
+
+
+cdef _apply1(unary_fn f, x):
+    cdef const double[::1] xv = np.ascontiguousarray(x, dtype=np.float64).ravel()
+    out = np.empty(xv.shape[0], dtype=np.float64)
+    cdef double[::1] ov = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(xv.shape[0]):
+            ov[i] = f(xv[i])
+    return out.reshape(np.shape(x))
+
+
+cdef _apply2(binary_fn f, a, b):
+    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+    cdef const double[::1] av = np.ascontiguousarray(a).ravel()
+    cdef const double[::1] bv = np.ascontiguousarray(b).ravel()
+    out = np.empty(av.shape[0], dtype=np.float64)
+    cdef double[::1] ov = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(av.shape[0]):
+            ov[i] = f(av[i], bv[i])
+    return out.reshape(a.shape)
+
+
+def exp(x):
+    return _apply1(xf_exp, x)
+
+
+def exp_dd(hi, lo):
+    return _apply2(xf_exp_dd, hi, lo)
+
+
+def log(x):
+    return _apply1(xf_log, x)
+
+
+def log1p(x):
+    return _apply1(xf_log1p, x)
+
+
+def log1pexp(x):
+    return _apply1(xf_log1pexp, x)
+
+
+def sigmoid(x):
+    return _apply1(xf_sigmoid, x)
+
+
+def exp_shifted(x, m):
+    """exp(x - m) with the shift carried exactly (the float64 kernels' per-element exponential)."""
+    return _apply2(xf_exp_shifted, x, m)
+
+
+def neg_log_prob(x, m, log_s):
+    """(m - x) + log_s, the kernels' -log p for a class other than the argmax."""
+    x, m, log_s = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (x, m, log_s)))
+    return np.array([xf_neg_log_prob(a, b, c) for a, b, c in zip(x.ravel(), m.ravel(), log_s.ravel())]
+                    ).reshape(x.shape)

@@ -1,0 +1,361 @@
+# Softmax-family CPU kernels: cross-entropy (forward, backward, fused), log_softmax, softmax, logsumexp.
+#
+# Design
+# (a) Python validates, this module computes.  Every argument arrives checked by xentfast.api (shapes,
+#     dtypes, label range): with boundscheck off an unchecked label is an out-of-bounds read, so nothing
+#     here re-validates and nothing here raises.
+# (b) The arithmetic lives in C: xentfast/numerics.h (shared with the CUDA twin) and the block kernels of
+#     softmax_rows.h.  This file only decides which thread runs which row or block.
+# (c) Determinism: a row's result depends only on the row, computed block by block with block results
+#     merged in block order (softmax_rows.h (a)).  Rows are independent, so `prange` over rows gives the
+#     same bits for any thread count.  When there are fewer rows than threads and rows span several
+#     blocks, the blocks of all rows become the parallel tasks ("phased" path); the merges still run in
+#     block order, so the phased and row paths give the same bits too (tests/test_threads.py).
+# (d) Per-row losses are written in double, whatever the data type, and reduced by dd_sum (double-double,
+#     serial, fixed order): `mean` equals the mean of `none` for any thread count, and a float32 batch
+#     mean is not built from float32-rounded row losses.
+# (e) Left out on purpose: OpenMP reductions (their order follows the thread count), per-element
+#     Python-level dispatch, and any N x C temporary besides the caller-visible outputs.
+
+from cython.parallel cimport prange
+from libc.stdint cimport int64_t
+from libc.stdlib cimport malloc, free
+
+cdef extern from "xent_kernels.h" nogil:
+    enum: XF_BLOCK
+    enum: XF_ROW_OK
+    ctypedef struct xf_rowmax:
+        double m
+        long long argmax
+    ctypedef struct xf_rowjob:
+        int status
+        int has_nan
+        int needs_terms
+        long long y
+        long long argmax
+        double m
+        double S
+        double log_s
+        double lse
+    void xf_rowmax_init(xf_rowmax *st)
+    void xf_rowmax_merge(xf_rowmax *st, const xf_rowmax *blk)
+    void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale, int prob)
+    void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
+    void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
+    double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
+    void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
+    void xf_terms_merge(double *acc, const double *blk)
+
+    void xf_max_block_f32(const float *x, long long n, long long offset, xf_rowmax *out)
+    void xf_max_block_f64(const double *x, long long n, long long offset, xf_rowmax *out)
+    void xf_sumexp_block_f32(const float *x, long long n, double m, long long skip, double *hi, double *lo)
+    void xf_sumexp_block_f64(const double *x, long long n, double m, long long skip, double *hi, double *lo)
+    void xf_xent_terms_block_f32(const float *x, long long n, long long offset, const xf_rowjob *job,
+                                 const float *t, const double *w, double *out)
+    void xf_xent_terms_block_f64(const double *x, long long n, long long offset, const xf_rowjob *job,
+                                 const double *t, const double *w, double *out)
+    void xf_xent_grad_block_f32(const float *x, float *out, long long n, long long offset,
+                                const xf_rowjob *job, const float *t, const double *w)
+    void xf_xent_grad_block_f64(const double *x, double *out, long long n, long long offset,
+                                const xf_rowjob *job, const double *t, const double *w)
+    void xf_row_stats_f32(const float *x, long long C, xf_rowjob *job)
+    void xf_row_stats_f64(const double *x, long long C, xf_rowjob *job)
+    double xf_xent_row_f32(const float *x, float *grad, long long C, xf_rowjob *job, const float *t,
+                           const double *w)
+    double xf_xent_row_f64(const double *x, double *grad, long long C, xf_rowjob *job, const double *t,
+                           const double *w)
+    void xf_log_softmax_block_f32(const float *x, float *out, long long n, double m, double log_s)
+    void xf_log_softmax_block_f64(const double *x, double *out, long long n, double m, double log_s)
+    void xf_softmax_block_f32(const float *x, float *out, long long n, double m, double S)
+    void xf_softmax_block_f64(const double *x, double *out, long long n, double m, double S)
+
+ctypedef fused floating:
+    float
+    double
+
+cdef double NAN = float("nan")
+
+
+cdef struct XentArgs:
+    # everything a row needs besides its own data; pointers are NULL when the option is absent
+    const int64_t *y            # index targets (NULL for probability targets)
+    const double *w             # class weights
+    const double *row_scale     # per-row upstream gradient (reduction="none")
+    long long ignore_index
+    long long C
+    double eps
+    double z
+    double scale                # scalar upstream factor (grad_output / denominator)
+    int prob
+
+
+cdef inline bint _row_ignored(const XentArgs *a, Py_ssize_t i) noexcept nogil:
+    return a.y != NULL and a.y[i] == a.ignore_index
+
+
+cdef inline void _row_job_init(const XentArgs *a, Py_ssize_t i, xf_rowjob *job) noexcept nogil:
+    cdef long long y = -1
+    cdef double w_y = 1.0
+    cdef double s = a.scale
+    if a.y != NULL:
+        y = a.y[i]
+        if a.w != NULL:
+            w_y = a.w[y]
+    if a.row_scale != NULL:
+        s = s * a.row_scale[i]
+    xf_rowjob_init(job, y, w_y, a.eps, a.z, s, a.prob)
+
+
+cdef inline void _fill(floating *out, Py_ssize_t n, double v) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(n):
+        out[j] = <floating>v
+
+
+cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+                          Py_ssize_t i) noexcept nogil:
+    cdef xf_rowjob job
+    cdef Py_ssize_t C = a.C
+    if _row_ignored(a, i):
+        if grad != NULL:
+            _fill(grad + i * C, C, 0.0)
+        return 0.0
+    _row_job_init(a, i, &job)
+    if floating is float:
+        return xf_xent_row_f32(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
+                               t + i * C if t != NULL else NULL, a.w)
+    else:
+        return xf_xent_row_f64(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
+                               t + i * C if t != NULL else NULL, a.w)
+
+
+cdef void _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+                       Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
+    # Few rows, long rows: the (row, block) pairs are the parallel tasks of each pass; per-row merges
+    # run in block order between the passes (see (c)).
+    cdef Py_ssize_t C = a.C
+    cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
+    cdef Py_ssize_t ntask = N * nb
+    cdef Py_ssize_t task, i, b, b0, blen, skip
+    cdef xf_rowjob *jobs = <xf_rowjob *> malloc(N * sizeof(xf_rowjob))
+    cdef xf_rowmax *bmax = <xf_rowmax *> malloc(ntask * sizeof(xf_rowmax))
+    cdef double *bsum = <double *> malloc(4 * ntask * sizeof(double))
+    cdef xf_rowmax st
+    cdef double hi, lo
+    cdef double acc[4]
+    cdef double x_y
+    # pass 1: block maxima
+    for task in prange(ntask, schedule="static", num_threads=n_threads):
+        i = task // nb
+        b0 = (task % nb) * XF_BLOCK
+        blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+        if floating is float:
+            xf_max_block_f32(x + i * C + b0, blen, b0, &bmax[task])
+        else:
+            xf_max_block_f64(x + i * C + b0, blen, b0, &bmax[task])
+    for i in range(N):
+        _row_job_init(a, i, &jobs[i])
+        xf_rowmax_init(&st)
+        for b in range(nb):
+            xf_rowmax_merge(&st, &bmax[i * nb + b])
+        xf_rowjob_set_max(&jobs[i], &st)
+    # pass 2: block sums of exponentials
+    for task in prange(ntask, schedule="static", num_threads=n_threads):
+        i = task // nb
+        if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
+            continue
+        b0 = (task % nb) * XF_BLOCK
+        blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+        skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
+        if floating is float:
+            xf_sumexp_block_f32(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
+        else:
+            xf_sumexp_block_f64(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
+    for i in range(N):
+        if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
+            continue
+        hi = 0.0
+        lo = 0.0
+        for b in range(nb):
+            xf_dd_add(&hi, &lo, bsum[2 * (i * nb + b)], bsum[2 * (i * nb + b) + 1])
+        xf_rowjob_set_sum(&jobs[i], hi, lo)
+    # pass 3: loss terms (probability targets, smoothing)
+    for task in prange(ntask, schedule="static", num_threads=n_threads):
+        i = task // nb
+        if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK or not jobs[i].needs_terms:
+            continue
+        b0 = (task % nb) * XF_BLOCK
+        blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+        if floating is float:
+            xf_xent_terms_block_f32(x + i * C + b0, blen, b0, &jobs[i],
+                                    t + i * C + b0 if t != NULL else NULL,
+                                    a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
+        else:
+            xf_xent_terms_block_f64(x + i * C + b0, blen, b0, &jobs[i],
+                                    t + i * C + b0 if t != NULL else NULL,
+                                    a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
+    for i in range(N):
+        if _row_ignored(a, i):
+            loss[i] = 0.0
+            continue
+        acc[0] = 0.0
+        acc[1] = 0.0
+        acc[2] = 0.0
+        acc[3] = 0.0
+        if jobs[i].status == XF_ROW_OK and jobs[i].needs_terms:
+            for b in range(nb):
+                xf_terms_merge(acc, &bsum[4 * (i * nb + b)])
+        x_y = <double>x[i * C + jobs[i].y] if jobs[i].y >= 0 else 0.0
+        loss[i] = xf_rowjob_finish(&jobs[i], x_y, acc)
+    # pass 4: gradient
+    if grad != NULL:
+        for task in prange(ntask, schedule="static", num_threads=n_threads):
+            i = task // nb
+            b0 = (task % nb) * XF_BLOCK
+            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+            if _row_ignored(a, i):
+                _fill(grad + i * C + b0, blen, 0.0)
+            elif jobs[i].status != XF_ROW_OK:
+                _fill(grad + i * C + b0, blen, NAN)
+            elif floating is float:
+                xf_xent_grad_block_f32(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
+                                       t + i * C + b0 if t != NULL else NULL,
+                                       a.w + b0 if a.w != NULL else NULL)
+            else:
+                xf_xent_grad_block_f64(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
+                                       t + i * C + b0 if t != NULL else NULL,
+                                       a.w + b0 if a.w != NULL else NULL)
+    free(jobs)
+    free(bmax)
+    free(bsum)
+
+
+cdef inline bint _use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads) noexcept nogil:
+    return n_threads > 1 and n_rows < n_threads and n_classes > XF_BLOCK
+
+
+def use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads):
+    """Whether the (row, block) task split is used: fewer rows than threads, rows longer than a block."""
+    return _use_phased(n_rows, n_classes, n_threads)
+
+
+BLOCK = XF_BLOCK
+
+
+def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[:, ::1] t,
+                 const double[::1] w, long long ignore_index, double eps, double z,
+                 const double[::1] row_scale, double scale, double[::1] loss,
+                 floating[:, ::1] grad, int n_threads, bint has_y, bint has_t, bint has_w,
+                 bint has_row_scale, bint has_grad, bint force_phased=False):
+    """Row losses into `loss` (double) and, when has_grad, the gradient into `grad` (may alias x).
+
+    Arrays flagged absent may be empty placeholders.  All checks happened in xentfast.api.
+    """
+    cdef Py_ssize_t N = x.shape[0]
+    cdef Py_ssize_t C = x.shape[1]
+    cdef Py_ssize_t i
+    cdef XentArgs a
+    cdef const floating *xp
+    cdef const floating *tp = NULL
+    cdef floating *gp = NULL
+    if N == 0 or C == 0:
+        return
+    xp = &x[0, 0]
+    a.y = &y[0] if has_y else NULL
+    a.w = &w[0] if has_w else NULL
+    a.row_scale = &row_scale[0] if has_row_scale else NULL
+    a.ignore_index = ignore_index
+    a.C = C
+    a.eps = eps
+    a.z = z
+    a.scale = scale
+    a.prob = 0 if has_y else 1
+    if has_t:
+        tp = &t[0, 0]
+    if has_grad:
+        gp = &grad[0, 0]
+    with nogil:
+        if force_phased or _use_phased(N, C, n_threads):
+            _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
+        else:
+            for i in prange(N, schedule="static", num_threads=n_threads):
+                loss[i] = _xent_one_row(xp, gp, tp, &a, i)
+
+
+cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
+                              Py_ssize_t i) noexcept nogil:
+    cdef xf_rowjob job
+    cdef Py_ssize_t b, b0, blen
+    cdef Py_ssize_t block = XF_BLOCK
+    xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1)
+    if floating is float:
+        xf_row_stats_f32(x + i * C, C, &job)
+    else:
+        xf_row_stats_f64(x + i * C, C, &job)
+    if lse != NULL:
+        lse[i] = _row_logsumexp(&job)
+    if mode == 0:
+        return
+    if job.status != XF_ROW_OK:
+        _fill(out + i * C, C, NAN)
+        return
+    for b in range((C + block - 1) // block):
+        b0 = b * block
+        blen = min(C - b0, block)
+        if mode == 1:
+            if floating is float:
+                xf_log_softmax_block_f32(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
+            else:
+                xf_log_softmax_block_f64(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
+        else:
+            if floating is float:
+                xf_softmax_block_f32(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
+            else:
+                xf_softmax_block_f64(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
+
+
+cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:
+    # the limits: an all -inf row sums to 0 (lse -inf), a +inf logit makes lse +inf, NaN stays NaN
+    if job.status == XF_ROW_OK:
+        return job.lse
+    return NAN if job.has_nan else job.m
+
+
+def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] lse, int mode,
+                   int n_threads, bint has_lse):
+    """mode 0: logsumexp only (into lse); 1: log_softmax into out; 2: softmax into out."""
+    cdef Py_ssize_t N = x.shape[0]
+    cdef Py_ssize_t C = x.shape[1]
+    cdef Py_ssize_t i
+    cdef floating *op = NULL
+    cdef double *lp = NULL
+    if N == 0 or C == 0:
+        return
+    if mode != 0:
+        op = &out[0, 0]
+    if has_lse:
+        lp = &lse[0]
+    with nogil:
+        for i in prange(N, schedule="static", num_threads=n_threads):
+            _softmax_family_row(&x[0, 0], op, lp, C, mode, i)
+
+
+def dd_sum(const double[::1] v):
+    """Double-double sum in index order: (hi, lo).  Order-fixed, so independent of threads."""
+    cdef double hi = 0.0, lo = 0.0
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(v.shape[0]):
+            xf_dd_add(&hi, &lo, v[i], 0.0)
+    return hi, lo
+
+
+def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignore_index, bint has_w):
+    """Sum of w[y_i] over non-ignored rows (torch's `mean` denominator), double-double, rounded."""
+    cdef double hi = 0.0, lo = 0.0
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(y.shape[0]):
+            if y[i] != ignore_index:
+                xf_dd_add(&hi, &lo, w[y[i]] if has_w else 1.0, 0.0)
+    return hi + lo

@@ -1,0 +1,259 @@
+/* CPU softmax-family row kernels, written once and instantiated for float and double storage.
+ *
+ * Included by xent_kernels.h with XF_T (storage type) and XF_SFX (name suffix) defined.  All arithmetic
+ * is double and comes from xentfast/numerics.h, the header the CUDA kernels include too.
+ *
+ * Design (see also the block comment of _xent.pyx):
+ * (a) A row is cut into fixed blocks of XF_BLOCK classes.  Every pass (max, sum of exponentials, loss
+ *     terms, gradient) is a function of one block, and block results are merged in block order.  Whether
+ *     one thread walks all blocks of a row or many threads share them (few rows, huge C), the merge order
+ *     is the same, so results are bitwise identical for any thread count.
+ * (b) Inside a block, sums run in XF_LANES fixed lanes (element j feeds lane j % XF_LANES) combined by a
+ *     fixed tree: the order does not depend on the vector width the compiler picks.
+ * (c) float64 sums are compensated (TwoSum per lane, double-double across lanes and blocks): S is a sum of
+ *     up to 10^5 positive terms and a plain sum would drift by ~sqrt(C) ULP.  float32 data is summed in
+ *     plain double: 29 spare bits absorb the drift, and the compensation would cost speed for nothing.
+ * (d) The max term contributes exactly exp(0) = 1; it is kept out of the sum s so that log S = log1p(s)
+ *     and 1 - p_argmax = s/S keep their accuracy on confident rows.
+ */
+
+#define XF_CAT_(a, b) a##_##b
+#define XF_CAT(a, b) XF_CAT_(a, b)
+#define XF_FN(name) XF_CAT(name, XF_SFX)
+
+/* exp(x_j - m) for this storage type (see (c)): exact shift for double, plain difference for float. */
+XF_HD double XF_FN(xf_exp_minus)(XF_T x, double m)
+{
+#if XF_COMPENSATED
+    return xf_exp_shifted((double)x, m);
+#else
+    return xf_exp((double)x - m);
+#endif
+}
+
+/* Pass 1 of a block: max (NaN-blind), first index of the max, NaN and finite counts. */
+XF_HD void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
+{
+    double m = -XF_INF;
+    long long n_nan = 0, n_finite = 0;
+    long long j;
+#pragma omp simd reduction(max : m) reduction(+ : n_nan, n_finite)
+    for (j = 0; j < n; j++) {
+        double v = (double)x[j];
+        m = (v > m) ? v : m;
+        n_nan += (v != v);
+        n_finite += (v > -XF_INF);
+    }
+    long long first = 0;
+    while (first < n && !((double)x[first] == m)) {
+        first++;
+    }
+    out->m = m;
+    out->argmax = offset + (first < n ? first : 0);
+    out->n_nan = n_nan;
+    out->n_finite = n_finite;
+}
+
+/* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
+ * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo). */
+XF_HD void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long long skip, double *hi,
+                                  double *lo)
+{
+    double acc[XF_LANES], cmp[XF_LANES];
+    int k;
+    long long j = 0;
+    for (k = 0; k < XF_LANES; k++) {
+        acc[k] = 0.0;
+        cmp[k] = 0.0;
+    }
+    for (; j + XF_LANES <= n; j += XF_LANES) {
+#pragma omp simd
+        for (k = 0; k < XF_LANES; k++) {
+            double e = XF_FN(xf_exp_minus)(x[j + k], m);
+            e = (j + k == skip) ? 0.0 : e;
+#if XF_COMPENSATED
+            double s, err;
+            xf_two_sum(acc[k], e, &s, &err);
+            acc[k] = s;
+            cmp[k] += err;
+#else
+            acc[k] += e;
+#endif
+        }
+    }
+    for (k = 0; j + k < n; k++) {
+        double e = XF_FN(xf_exp_minus)(x[j + k], m);
+        e = (j + k == skip) ? 0.0 : e;
+#if XF_COMPENSATED
+        double s, err;
+        xf_two_sum(acc[k], e, &s, &err);
+        acc[k] = s;
+        cmp[k] += err;
+#else
+        acc[k] += e;
+#endif
+    }
+    xf_lanes_to_dd(acc, cmp, hi, lo);
+}
+
+/* Pass 3 of a block (soft targets, label smoothing): sum_c q_c * (-log p_c) and A = sum_c q_c, both as
+ * double-doubles (out[0..1], out[2..3]).  q_c follows xf_row_target_q.  These sums are compensated for
+ * both storage types: their terms come in with mixed magnitudes (weights, probabilities). */
+XF_HD void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long offset, const xf_rowjob *job,
+                                      const XF_T *t, const double *w, double out[4])
+{
+    double acc[XF_LANES], cmp[XF_LANES], qacc[XF_LANES], qcmp[XF_LANES];
+    int k;
+    long long j;
+    for (k = 0; k < XF_LANES; k++) {
+        acc[k] = cmp[k] = qacc[k] = qcmp[k] = 0.0;
+    }
+    for (j = 0; j < n; j++) {
+        double xv = (double)x[j];
+        double wc = w ? w[j] : 1.0;
+        double fin = (xv > -XF_INF) ? 1.0 : 0.0;
+        double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
+        double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
+        /* 0 * inf = 0: a class the target gives no mass contributes nothing, even when masked (-inf) */
+        double term = (q == 0.0) ? 0.0 : q * nlp;
+        double s, err;
+        k = (int)(j % XF_LANES);
+        xf_two_sum(acc[k], term, &s, &err);
+        acc[k] = s;
+        cmp[k] += err;
+        xf_two_sum(qacc[k], q, &s, &err);
+        qacc[k] = s;
+        qcmp[k] += err;
+    }
+    xf_lanes_to_dd(acc, cmp, &out[0], &out[1]);
+    xf_lanes_to_dd(qacc, qcmp, &out[2], &out[3]);
+}
+
+/* Pass 4 of a block: the gradient  out_j = coef * p_j - scale * q_j  (p_j = e_j / S), see xf_rowjob.
+ * `out` may alias `x` (inplace): each element is read before it is written, and every row statistic was
+ * computed by the earlier passes. */
+XF_HD void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long long offset,
+                                     const xf_rowjob *job, const XF_T *t, const double *w)
+{
+    long long j;
+    const double m = job->m, S = job->S, coef = job->coef, scale = job->scale;
+    if (job->simple) {
+        /* index target, no smoothing, no z-loss: q is scale*w_y at y only */
+        const long long y = job->y - offset;
+        const int has_y = (y >= 0 && y < n);
+        /* read before the loop: with inplace=True the loop overwrites x[y] */
+        const double g_y = has_y ? xf_target_grad(job, XF_FN(xf_exp_minus)(x[y], m)) : 0.0;
+#pragma omp simd
+        for (j = 0; j < n; j++) {
+            double e = XF_FN(xf_exp_minus)(x[j], m);
+            out[j] = (XF_T)(coef * e / S);
+        }
+        if (has_y) {
+            out[y] = (XF_T)g_y;
+        }
+        return;
+    }
+    for (j = 0; j < n; j++) {
+        double xv = (double)x[j];
+        double e = XF_FN(xf_exp_minus)(x[j], m);
+        double wc = w ? w[j] : 1.0;
+        double fin = (xv > -XF_INF) ? 1.0 : 0.0;
+        double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
+        out[j] = (XF_T)(coef * e / S - scale * q);
+    }
+}
+
+/* log_softmax / softmax of a block from the row statistics. */
+XF_HD void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s)
+{
+    long long j;
+#pragma omp simd
+    for (j = 0; j < n; j++) {
+        out[j] = (XF_T)xf_log_prob((double)x[j], m, log_s);
+    }
+}
+
+XF_HD void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double S)
+{
+    long long j;
+#pragma omp simd
+    for (j = 0; j < n; j++) {
+        out[j] = (XF_T)(XF_FN(xf_exp_minus)(x[j], m) / S);
+    }
+}
+
+/* Row statistics of a whole row, block by block (the one-thread-per-row path).  The phased path in
+ * _xent.pyx calls the same block functions and the same merges in the same order. */
+XF_HD void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
+{
+    long long b0;
+    xf_rowmax st, blk;
+    xf_rowmax_init(&st);
+    for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
+        long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
+        XF_FN(xf_max_block)(x + b0, nb, b0, &blk);
+        xf_rowmax_merge(&st, &blk);
+    }
+    xf_rowjob_set_max(job, &st);
+    if (job->status != XF_ROW_OK) {
+        return;
+    }
+    double hi = 0.0, lo = 0.0;
+    for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
+        long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
+        long long skip = job->argmax - b0;
+        double bhi, blo;
+        XF_FN(xf_sumexp_block)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1, &bhi, &blo);
+        xf_dd_add(&hi, &lo, bhi, blo);
+    }
+    xf_rowjob_set_sum(job, hi, lo);
+}
+
+/* Per-row loss terms of a whole row (soft targets / smoothing), block by block. */
+XF_HD void XF_FN(xf_row_terms)(const XF_T *x, long long C, const xf_rowjob *job, const XF_T *t,
+                               const double *w, double acc[4])
+{
+    long long b0;
+    int i;
+    for (i = 0; i < 4; i++) {
+        acc[i] = 0.0;
+    }
+    for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
+        long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
+        double blk[4];
+        XF_FN(xf_xent_terms_block)(x + b0, nb, b0, job, t ? t + b0 : 0, w ? w + b0 : 0, blk);
+        xf_terms_merge(acc, blk);
+    }
+}
+
+/* The one-thread-per-row driver: statistics, loss, gradient.  Returns the row loss (double; the
+ * caller reduces or rounds it).  grad may be NULL (forward only) and may alias x (inplace). */
+XF_HD double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
+                                const double *w)
+{
+    long long b0;
+    XF_FN(xf_row_stats)(x, C, job);
+    double terms[4] = {0.0, 0.0, 0.0, 0.0};
+    if (job->status == XF_ROW_OK && job->needs_terms) {
+        XF_FN(xf_row_terms)(x, C, job, t, w, terms);
+    }
+    double x_y = (job->y >= 0) ? (double)x[job->y] : 0.0;
+    double loss = xf_rowjob_finish(job, x_y, terms);
+    if (grad) {
+        if (job->status != XF_ROW_OK) {
+            for (b0 = 0; b0 < C; b0++) {
+                grad[b0] = (XF_T)XF_NAN;
+            }
+        } else {
+            for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
+                long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
+                XF_FN(xf_xent_grad_block)(x + b0, grad + b0, nb, b0, job, t ? t + b0 : 0, w ? w + b0 : 0);
+            }
+        }
+    }
+    return loss;
+}
+
+#undef XF_FN
+#undef XF_CAT
+#undef XF_CAT_

@@ -1,0 +1,203 @@
+/* CPU kernels of the softmax family: the per-row bookkeeping shared by both storage types, then the
+ * block kernels instantiated for float (f32) and double (f64) from softmax_rows.h.
+ *
+ * A row's life: xf_rowjob_init (targets, weights, options) -> max pass -> xf_rowjob_set_max ->
+ * sum-of-exponentials pass -> xf_rowjob_set_sum -> [loss-terms pass] -> xf_rowjob_finish (loss, and
+ * the gradient coefficients) -> gradient pass.  The Cython layer decides who runs which block.
+ */
+#ifndef XENTFAST_XENT_KERNELS_H
+#define XENTFAST_XENT_KERNELS_H
+
+#include "xentfast/numerics.h"
+
+/* Block of classes that one task handles; fixed, so the merge order never depends on threads. */
+#define XF_BLOCK 4096
+/* Fixed accumulation lanes inside a block (element j -> lane j % XF_LANES), see softmax_rows.h (b). */
+#define XF_LANES 8
+
+enum { XF_ROW_OK = 0, XF_ROW_NAN = 1 };
+
+typedef struct {
+    double m;            /* max of the non-NaN entries (-inf if none) */
+    long long argmax;    /* first index attaining m */
+    long long n_nan;     /* NaN entries */
+    long long n_finite;  /* entries > -inf (includes +inf; a +inf row is NaN anyway) */
+} xf_rowmax;
+
+typedef struct {
+    /* set by xf_rowjob_init */
+    long long y;         /* target index, or -1 for probability targets */
+    double w_y;          /* weight of the target class (1 without weights) */
+    double eps;          /* label smoothing */
+    double z;            /* z-loss coefficient */
+    double scale;        /* upstream gradient of this row's loss (grad_output, 1/denominator) */
+    int prob;            /* probability targets */
+    int simple;          /* index target, eps == 0, z == 0: the exact-target-gradient path */
+    int needs_terms;     /* loss needs a pass over all classes (probability targets or smoothing) */
+    /* set by the max pass */
+    int status;
+    int has_nan;
+    double m;
+    long long argmax;
+    long long n_finite;
+    double eps_per_class; /* eps / C_eff: smoothing spreads over classes with finite logits */
+    /* set by the sum pass */
+    double s_hi, s_lo;   /* s = sum over j != argmax of exp(x_j - m) */
+    double S;            /* 1 + s */
+    double log_s;        /* log S = log1p(s) */
+    double lse;          /* m + log S */
+    /* set by finish */
+    double coef;         /* gradient: coef * p_j - scale * q_j */
+} xf_rowjob;
+
+XF_HD void xf_rowmax_init(xf_rowmax *st)
+{
+    st->m = -XF_INF;
+    st->argmax = -1;
+    st->n_nan = 0;
+    st->n_finite = 0;
+}
+
+/* Merge block statistics in block order: a strictly larger max moves the argmax, a tie keeps the
+ * earlier index, so the result is the first index of the row's max. */
+XF_HD void xf_rowmax_merge(xf_rowmax *st, const xf_rowmax *blk)
+{
+    if (st->argmax < 0 || blk->m > st->m) {
+        st->m = blk->m;
+        st->argmax = blk->argmax;
+    }
+    st->n_nan += blk->n_nan;
+    st->n_finite += blk->n_finite;
+}
+
+XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale,
+                          int prob)
+{
+    job->y = prob ? -1 : y;
+    job->w_y = w_y;
+    job->eps = eps;
+    job->z = z;
+    job->scale = scale;
+    job->prob = prob;
+    job->simple = (!prob && eps == 0.0 && z == 0.0);
+    job->needs_terms = (prob || eps != 0.0);
+    job->status = XF_ROW_OK;
+    job->has_nan = 0;
+    job->m = 0.0;
+    job->argmax = 0;
+    job->n_finite = 0;
+    job->eps_per_class = 0.0;
+    job->s_hi = job->s_lo = 0.0;
+    job->S = 1.0;
+    job->log_s = 0.0;
+    job->lse = 0.0;
+    job->coef = 0.0;
+}
+
+/* A row has a softmax only if its max is finite and it holds no NaN; any other row is NaN throughout
+ * (loss and gradient): NaN in, +inf (no limit exists without knowing how it was reached), all -inf. */
+XF_HD void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
+{
+    int finite_max = (st->m > -XF_INF) && (st->m < XF_INF);
+    job->status = (st->n_nan == 0 && finite_max) ? XF_ROW_OK : XF_ROW_NAN;
+    job->has_nan = (st->n_nan != 0);
+    job->m = st->m;
+    job->argmax = st->argmax;
+    job->n_finite = st->n_finite;
+    job->eps_per_class = (st->n_finite > 0) ? job->eps / (double)st->n_finite : 0.0;
+}
+
+XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
+{
+    job->s_hi = s_hi;
+    job->s_lo = s_lo;
+    job->S = 1.0 + s_hi;
+    /* log1p of the double-double s: the low part enters through the derivative 1/(1+s) */
+    job->log_s = xf_log1p(s_hi) + s_lo / job->S;
+    job->lse = job->m + job->log_s;
+}
+
+/* The effective (unscaled) target mass of class j, see the README's semantics:
+ *   index targets:        q_j = (1 - eps) w_y [j == y] + eps/C_eff * w_j [x_j > -inf]
+ *   probability targets:  q_j = w_j ((1 - eps) t_j + eps/C_eff [x_j > -inf])                      */
+XF_HD double xf_row_target_q(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
+{
+    double smooth = job->eps_per_class * finite;
+    double q = job->prob ? w_j * ((1.0 - job->eps) * t_j + smooth) : w_j * smooth;
+    return (j == job->y) ? q + (1.0 - job->eps) * job->w_y : q;
+}
+
+XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, double *lo)
+{
+    int k;
+    *hi = acc[0];
+    *lo = cmp[0];
+    for (k = 1; k < XF_LANES; k++) {
+        xf_dd_add(hi, lo, acc[k], cmp[k]);
+    }
+}
+
+XF_HD void xf_terms_merge(double *acc, const double *blk)
+{
+    xf_dd_add(&acc[0], &acc[1], blk[0], blk[1]);
+    xf_dd_add(&acc[2], &acc[3], blk[2], blk[3]);
+}
+
+/* Row loss and gradient coefficient.  x_y is the target logit (index targets).  terms: see pass 3.
+ *   loss = sum_c q_c (-log p_c) + z r lse^2         (r = w_y for index targets, 1 for probabilities)
+ *   d loss / d x_j = p_j (A + 2 z r lse) - q_j       (A = sum_c q_c)                                   */
+XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
+{
+    if (job->status != XF_ROW_OK) {
+        job->coef = XF_NAN;
+        return XF_NAN;
+    }
+    double ce, A;
+    if (job->needs_terms) {
+        ce = terms[0] + terms[1];
+        A = terms[2] + terms[3];
+    } else {
+        double nlp = xf_neg_log_prob(x_y, job->m, job->log_s);
+        /* a zero-weight class contributes 0 even if its logit is -inf (0 * inf = 0 by convention) */
+        ce = (job->w_y == 0.0) ? 0.0 : job->w_y * nlp;
+        A = job->w_y;
+    }
+    double r = job->prob ? 1.0 : job->w_y;
+    double loss = ce;
+    double a_eff = A;
+    if (job->z != 0.0) {
+        loss = ce + job->z * r * (job->lse * job->lse);
+        a_eff = A + 2.0 * job->z * r * job->lse;
+    }
+    job->coef = job->scale * a_eff;
+    return loss;
+}
+
+/* Target entry of the gradient on the simple path, without the p_y - 1 cancellation:
+ *   y is the argmax:  -scale w_y * s / S          (s = sum of the other exponentials)
+ *   otherwise:        scale w_y * (p_y - 1), where p_y <= 1/2, so the subtraction is benign. */
+XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
+{
+    if (job->y == job->argmax) {
+        return -job->coef * ((job->s_hi + job->s_lo) / job->S);
+    }
+    return job->coef * (e_y / job->S - 1.0);
+}
+
+#define XF_T float
+#define XF_SFX f32
+#define XF_COMPENSATED 0
+#include "softmax_rows.h"
+#undef XF_T
+#undef XF_SFX
+#undef XF_COMPENSATED
+
+#define XF_T double
+#define XF_SFX f64
+#define XF_COMPENSATED 1
+#include "softmax_rows.h"
+#undef XF_T
+#undef XF_SFX
+#undef XF_COMPENSATED
+
+#endif /* XENTFAST_XENT_KERNELS_H */
