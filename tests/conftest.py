@@ -1,0 +1,34 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# deadline=None: the mpmath reference is slow and its cost varies with the drawn shapes.
+settings.register_profile(
+    "dev", deadline=None, print_blob=True, max_examples=60,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# CI: derandomized (a failure reproduces from the log alone) and sized for 2 cores.
+settings.register_profile(
+    "ci", deadline=None, print_blob=True, derandomize=True, max_examples=80,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "thorough", deadline=None, print_blob=True, max_examples=2000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("XENTFAST_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def _gpu_available():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device (or no CuPy): GPU tests not run")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,36 @@
+"""The build promises: OpenMP present (unless explicitly waived), no flush-to-zero, sane config report."""
+import os
+import sys
+
+import numpy as np
+
+import xentfast
+from xentfast._config import config
+
+
+def test_openmp_enabled():
+    # a silent serial build must not land; XENTFAST_SKIP_CHECK_OPENMP=1 waives it on compilers without OpenMP
+    if os.environ.get("XENTFAST_SKIP_CHECK_OPENMP", "0") not in ("", "0"):
+        return
+    assert xentfast.openmp_enabled(), "built without OpenMP (set XENTFAST_SKIP_CHECK_OPENMP=1 to waive)"
+
+
+def test_no_flush_to_zero_after_import():
+    # under FTZ/DAZ (e.g. an -ffast-math crtfastmath.o linked in) this subnormal result becomes 0
+    assert sys.float_info.min / 2 > 0
+    assert np.float32(np.finfo(np.float32).tiny) / np.float32(2) > 0
+
+
+def test_no_fast_math_flags():
+    flags = config()["cflags"]
+    for bad in ("-ffast-math", "-Ofast", "-funsafe-math", "-ffp-contract=fast"):
+        assert bad not in flags
+    assert "-ffp-contract=off" in flags
+
+
+def test_show_config_reports_the_facts(capsys):
+    xentfast.show_config()
+    out = capsys.readouterr().out
+    for key in ("version", "openmp", "default_n_threads", "cpu_code_path"):
+        assert key in out
+    assert xentfast.__version__ in out

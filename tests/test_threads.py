@@ -1,0 +1,96 @@
+"""Determinism: bitwise identical results for any thread count, any task split, fused or separate."""
+import numpy as np
+import pytest
+
+import xentfast as xf
+from xentfast._core import _xent
+
+THREADS = [1, 2, 3, 8]
+
+
+def _problem(dtype, n, c, seed, prob=False):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, c)) * 4).astype(dtype)
+    x[0, 5] = -np.inf                  # a masked class
+    x[1, :] = x[1, 0]                   # a tie row
+    x[n - 1, 7] = 60.0                  # a confident row
+    if prob:
+        t = rng.random((n, c)).astype(dtype)
+        return x, t / t.sum(axis=1, keepdims=True)
+    y = rng.integers(0, c, size=n)
+    y[n // 2] = -100
+    return x, y
+
+
+OPTIONS = [
+    dict(),
+    dict(weight="w", label_smoothing=0.1),
+    dict(z_loss=1e-3, reduction="sum"),
+    dict(prob=True, label_smoothing=0.05),
+]
+
+
+def _call(f, dtype, shape, opts, n_threads, **extra):
+    opts = dict(opts)
+    prob = opts.pop("prob", False)
+    x, t = _problem(dtype, *shape, seed=1, prob=prob)
+    if opts.get("weight") == "w":
+        opts["weight"] = np.linspace(0.5, 2.0, shape[1])
+    return f(x, t, n_threads=n_threads, **opts, **extra)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(o) or "plain")
+@pytest.mark.parametrize("shape", [(64, 4096), (2, 30000), (5, 9001)], ids=str)
+def test_thread_count_does_not_change_bits(dtype, opts, shape):
+    results = [_call(xf.cross_entropy_with_grad, dtype, shape, opts, nt) for nt in THREADS]
+    for loss, grad in results[1:]:
+        assert np.array_equal(loss, results[0][0], equal_nan=True)
+        assert np.array_equal(grad, results[0][1], equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(o) or "plain")
+def test_fused_equals_separate(dtype, opts):
+    shape = (16, 3000)
+    loss, grad = _call(xf.cross_entropy_with_grad, dtype, shape, opts, None)
+    loss_only = _call(xf.cross_entropy, dtype, shape, opts, None)
+    grad_only = _call(lambda *a, **k: xf.cross_entropy_backward(None, *a, **k), dtype, shape, opts, None)
+    assert np.array_equal(loss, loss_only, equal_nan=True)
+    assert np.array_equal(grad, grad_only, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("prob", [False, True])
+def test_phased_split_equals_row_path(dtype, prob):
+    # the (row, block) task split must merge blocks in the same order as a thread walking the row
+    n, c = 6, 2 * _xent.BLOCK + 333
+    x, t = _problem(dtype, n, c, seed=7, prob=prob)
+    w = np.linspace(0.1, 3.0, c)
+    y = t if not prob else np.empty(0, dtype=np.int64)
+    tt = t if prob else np.empty((0, 0), dtype=dtype)
+    outs = []
+    for force in (False, True):
+        loss = np.empty(n)
+        grad = np.empty_like(x)
+        _xent.softmax_xent(x, y if not prob else np.empty(0, dtype=np.int64), tt, w, -100, 0.1, 1e-3,
+                           np.empty(0), 0.5, loss, grad, 2, not prob, prob, True, False, True, force)
+        outs.append((loss, grad))
+    assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True)
+    assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
+
+
+@pytest.mark.parametrize("f", [xf.log_softmax, xf.softmax, xf.logsumexp])
+def test_softmax_family_thread_count(f):
+    x, _ = _problem(np.float64, 64, 4096, seed=3)
+    ref = f(x, n_threads=1)
+    for nt in THREADS[1:]:
+        assert np.array_equal(f(x, n_threads=nt), ref, equal_nan=True)
+
+
+def test_mean_equals_mean_of_none():
+    # the reduction sums double row losses in a fixed order, so `mean` is reproducible from `none` rows
+    x, y = _problem(np.float64, 257, 100, seed=11)
+    rows = xf.cross_entropy(x, y, reduction="none")
+    kept = y != -100
+    assert xf.cross_entropy(x, y, reduction="mean") == pytest.approx(rows[kept].sum() / kept.sum(), rel=1e-15)

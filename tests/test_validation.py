@@ -1,0 +1,217 @@
+"""Bad input raises a clear exception naming the argument, before any kernel runs; edge shapes work."""
+import re
+
+import numpy as np
+import pytest
+
+import xentfast as xf
+
+X = np.arange(12, dtype=np.float64).reshape(3, 4) / 7.0
+Y = np.array([0, 3, 1])
+
+
+def raises(exc, *words):
+    """pytest.raises whose message must contain every word (argument name, offending value)."""
+    return pytest.raises(exc, match=".*".join(re.escape(w) for w in words))
+
+
+XENT_FUNCS = [
+    pytest.param(lambda *a, **k: xf.cross_entropy(*a, **k), id="forward"),
+    pytest.param(lambda *a, **k: xf.cross_entropy_backward(1.0 if k.get("reduction", "mean") != "none"
+                                                           else np.ones(np.shape(a[1]) if np.ndim(a[1]) else ()),
+                                                           *a, **k), id="backward"),
+    pytest.param(lambda *a, **k: xf.cross_entropy_with_grad(*a, **k), id="fused"),
+]
+
+
+@pytest.mark.parametrize("f", XENT_FUNCS)
+class TestCrossEntropyArguments:
+    def test_integer_logits(self, f):
+        with raises(TypeError, "input", "int64", "floating point"):
+            f(np.arange(12).reshape(3, 4), Y)
+
+    def test_half_logits(self, f):
+        with raises(TypeError, "input", "float16"):
+            f(X.astype(np.float16), Y)
+
+    def test_zero_dim_input(self, f):
+        with raises(ValueError, "input", "0-d"):
+            f(np.float64(1.0), np.int64(0))
+
+    def test_axis_out_of_range(self, f):
+        with raises(ValueError, "axis", "out of range"):
+            f(X, Y, axis=2)
+
+    def test_target_wrong_shape(self, f):
+        with raises(ValueError, "target", "(3,)", "(2,)"):
+            f(X, np.array([0, 1]))
+
+    def test_float_target_with_index_shape(self, f):
+        with raises(TypeError, "target", "integer dtype"):
+            f(X, Y.astype(np.float64))
+
+    def test_bool_target(self, f):
+        with raises(TypeError, "target", "boolean"):
+            f(X, np.array([True, False, True]))
+
+    @pytest.mark.parametrize("bad, where", [(4, "[1]"), (-1, "[1]"), (-101, "[1]")])
+    def test_label_out_of_range(self, f, bad, where):
+        y = Y.copy()
+        y[1] = bad
+        with raises(ValueError, "target", "[0, 4)", "ignore_index=-100", f"found {bad} at index {where}"):
+            f(X, y)
+
+    def test_label_out_of_range_nd_reports_multi_index(self, f):
+        x = np.zeros((2, 4, 3))
+        y = np.zeros((2, 3), dtype=np.int32)
+        y[1, 2] = 9
+        with raises(ValueError, "found 9 at index [1, 2]"):
+            f(x, y, axis=1)
+
+    def test_huge_unsigned_label_does_not_wrap(self, f):
+        y = np.array([0, 2**63 + 1, 1], dtype=np.uint64)
+        with raises(ValueError, "target", "found 9223372036854775809"):
+            f(X, y)
+
+    def test_weight_wrong_length(self, f):
+        with raises(ValueError, "weight", "(4,)", "(3,)"):
+            f(X, Y, weight=np.ones(3))
+
+    @pytest.mark.parametrize("bad", [np.nan, -1.0, np.inf])
+    def test_weight_bad_values(self, f, bad):
+        w = np.ones(4)
+        w[2] = bad
+        with raises(ValueError, "weight", "at index 2"):
+            f(X, Y, weight=w)
+
+    def test_unknown_reduction(self, f):
+        with raises(ValueError, "reduction", "'avg'"):
+            f(X, Y, reduction="avg")
+
+    @pytest.mark.parametrize("eps", [-0.1, 1.5, np.nan])
+    def test_label_smoothing_out_of_range(self, f, eps):
+        with raises(ValueError, "label_smoothing"):
+            f(X, Y, label_smoothing=eps)
+
+    def test_negative_z_loss(self, f):
+        with raises(ValueError, "z_loss"):
+            f(X, Y, z_loss=-1.0)
+
+    def test_unknown_empty_mean(self, f):
+        with raises(ValueError, "empty_mean"):
+            f(X, Y, empty_mean="raise-please")
+
+    def test_nan_policy_raise_names_row_and_class(self, f):
+        x = X.copy()
+        x[2, 1] = np.nan
+        with raises(ValueError, "input", "NaN", "row [2]", "class 1"):
+            f(x, Y, nan_policy="raise")
+
+    def test_zero_threads(self, f):
+        with raises(ValueError, "n_threads"):
+            f(X, Y, n_threads=0)
+
+    def test_empty_class_axis(self, f):
+        with raises(ValueError, "class axis", "length 0"):
+            f(np.zeros((3, 0)), Y * 0)
+
+    def test_probability_target_wrong_shape(self, f):
+        with raises(ValueError, "target", "(3, 4)"):
+            f(X, np.ones((3, 5)) / 5)
+
+
+class TestGradArguments:
+    def test_grad_output_wrong_shape_none(self):
+        with raises(ValueError, "grad_output", "(3,)", "(4,)"):
+            xf.cross_entropy_backward(np.ones(4), X, Y, reduction="none")
+
+    def test_grad_output_not_scalar_for_mean(self):
+        with raises(ValueError, "grad_output", "scalar"):
+            xf.cross_entropy_backward(np.ones(3), X, Y, reduction="mean")
+
+    def test_out_wrong_shape(self):
+        with raises(ValueError, "out", "(3, 4)"):
+            xf.cross_entropy_with_grad(X, Y, out=np.empty((4, 3)))
+
+    def test_out_wrong_dtype(self):
+        with raises(ValueError, "out", "float64", "float32"):
+            xf.cross_entropy_with_grad(X, Y, out=np.empty((3, 4), dtype=np.float32))
+
+    def test_out_overlapping_input(self):
+        x = X.copy()
+        with raises(ValueError, "out", "overlaps input"):
+            xf.cross_entropy_with_grad(x, Y, out=x)
+
+    def test_out_read_only(self):
+        out = np.empty((3, 4))
+        out.flags.writeable = False
+        with raises(ValueError, "out", "read-only"):
+            xf.cross_entropy_with_grad(X, Y, out=out)
+
+    def test_inplace_on_read_only(self):
+        x = X.copy()
+        x.flags.writeable = False
+        with raises(ValueError, "input", "read-only"):
+            xf.cross_entropy_with_grad(x, Y, inplace=True)
+
+    def test_inplace_on_list(self):
+        with raises(TypeError, "input", "inplace=True"):
+            xf.cross_entropy_with_grad(X.tolist(), Y, inplace=True)
+
+    def test_inplace_and_out(self):
+        with raises(ValueError, "out", "inplace"):
+            xf.cross_entropy_with_grad(X.copy(), Y, out=np.empty((3, 4)), inplace=True)
+
+
+class TestSoftmaxFamilyArguments:
+    @pytest.mark.parametrize("f", [xf.log_softmax, xf.softmax, xf.logsumexp])
+    def test_integer_input(self, f):
+        with raises(TypeError, "input", "int64"):
+            f(np.arange(4))
+
+    @pytest.mark.parametrize("f", [xf.log_softmax, xf.softmax, xf.logsumexp])
+    def test_bad_axis(self, f):
+        with raises(ValueError, "axis"):
+            f(X, axis=-3)
+
+
+class TestEdgeShapes:
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_empty_batch(self, dtype):
+        x = np.zeros((0, 5), dtype=dtype)
+        y = np.zeros(0, dtype=np.int64)
+        assert xf.cross_entropy(x, y, reduction="none").shape == (0,)
+        assert xf.cross_entropy(x, y, reduction="sum") == 0
+        assert np.isnan(xf.cross_entropy(x, y, reduction="mean"))
+        assert xf.cross_entropy(x, y, reduction="mean", empty_mean="zero") == 0
+        loss, g = xf.cross_entropy_with_grad(x, y)
+        assert g.shape == (0, 5) and g.dtype == dtype
+        assert xf.log_softmax(x).shape == (0, 5)
+        assert xf.logsumexp(x).shape == (0,)
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_single_class(self, dtype):
+        # one class: probability 1, loss 0 and gradient 0 for any finite logit
+        x = np.array([[3.5], [-1e30], [0.0]], dtype=dtype)
+        loss, g = xf.cross_entropy_with_grad(x, np.zeros(3, dtype=np.int64), reduction="none")
+        assert np.array_equal(loss, np.zeros(3, dtype=dtype))
+        assert np.array_equal(g, np.zeros((3, 1), dtype=dtype))
+        assert np.array_equal(xf.logsumexp(x), x[:, 0])
+
+    def test_one_dimensional_input_is_one_row(self):
+        loss = xf.cross_entropy(np.array([0.0, 0.0]), np.array(1), reduction="none")
+        assert loss.shape == () and np.isclose(loss, np.log(2))
+
+    @pytest.mark.parametrize("tdtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+                                        np.uint64])
+    def test_any_integer_dtype_for_indices(self, tdtype):
+        ref = xf.cross_entropy(X, Y, reduction="none")
+        assert np.array_equal(xf.cross_entropy(X, Y.astype(tdtype), reduction="none"), ref)
+
+    def test_outputs_keep_the_input_dtype(self):
+        for dtype in (np.float32, np.float64):
+            x = X.astype(dtype)
+            assert xf.cross_entropy(x, Y).dtype == dtype
+            assert xf.cross_entropy(x, Y, reduction="none").dtype == dtype
+            assert xf.cross_entropy_backward(1.0, x, Y).dtype == dtype
+            assert xf.softmax(x).dtype == dtype and xf.logsumexp(x).dtype == dtype
