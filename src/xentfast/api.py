@@ -239,14 +239,18 @@ class _Problem:
 
     def reduce(self, row_losses):
         if self.reduction == "none":
-            return row_losses.astype(self.dtype).reshape(self.batch_shape)
+            with np.errstate(over="ignore"):  # a double loss beyond float32's range is inf, as it should be
+                return row_losses.astype(self.dtype).reshape(self.batch_shape)
         hi, lo = _xent.dd_sum(row_losses)
         if self.reduction == "sum":
-            return self.dtype.type(hi + lo)
-        den = self.denominator()
-        if den == 0:
-            return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
-        return self.dtype.type(hi / den + lo / den)
+            total = hi + lo
+        else:
+            den = self.denominator()
+            if den == 0:
+                return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
+            total = hi / den + lo / den
+        with np.errstate(over="ignore"):
+            return self.dtype.type(total)
 
 
 def _grad_target(problem, out, inplace):

@@ -42,6 +42,7 @@ cdef extern from "xent_kernels.h" nogil:
     void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale, int prob)
     void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
     void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
+    void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
     double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
     void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
     void xf_terms_merge(double *acc, const double *blk)
@@ -179,6 +180,8 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         for b in range(nb):
             xf_dd_add(&hi, &lo, bsum[2 * (i * nb + b)], bsum[2 * (i * nb + b) + 1])
         xf_rowjob_set_sum(&jobs[i], hi, lo)
+        if floating is double:
+            xf_rowjob_rescue_tiny_sum(&jobs[i], x + i * C, C)
     # pass 3: loss terms (probability targets, smoothing)
     for task in prange(ntask, schedule="static", num_threads=n_threads):
         i = task // nb

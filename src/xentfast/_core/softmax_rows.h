@@ -72,10 +72,7 @@ XF_HD void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long lon
             double e = XF_FN(xf_exp_minus)(x[j + k], m);
             e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
-            double s, err;
-            xf_two_sum(acc[k], e, &s, &err);
-            acc[k] = s;
-            cmp[k] += err;
+            xf_acc_add(&acc[k], &cmp[k], e);
 #else
             acc[k] += e;
 #endif
@@ -85,10 +82,7 @@ XF_HD void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long lon
         double e = XF_FN(xf_exp_minus)(x[j + k], m);
         e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
-        double s, err;
-        xf_two_sum(acc[k], e, &s, &err);
-        acc[k] = s;
-        cmp[k] += err;
+        xf_acc_add(&acc[k], &cmp[k], e);
 #else
         acc[k] += e;
 #endif
@@ -116,14 +110,9 @@ XF_HD void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long offs
         double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
         /* 0 * inf = 0: a class the target gives no mass contributes nothing, even when masked (-inf) */
         double term = (q == 0.0) ? 0.0 : q * nlp;
-        double s, err;
         k = (int)(j % XF_LANES);
-        xf_two_sum(acc[k], term, &s, &err);
-        acc[k] = s;
-        cmp[k] += err;
-        xf_two_sum(qacc[k], q, &s, &err);
-        qacc[k] = s;
-        qcmp[k] += err;
+        xf_acc_add(&acc[k], &cmp[k], term);
+        xf_acc_add(&qacc[k], &qcmp[k], q);
     }
     xf_lanes_to_dd(acc, cmp, &out[0], &out[1]);
     xf_lanes_to_dd(qacc, qcmp, &out[2], &out[3]);
@@ -136,7 +125,7 @@ XF_HD void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long
                                      const xf_rowjob *job, const XF_T *t, const double *w)
 {
     long long j;
-    const double m = job->m, S = job->S, coef = job->coef, scale = job->scale;
+    const double m = job->m, S = job->S, coef = job->coef, scale = job->scale, mult = job->coef_mult;
     if (job->simple) {
         /* index target, no smoothing, no z-loss: q is scale*w_y at y only */
         const long long y = job->y - offset;
@@ -146,7 +135,7 @@ XF_HD void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long
 #pragma omp simd
         for (j = 0; j < n; j++) {
             double e = XF_FN(xf_exp_minus)(x[j], m);
-            out[j] = (XF_T)(coef * e / S);
+            out[j] = (XF_T)(coef * (e / S));
         }
         if (has_y) {
             out[y] = (XF_T)g_y;
@@ -159,7 +148,7 @@ XF_HD void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long
         double wc = w ? w[j] : 1.0;
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
-        out[j] = (XF_T)(coef * e / S - scale * q);
+        out[j] = (XF_T)((coef * (e / S)) * mult - scale * q);
     }
 }
 
@@ -207,6 +196,9 @@ XF_HD void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
         xf_dd_add(&hi, &lo, bhi, blo);
     }
     xf_rowjob_set_sum(job, hi, lo);
+#if XF_COMPENSATED
+    xf_rowjob_rescue_tiny_sum(job, x, C);
+#endif
 }
 
 /* Per-row loss terms of a whole row (soft targets / smoothing), block by block. */

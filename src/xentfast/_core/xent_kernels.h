@@ -47,7 +47,8 @@ typedef struct {
     double log_s;        /* log S = log1p(s) */
     double lse;          /* m + log S */
     /* set by finish */
-    double coef;         /* gradient: coef * p_j - scale * q_j */
+    double coef;         /* gradient: coef * p_j * coef_mult - scale * q_j */
+    double coef_mult;    /* 1, or 2 when coef alone would overflow */
 } xf_rowjob;
 
 XF_HD void xf_rowmax_init(xf_rowmax *st)
@@ -92,6 +93,7 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->log_s = 0.0;
     job->lse = 0.0;
     job->coef = 0.0;
+    job->coef_mult = 1.0;
 }
 
 /* A row has a softmax only if its max is finite and it holds no NaN; any other row is NaN throughout
@@ -115,6 +117,35 @@ XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
     /* log1p of the double-double s: the low part enters through the derivative 1/(1+s) */
     job->log_s = xf_log1p(s_hi) + s_lo / job->S;
     job->lse = job->m + job->log_s;
+}
+
+/* float64 rows whose non-max terms all lie ~620+ below the max: s is then a sum of subnormal
+ * exponentials, each rounded to the fixed subnormal grid, so their absolute errors add up (C/2 ULP of
+ * a subnormal loss).  Such rows are recomputed with every term scaled by 2^600 (the shift k ln 2 is
+ * carried as a double-double, exact to ~2^-80 relative) and scaled back once at the end.  Rare and
+ * per row, so it runs serially and does not slow the common path. */
+#define XF_TINY_SUM 0x1p-900
+#define XF_TINY_SCALE_K 600.0
+XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
+{
+    if (job->status != XF_ROW_OK || !(job->s_hi < XF_TINY_SUM) || job->s_hi == 0.0) {
+        return;
+    }
+    double hi = 0.0, lo = 0.0;
+    long long j;
+    for (j = 0; j < C; j++) {
+        double d, d_err, a, a_err;
+        if (j == job->argmax) {
+            continue;
+        }
+        xf_two_sum(x[j], -job->m, &d, &d_err);
+        d_err = (d - d == 0.0) ? d_err : 0.0;
+        xf_two_sum(d, XF_TINY_SCALE_K * XF_MATH_LN2_HI, &a, &a_err);
+        double e = xf_exp_dd(a, a_err + (d_err + XF_TINY_SCALE_K * XF_MATH_LN2_LO));
+        e = (d > -XF_INF) ? e : 0.0;
+        xf_dd_add(&hi, &lo, e, 0.0);
+    }
+    xf_rowjob_set_sum(job, (hi + lo) * 0x1p-600, 0.0);
 }
 
 /* The effective (unscaled) target mass of class j, see the README's semantics:
@@ -165,9 +196,16 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
     double r = job->prob ? 1.0 : job->w_y;
     double loss = ce;
     double a_eff = A;
+    job->coef_mult = 1.0;
     if (job->z != 0.0) {
-        loss = ce + job->z * r * (job->lse * job->lse);
+        loss = ce + (job->z * r * job->lse) * job->lse;  /* lse * lse first could overflow needlessly */
         a_eff = A + 2.0 * job->z * r * job->lse;
+        if (!(a_eff - a_eff == 0.0)) {
+            /* 2 z r lse overflowed (logits near DBL_MAX) though p_j times it may not: carry the factor 2
+             * separately; halving and doubling are exact, so nothing else changes */
+            a_eff = 0.5 * A + job->z * r * job->lse;
+            job->coef_mult = 2.0;
+        }
     }
     job->coef = job->scale * a_eff;
     return loss;

@@ -36,8 +36,20 @@ XF_HD void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
     double s, e;
     xf_two_sum(*hi, b_hi, &s, &e);
     e += *lo + b_lo;
-    *hi = s + e;
-    *lo = e - (*hi - s);
+    double h = s + e;
+    /* an infinite (or NaN) sum has no error term: inf - inf in the EFT would turn +inf into NaN */
+    int finite = (s - s == 0.0);
+    *hi = finite ? h : s;
+    *lo = finite ? e - (h - s) : 0.0;
+}
+
+/* Compensated accumulation step (TwoSum, error collected separately), inf-safe like xf_dd_add. */
+XF_HD void xf_acc_add(double *acc, double *err, double v)
+{
+    double s, e;
+    xf_two_sum(*acc, v, &s, &e);
+    *acc = s;
+    *err += (s - s == 0.0) ? e : 0.0;
 }
 
 /* ---- softmax pieces --------------------------------------------------------------------------------
@@ -94,13 +106,14 @@ XF_HD double xf_log1pexp(double x)
     return r;
 }
 
-/* sigma(x) = 1 / (1 + e^-x), evaluated on the side where e^{-|x|} <= 1 so neither tail cancels:
- * x >= 0: 1/(1 + e^-x); x < 0: e^x/(1 + e^x).  Exact 1/2 at x = +-0. */
+/* sigma(x) = 1 / (1 + e^-x), evaluated on the side where e = e^{-|x|} <= 1 so neither tail cancels:
+ * x >= 0: 1/(1 + e); x < 0: e/(1 + e), one division each (e * (1/(1+e)) would add a rounding).
+ * Exact 1/2 at x = +-0.  Bound: exp's 0.62 ULP (damped by e/(1+e) on the x >= 0 side) + two roundings. */
 XF_HD double xf_sigmoid(double x)
 {
     double e = xf_exp(-xf_fabs(x));
-    double inv = 1.0 / (1.0 + e);
-    return (x >= 0.0) ? inv : e * inv;
+    double num = (x >= 0.0) ? 1.0 : e;
+    return num / (1.0 + e);
 }
 
 #endif /* XENTFAST_NUMERICS_H */

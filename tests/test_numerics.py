@@ -1,0 +1,132 @@
+"""The shared numerics header, measured directly against mpmath (through the test-only wrapper).
+
+Every branch cutoff is checked at the cutoff and at its floating-point neighbours, never by eye.
+"""
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from xentfast._core import _scalar
+from xentfast.testing import assert_ulp_close
+
+DPS = 60
+F64 = dict(allow_nan=False, width=64)
+
+
+def exact(fn, *cols):
+    with mpmath.workdps(DPS):
+        return np.array([fn(*(mpmath.mpf(float(v)) for v in vals)) for vals in zip(*cols)], dtype=object)
+
+
+def mp_log1pexp(x):
+    return mpmath.log1p(mpmath.exp(x))
+
+
+def mp_sigmoid(x):
+    return 1 / (1 + mpmath.exp(-x))
+
+
+def neighbours(*points):
+    out = []
+    with np.errstate(over="ignore"):  # the neighbour above DBL_MAX is inf, which is wanted
+        for p in points:
+            out += [np.nextafter(p, -np.inf), p, np.nextafter(p, np.inf)]
+    return np.array(out)
+
+
+# bounds in ULP: what the README's table promises for the header's building blocks
+CASES = {
+    "exp": (_scalar.exp, mpmath.exp, 1.0),
+    "log": (_scalar.log, mpmath.log, 1.0),
+    "log1p": (_scalar.log1p, mpmath.log1p, 1.0),
+    "log1pexp": (_scalar.log1pexp, mp_log1pexp, 2.0),
+    "sigmoid": (_scalar.sigmoid, mp_sigmoid, 2.0),
+}
+
+EDGES = {
+    "exp": neighbours(0.0, 1.0, -1.0, 709.78, 709.8, -708.4, -745.13, -745.2, 0.5 * np.log(2), -0.5 * np.log(2)),
+    "log": neighbours(1.0, np.sqrt(2) / 2, np.sqrt(2), 2.2250738585072014e-308, 5e-324 * 3, 1.7976931348623157e308),
+    "log1p": neighbours(0.0, -0.5, 1e-300, -1e-300, 2.0 ** -54, 1.0, np.sqrt(2) - 1, 1e300),
+    # the cutoffs of the Maechler ladder (numerics.h) and where the pieces change character
+    "log1pexp": neighbours(-37.0, 18.0, 33.3, 0.0, -745.0, 709.0, 800.0, -800.0),
+    "sigmoid": neighbours(0.0, 36.0, -36.0, 745.0, -745.0, 709.0, -709.0, 1e-300, -1e-300),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_edges(name):
+    fn, ref, bound = CASES[name]
+    x = EDGES[name]
+    assert_ulp_close(fn(x), exact(ref, x), bound, dtype=np.float64, inputs={"x": x})
+
+
+@pytest.mark.parametrize("name", ["log1pexp", "sigmoid"])
+def test_cutoffs_monotone(name):
+    # both functions increase; a branch switch that jumps the wrong way shows up between neighbours
+    fn = CASES[name][0]
+    x = EDGES[name]
+    order = np.argsort(x, kind="stable")
+    y = fn(x[order])
+    assert np.all(np.diff(y) >= 0)
+
+
+@given(st.floats(min_value=-745.5, max_value=710.0, **F64))
+@example(-0.0)
+@example(5e-324)
+def test_exp(x):
+    fn, ref, bound = CASES["exp"]
+    assert_ulp_close(fn(np.array([x])), exact(ref, [x]), bound, dtype=np.float64)
+
+
+@given(st.floats(min_value=0.0, max_value=1.7976931348623157e308, exclude_min=True, **F64))
+def test_log(x):
+    fn, ref, bound = CASES["log"]
+    assert_ulp_close(fn(np.array([x])), exact(ref, [x]), bound, dtype=np.float64)
+
+
+@given(st.one_of(st.floats(min_value=-1.0, max_value=1e300, exclude_min=True, **F64),
+                 st.floats(min_value=-1e-6, max_value=1e-6, **F64)))
+def test_log1p(x):
+    fn, ref, bound = CASES["log1p"]
+    assert_ulp_close(fn(np.array([x])), exact(ref, [x]), bound, dtype=np.float64)
+
+
+@given(st.floats(min_value=-800.0, max_value=800.0, **F64))
+def test_log1pexp(x):
+    fn, ref, bound = CASES["log1pexp"]
+    assert_ulp_close(fn(np.array([x])), exact(ref, [x]), bound, dtype=np.float64)
+
+
+@given(st.floats(min_value=-800.0, max_value=800.0, **F64))
+def test_sigmoid(x):
+    fn, ref, bound = CASES["sigmoid"]
+    assert_ulp_close(fn(np.array([x])), exact(ref, [x]), bound, dtype=np.float64)
+
+
+@given(st.floats(min_value=-1e300, max_value=1e300, **F64), st.floats(min_value=-1e300, max_value=1e300, **F64))
+@example(-700.0, 1e-300)
+@example(1e-20, 740.0)
+def test_exp_shifted_carries_the_shift(x, m):
+    # exp(x - m) with x - m not representable: the kernels' float64 path must still be within 1 ULP
+    if x > m:
+        x, m = m, x
+    with mpmath.workdps(DPS):
+        want = mpmath.exp(mpmath.mpf(x) - mpmath.mpf(m))
+    assert_ulp_close(_scalar.exp_shifted(x, m), np.array(want, dtype=object), 1.0, dtype=np.float64,
+                     inputs={"x": np.array(x), "m": np.array(m)})
+
+
+def test_special_values():
+    inf, nan = np.inf, np.nan
+    assert np.array_equal(_scalar.exp(np.array([-inf, inf, -1e4, 1e4])), [0.0, inf, 0.0, inf])
+    assert np.isnan(_scalar.exp(np.array([nan]))).all()
+    assert np.array_equal(_scalar.log(np.array([0.0, -0.0, inf])), [-inf, -inf, inf])
+    assert np.isnan(_scalar.log(np.array([-1.0, -inf, nan]))).all()
+    assert np.array_equal(_scalar.log1p(np.array([-1.0, inf, 0.0])), [-inf, inf, 0.0])
+    assert np.signbit(_scalar.log1p(np.array([-0.0])))[0]
+    assert np.isnan(_scalar.log1p(np.array([-1.5, nan]))).all()
+    assert np.array_equal(_scalar.log1pexp(np.array([-inf, inf])), [0.0, inf])
+    assert np.array_equal(_scalar.sigmoid(np.array([-inf, inf, 0.0, -0.0])), [0.0, 1.0, 0.5, 0.5])
+    assert _scalar.exp_shifted(-inf, 3.0) == 0.0

@@ -1,0 +1,298 @@
+"""The accuracy contract of the softmax family, measured against the mpmath reference on adversarial inputs.
+
+Bounds (README table): per-row loss, log_softmax, logsumexp, softmax and index-target gradients
+<= 2 ULP (float32) / <= 4 ULP (float64); soft-target / smoothing / z-loss gradients the same in units of
+ulp(|p_j A| + |q_j|); mean and sum <= 4 ULP.  Gradients are compared with the exact derivative, never
+with finite differences (the founding Paddle bug hid behind a loose finite-difference tolerance).
+"""
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import example, given, note
+from hypothesis import strategies as st
+
+import xentfast as xf
+from xentfast import reference as ref
+from xentfast.testing import assert_ulp_close, logits, softmax_xent_cases
+
+BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
+REDUCED_BOUND = 4.0
+DTYPES = [np.float32, np.float64]
+
+
+def _kwargs(case):
+    return dict(weight=case.weight, ignore_index=case.ignore_index, label_smoothing=case.label_smoothing,
+                z_loss=case.z_loss)
+
+
+def _is_simple(case):
+    """Index target, no smoothing, no z-loss: the gradient bound is relative, entry by entry."""
+    return case.target.dtype.kind in "iu" and case.label_smoothing == 0 and case.z_loss == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_row_loss_and_gradient_within_bound(dtype, data):
+    case = data.draw(softmax_xent_cases(dtype))
+    kw = _kwargs(case)
+    x, t = case.logits, case.target
+    bound = BOUND[np.dtype(dtype)]
+    inputs = {"logits": x, "target": t}
+    loss, grad = xf.cross_entropy_with_grad(x, t, reduction="none", **kw)
+    assert_ulp_close(loss, ref.cross_entropy(x, t, reduction="none", **kw), bound, inputs=inputs,
+                     err_msg=f"per-row loss, options {kw}")
+    exact_grad, scale = ref.cross_entropy_grad(x, t, reduction="none", return_scale=True, **kw)
+    assert_ulp_close(grad, exact_grad, bound, scale=None if _is_simple(case) else scale, inputs=inputs,
+                     err_msg=f"gradient, options {kw}")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_reduced_loss_and_gradient_within_bound(dtype, reduction, data):
+    case = data.draw(softmax_xent_cases(dtype))
+    kw = _kwargs(case)
+    x, t = case.logits, case.target
+    g = data.draw(st.sampled_from([1.0, 0.5, 3.0]))
+    loss, grad = xf.cross_entropy_with_grad(x, t, reduction=reduction, grad_output=np.asarray(g, dtype), **kw)
+    assert_ulp_close(np.asarray(loss), ref.cross_entropy(x, t, reduction=reduction, **kw), REDUCED_BOUND,
+                     dtype=dtype, inputs={"logits": x, "target": t}, err_msg=f"{reduction}, options {kw}")
+    exact_grad, scale = ref.cross_entropy_grad(x, t, reduction=reduction, grad_output=g, return_scale=True, **kw)
+    # the upstream factor g / denominator is one more rounding in every entry
+    assert_ulp_close(grad, exact_grad, BOUND[np.dtype(dtype)] + 1, scale=None if _is_simple(case) else scale,
+                     inputs={"logits": x, "target": t}, err_msg=f"gradient of {reduction}, options {kw}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_grad_output_per_row(dtype, data):
+    case = data.draw(softmax_xent_cases(dtype))
+    kw = _kwargs(case)
+    x, t = case.logits, case.target
+    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.shape[0]), np.full(x.shape[0], 0.25)])).astype(dtype)
+    grad = xf.cross_entropy_backward(g, x, t, reduction="none", **kw)
+    exact_grad, scale = ref.cross_entropy_grad(x, t, reduction="none", grad_output=g, return_scale=True, **kw)
+    assert_ulp_close(grad, exact_grad, BOUND[np.dtype(dtype)] + 1, scale=None if _is_simple(case) else scale,
+                     inputs={"logits": x, "target": t, "grad_output": g})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(x=st.data())
+def test_softmax_family_within_bound(dtype, x):
+    x = x.draw(logits(dtype, allow_nan=True, allow_posinf=True))
+    bound = BOUND[np.dtype(dtype)]
+    note(f"logits={x!r}")
+    assert_ulp_close(xf.log_softmax(x), ref.log_softmax(x), bound, inputs={"x": x}, err_msg="log_softmax")
+    assert_ulp_close(xf.softmax(x), ref.softmax(x), bound, inputs={"x": x}, err_msg="softmax")
+    assert_ulp_close(xf.logsumexp(x), ref.logsumexp(x), bound, inputs={"x": x}, err_msg="logsumexp")
+
+
+# ---- the documented numerics, one pinned example each ------------------------------------------------
+
+
+def test_confident_correct_loss_is_not_zero():
+    # log(1 + tiny) = 0 in every peer; log1p of the other classes' sum keeps it
+    x = np.array([[30.0, 0.0]], dtype=np.float32)
+    loss = xf.cross_entropy(x, np.array([0]), reduction="none")
+    assert loss[0] > 0
+    assert_ulp_close(loss, ref.cross_entropy(x, np.array([0]), reduction="none"), 0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_target_gradient_has_no_cancellation(dtype):
+    # p_y - 1 rounds to 0 in float32 at a gap of 20; -(sum of the others)/S does not
+    x = np.array([[20.0, 0.0], [45.0, 0.0]], dtype=dtype)
+    y = np.array([0, 0])
+    grad = xf.cross_entropy_backward(np.ones(2, dtype), x, y, reduction="none")
+    assert (grad[:, 0] < 0).all()
+    assert_ulp_close(grad, ref.cross_entropy_grad(x, y, reduction="none"), BOUND[np.dtype(dtype)])
+
+
+def test_small_probabilities_float64_keep_their_digits():
+    # x_j - m is not representable here; without the carried remainder p_j is off by ~|x_j - m| * eps / 2
+    x = np.array([[0.1, 700.3, 650.0 + 1e-9, -6.0]], dtype=np.float64)
+    assert_ulp_close(xf.softmax(x), ref.softmax(x), 4.0, inputs={"x": x})
+    assert_ulp_close(xf.cross_entropy_backward(np.ones(1), x, np.array([1]), reduction="none"),
+                     ref.cross_entropy_grad(x, np.array([1]), reduction="none"), 4.0, inputs={"x": x})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_classes_contribute_exactly_zero(dtype):
+    x = np.array([[1.0, -np.inf, 2.0, -np.inf]], dtype=dtype)
+    loss, grad = xf.cross_entropy_with_grad(x, np.array([2]), reduction="none")
+    unmasked = xf.cross_entropy(np.array([[1.0, 2.0]], dtype=dtype), np.array([1]), reduction="none")
+    assert loss[0] == unmasked[0]
+    assert grad[0, 1] == 0 and grad[0, 3] == 0
+    assert xf.softmax(x)[0, 1] == 0 and xf.log_softmax(x)[0, 1] == -np.inf
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_neg_inf_target_logit_gives_inf_loss_finite_gradient(dtype):
+    x = np.array([[1.0, -np.inf, 2.0]], dtype=dtype)
+    loss, grad = xf.cross_entropy_with_grad(x, np.array([1]), reduction="none")
+    assert loss[0] == np.inf
+    assert np.isfinite(grad).all() and grad[0, 1] == -1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("row", [[1.0, np.nan, 2.0], [1.0, np.inf, 2.0], [-np.inf, -np.inf, -np.inf]],
+                         ids=["nan", "posinf", "all-neginf"])
+def test_rows_without_a_softmax_are_nan(dtype, row):
+    x = np.array([row, [0.0, 1.0, 2.0]], dtype=dtype)
+    loss, grad = xf.cross_entropy_with_grad(x, np.array([0, 2]), reduction="none")
+    assert np.isnan(loss[0]) and np.isnan(grad[0]).all()
+    assert np.isfinite(loss[1]) and np.isfinite(grad[1]).all()
+    assert np.isnan(xf.log_softmax(x)[0]).all() and np.isnan(xf.softmax(x)[0]).all()
+
+
+def test_logsumexp_limits():
+    x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [np.nan, 1.0], [np.inf, np.nan]])
+    out = xf.logsumexp(x)
+    assert out[0] == -np.inf and out[1] == np.inf and np.isnan(out[2]) and np.isnan(out[3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ignored_rows_are_zero_whatever_they_hold(dtype):
+    x = np.array([[np.nan, 1.0], [np.inf, -np.inf], [0.5, 0.25]], dtype=dtype)
+    loss, grad = xf.cross_entropy_with_grad(x, np.array([-100, -100, 1]), reduction="none")
+    assert loss[0] == 0 and loss[1] == 0 and not np.signbit(loss[0])
+    assert (grad[:2] == 0).all() and np.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_ignored_mean_policy(dtype):
+    x = np.ones((3, 4), dtype=dtype)
+    y = np.full(3, -100)
+    assert np.isnan(xf.cross_entropy(x, y))
+    assert xf.cross_entropy(x, y, empty_mean="zero") == 0
+    for policy in ("nan", "zero"):
+        _, grad = xf.cross_entropy_with_grad(x, y, empty_mean=policy)
+        assert (grad == 0).all()
+
+
+def test_label_smoothing_spreads_over_finite_classes():
+    # torch gives +inf here (eps/C mass on a -inf class); xentfast smooths over the C_eff finite classes
+    x = np.array([[1.0, -np.inf, 2.0, 0.5]])
+    loss = xf.cross_entropy(x, np.array([2]), label_smoothing=0.3, reduction="none")
+    same_without_mask = xf.cross_entropy(x[:, [0, 2, 3]], np.array([1]), label_smoothing=0.3, reduction="none")
+    assert np.isfinite(loss[0])
+    assert loss[0] == same_without_mask[0]
+
+
+def test_z_loss_matches_its_definition():
+    x = np.array([[1.0, 2.0, 3.0], [0.0, -1.0, 4.0]])
+    y = np.array([2, 0])
+    z = 1e-2
+    base = xf.cross_entropy(x, y, reduction="none")
+    lse = xf.logsumexp(x)
+    assert np.allclose(xf.cross_entropy(x, y, reduction="none", z_loss=z), base + z * lse**2, rtol=1e-15)
+
+
+# ---- layout, out=, inplace ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_class_axis_and_layout_do_not_change_bits(dtype):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 7, 4)) * 5).astype(dtype)        # torch layout (N, C, d)
+    y = rng.integers(0, 7, size=(3, 4))
+    loss, grad = xf.cross_entropy_with_grad(x, y, axis=1, reduction="none")
+    last = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    loss_last, grad_last = xf.cross_entropy_with_grad(last, y, reduction="none")
+    assert np.array_equal(loss, loss_last)
+    assert np.array_equal(grad, np.moveaxis(grad_last, -1, 1))
+    assert grad.shape == x.shape and grad.flags.c_contiguous
+    fortran = np.asfortranarray(last)
+    assert np.array_equal(xf.cross_entropy_with_grad(fortran, y, reduction="none")[1], grad_last)
+    strided = np.ascontiguousarray(np.repeat(last, 2, axis=-1))[..., ::2]
+    assert np.array_equal(xf.cross_entropy_with_grad(strided, y, reduction="none")[1], grad_last)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_out_and_inplace(axis):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 6, 3)) if axis == 1 else rng.standard_normal((5, 6))
+    y = rng.integers(0, 6, size=(5, 3) if axis == 1 else 5)
+    loss, grad = xf.cross_entropy_with_grad(x, y, axis=axis)
+    out = np.empty_like(x)
+    loss_out, g_out = xf.cross_entropy_with_grad(x, y, axis=axis, out=out)
+    assert g_out is out and np.array_equal(out, grad) and loss_out == loss
+    x_in = x.copy()
+    loss_in, g_in = xf.cross_entropy_with_grad(x_in, y, axis=axis, inplace=True)
+    assert g_in is x_in and np.array_equal(x_in, grad) and loss_in == loss
+
+
+def test_inplace_keeps_zero_copy_on_the_fast_path():
+    x = np.random.default_rng(7).standard_normal((8, 9)).astype(np.float32)
+    y = np.arange(8)
+    _, g = xf.cross_entropy_with_grad(x, y, inplace=True)
+    assert np.shares_memory(g, x) and g is x
+
+
+def test_read_only_input_is_accepted():
+    x = np.random.default_rng(8).standard_normal((4, 5))
+    x.flags.writeable = False
+    loss, grad = xf.cross_entropy_with_grad(x, np.arange(4))
+    assert np.isfinite(loss) and grad.flags.writeable
+
+
+# ---- torch semantics on ordinary inputs ------------------------------------------------------------
+
+
+def _torch_pair(x, t, **kw):
+    torch = pytest.importorskip("torch")
+    xt = torch.tensor(x, requires_grad=True)
+    tt = torch.tensor(t)
+    w = kw.pop("weight", None)
+    loss = torch.nn.functional.cross_entropy(xt, tt, weight=None if w is None else torch.tensor(w), **kw)
+    loss.sum().backward()
+    return loss.detach().numpy(), xt.grad.numpy()
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("eps", [0.0, 0.15])
+@pytest.mark.parametrize("targets", ["index", "index-ignored", "prob"])
+@pytest.mark.parametrize("layout", ["2d", "ncd"])
+def test_agrees_with_torch(reduction, weighted, eps, targets, layout):
+    rng = np.random.default_rng(hash((reduction, weighted, eps, targets, layout)) % 2**32)
+    C = 6
+    shape = (9, C) if layout == "2d" else (4, C, 3)
+    axis = 1
+    x = rng.standard_normal(shape) * 2
+    batch = tuple(s for i, s in enumerate(shape) if i != axis)
+    if targets == "prob":
+        t = rng.random(shape)
+        t /= t.sum(axis=axis, keepdims=True)
+    else:
+        t = rng.integers(0, C, size=batch)
+        if targets == "index-ignored":
+            t.reshape(-1)[::3] = -100
+    kw = dict(reduction=reduction, label_smoothing=eps)
+    if weighted:
+        kw["weight"] = rng.random(C) + 0.1
+    want_loss, want_grad = _torch_pair(x, t, **dict(kw))
+    loss, grad = xf.cross_entropy_with_grad(x, t, axis=axis, **kw)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-15)
+
+
+# ---- huge arrays -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_more_than_2_to_31_elements():
+    # np.zeros maps untouched pages to the zero page, so 10.7 GB of logits cost no memory to read;
+    # the last row's offset is beyond 2^31 elements, where 32-bit indexing would wrap
+    n, c = 5, 2**29
+    x = np.zeros((n, c), dtype=np.float32)
+    assert x.size > 2**31 and (n - 1) * c > 2**31
+    x[n - 1, c - 1] = 10.0
+    y = np.array([0, 1, 2, 3, c - 1])
+    loss = xf.cross_entropy(x, y, reduction="none")
+    # the last row: log((c - 1) + e^10) - 10; the others: log c
+    with mpmath.workdps(40):
+        want_last = mpmath.log((c - 1) + mpmath.exp(10)) - 10
+        want_uniform = mpmath.log(c)
+    assert_ulp_close(loss[:4], np.array([want_uniform] * 4, dtype=object), 2)
+    assert_ulp_close(loss[4:], np.array([want_last], dtype=object), 2)
