@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import xentfast as xf
 from xentfast import reference as ref
-from xentfast.testing import assert_ulp_close, logits, softmax_xent_cases
+from xentfast.testing import XentCase, assert_ulp_close, logits, softmax_xent_cases
 
 BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
 REDUCED_BOUND = 4.0
@@ -30,10 +30,7 @@ def _is_simple(case):
     return case.target.dtype.kind in "iu" and case.label_smoothing == 0 and case.z_loss == 0
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@given(data=st.data())
-def test_row_loss_and_gradient_within_bound(dtype, data):
-    case = data.draw(softmax_xent_cases(dtype))
+def _check_rows(case, dtype):
     kw = _kwargs(case)
     x, t = case.logits, case.target
     bound = BOUND[np.dtype(dtype)]
@@ -44,6 +41,36 @@ def test_row_loss_and_gradient_within_bound(dtype, data):
     exact_grad, scale = ref.cross_entropy_grad(x, t, reduction="none", return_scale=True, **kw)
     assert_ulp_close(grad, exact_grad, bound, scale=None if _is_simple(case) else scale, inputs=inputs,
                      err_msg=f"gradient, options {kw}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_row_loss_and_gradient_within_bound(dtype, data):
+    _check_rows(data.draw(softmax_xent_cases(dtype)), dtype)
+
+
+def _case(x, t, dtype, weight=None, eps=0.0, z=0.0):
+    return XentCase(np.array(x, dtype=dtype), np.array(t), weight, eps, -100, z)
+
+
+# every failure the search above found once, pinned (the fix named in each id)
+FIXED_FAILURES = [
+    pytest.param(_case([[-np.inf, 0.0]], np.array([[1.0, 0.0]], np.float32), np.float32),
+                 id="inf-term-in-compensated-sum"),
+    pytest.param(_case([[1.7976931348623157e308] * 2], [0], np.float64, z=1.0), id="z-loss-coef-overflow"),
+    pytest.param(_case([[1.3407807929942597e154]], [0], np.float64, z=1e-4), id="z-loss-lse-squared-overflow"),
+    pytest.param(_case([[712.0, 2.0] + [0.0] * 13], [0], np.float64), id="subnormal-only-sum"),
+    pytest.param(_case([[712.0, 2.0] + [0.0] * 13], [0], np.float64, weight=np.full(15, 7.0)),
+                 id="subnormal-sum-times-weight"),
+    pytest.param(_case([[710.75, 1.75, 0.0]], [0], np.float64, z=0.01), id="subnormal-p-times-coef"),
+    pytest.param(_case([[0.0, 1e300]], [0], np.float64, z=1e-4), id="scaled-grad-near-the-max"),
+    pytest.param(_case([[2.1661481985318866e131, 0.0]], [0], np.float64, z=1e-4), id="scaled-grad-target"),
+]
+
+
+@pytest.mark.parametrize("case", FIXED_FAILURES)
+def test_fixed_failures_stay_fixed(case):
+    _check_rows(case, case.logits.dtype)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

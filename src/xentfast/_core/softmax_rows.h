@@ -34,13 +34,14 @@ XF_HD double XF_FN(xf_exp_minus)(XF_T x, double m)
 /* Pass 1 of a block: max (NaN-blind), first index of the max, NaN and finite counts. */
 XF_HD void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
 {
-    double m = -XF_INF;
+    double m = -XF_INF, mn = XF_INF;
     long long n_nan = 0, n_finite = 0;
     long long j;
-#pragma omp simd reduction(max : m) reduction(+ : n_nan, n_finite)
+#pragma omp simd reduction(max : m) reduction(min : mn) reduction(+ : n_nan, n_finite)
     for (j = 0; j < n; j++) {
         double v = (double)x[j];
         m = (v > m) ? v : m;
+        mn = (v < mn && v > -XF_INF) ? v : mn;
         n_nan += (v != v);
         n_finite += (v > -XF_INF);
     }
@@ -52,6 +53,7 @@ XF_HD void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_
     out->argmax = offset + (first < n ? first : 0);
     out->n_nan = n_nan;
     out->n_finite = n_finite;
+    out->min_finite = mn;
 }
 
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
@@ -110,6 +112,7 @@ XF_HD void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long offs
         double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
         /* 0 * inf = 0: a class the target gives no mass contributes nothing, even when masked (-inf) */
         double term = (q == 0.0) ? 0.0 : q * nlp;
+        term = (offset + j == job->argmax) ? xf_weighted_log_s(job, q) : term;
         k = (int)(j % XF_LANES);
         xf_acc_add(&acc[k], &cmp[k], term);
         xf_acc_add(&qacc[k], &qcmp[k], q);
@@ -126,6 +129,31 @@ XF_HD void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long
 {
     long long j;
     const double m = job->m, S = job->S, coef = job->coef, scale = job->scale, mult = job->coef_mult;
+#if XF_COMPENSATED
+    if (job->grad_scaled) {
+        /* rare: subnormal probabilities times |coef| > 1 (see xf_exp_shifted_pow2) */
+        const long long y = job->y - offset;
+        const double g_y = (y >= 0 && y < n) ? xf_target_grad(job, xf_exp_shifted((double)x[y], m)) : 0.0;
+        for (j = 0; j < n; j++) {
+            double xv = (double)x[j];
+            /* scaled only where exp(x - m) is subnormal: near the max, 2^600 * coef could overflow */
+            int tiny = (xv - m < -700.0);
+            double e = tiny ? xf_exp_shifted_pow2(xv, m) : xf_exp_shifted(xv, m);
+            double unscale = tiny ? mult * XF_POW2_UNSCALE : mult;
+            double q = 0.0;
+            if (!job->simple) {
+                double wc = w ? w[j] : 1.0;
+                double fin = (xv > -XF_INF) ? 1.0 : 0.0;
+                q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
+            }
+            out[j] = (XF_T)((coef * (e / S)) * unscale - scale * q);
+        }
+        if (job->simple && y >= 0 && y < n) {
+            out[y] = (XF_T)g_y;
+        }
+        return;
+    }
+#endif
     if (job->simple) {
         /* index target, no smoothing, no z-loss: q is scale*w_y at y only */
         const long long y = job->y - offset;

@@ -22,6 +22,7 @@ typedef struct {
     long long argmax;    /* first index attaining m */
     long long n_nan;     /* NaN entries */
     long long n_finite;  /* entries > -inf (includes +inf; a +inf row is NaN anyway) */
+    double min_finite;   /* smallest entry > -inf (+inf if none) */
 } xf_rowmax;
 
 typedef struct {
@@ -40,15 +41,19 @@ typedef struct {
     double m;
     long long argmax;
     long long n_finite;
+    double min_finite;
     double eps_per_class; /* eps / C_eff: smoothing spreads over classes with finite logits */
     /* set by the sum pass */
     double s_hi, s_lo;   /* s = sum over j != argmax of exp(x_j - m) */
     double S;            /* 1 + s */
+    int rescued;         /* float64, s < 2^-900: s is also held as s_scaled = s * 2^600 */
+    double s_scaled;
     double log_s;        /* log S = log1p(s) */
     double lse;          /* m + log S */
     /* set by finish */
     double coef;         /* gradient: coef * p_j * coef_mult - scale * q_j */
     double coef_mult;    /* 1, or 2 when coef alone would overflow */
+    int grad_scaled;     /* float64 rows with subnormal p_j and |coef| > 1: see xf_exp_shifted_pow2 */
 } xf_rowjob;
 
 XF_HD void xf_rowmax_init(xf_rowmax *st)
@@ -57,6 +62,7 @@ XF_HD void xf_rowmax_init(xf_rowmax *st)
     st->argmax = -1;
     st->n_nan = 0;
     st->n_finite = 0;
+    st->min_finite = XF_INF;
 }
 
 /* Merge block statistics in block order: a strictly larger max moves the argmax, a tie keeps the
@@ -69,6 +75,7 @@ XF_HD void xf_rowmax_merge(xf_rowmax *st, const xf_rowmax *blk)
     }
     st->n_nan += blk->n_nan;
     st->n_finite += blk->n_finite;
+    st->min_finite = (blk->min_finite < st->min_finite) ? blk->min_finite : st->min_finite;
 }
 
 XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale,
@@ -87,7 +94,11 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->m = 0.0;
     job->argmax = 0;
     job->n_finite = 0;
+    job->min_finite = XF_INF;
     job->eps_per_class = 0.0;
+    job->rescued = 0;
+    job->s_scaled = 0.0;
+    job->grad_scaled = 0;
     job->s_hi = job->s_lo = 0.0;
     job->S = 1.0;
     job->log_s = 0.0;
@@ -106,6 +117,7 @@ XF_HD void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
     job->m = st->m;
     job->argmax = st->argmax;
     job->n_finite = st->n_finite;
+    job->min_finite = st->min_finite;
     job->eps_per_class = (st->n_finite > 0) ? job->eps / (double)st->n_finite : 0.0;
 }
 
@@ -121,11 +133,10 @@ XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
 
 /* float64 rows whose non-max terms all lie ~620+ below the max: s is then a sum of subnormal
  * exponentials, each rounded to the fixed subnormal grid, so their absolute errors add up (C/2 ULP of
- * a subnormal loss).  Such rows are recomputed with every term scaled by 2^600 (the shift k ln 2 is
- * carried as a double-double, exact to ~2^-80 relative) and scaled back once at the end.  Rare and
- * per row, so it runs serially and does not slow the common path. */
+ * a subnormal loss).  Such rows are re-summed with every term scaled by 2^600 (xf_exp_shifted_pow2) and
+ * keep that scaled sum for the loss and the target gradient, which multiply it by weights before the
+ * one rounding back.  Rare and per row, so it runs serially and does not slow the common path. */
 #define XF_TINY_SUM 0x1p-900
-#define XF_TINY_SCALE_K 600.0
 XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
 {
     if (job->status != XF_ROW_OK || !(job->s_hi < XF_TINY_SUM) || job->s_hi == 0.0) {
@@ -134,18 +145,19 @@ XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long 
     double hi = 0.0, lo = 0.0;
     long long j;
     for (j = 0; j < C; j++) {
-        double d, d_err, a, a_err;
-        if (j == job->argmax) {
-            continue;
+        if (j != job->argmax) {
+            xf_dd_add(&hi, &lo, xf_exp_shifted_pow2(x[j], job->m), 0.0);
         }
-        xf_two_sum(x[j], -job->m, &d, &d_err);
-        d_err = (d - d == 0.0) ? d_err : 0.0;
-        xf_two_sum(d, XF_TINY_SCALE_K * XF_MATH_LN2_HI, &a, &a_err);
-        double e = xf_exp_dd(a, a_err + (d_err + XF_TINY_SCALE_K * XF_MATH_LN2_LO));
-        e = (d > -XF_INF) ? e : 0.0;
-        xf_dd_add(&hi, &lo, e, 0.0);
     }
-    xf_rowjob_set_sum(job, (hi + lo) * 0x1p-600, 0.0);
+    xf_rowjob_set_sum(job, (hi + lo) * XF_POW2_UNSCALE, 0.0);
+    job->rescued = 1;
+    job->s_scaled = hi + lo;
+}
+
+/* w * log S for a row's argmax class (log S = s when rescued: log1p(s) = s below 2^-900). */
+XF_HD double xf_weighted_log_s(const xf_rowjob *job, double w)
+{
+    return job->rescued ? (w * job->s_scaled) * XF_POW2_UNSCALE : w * job->log_s;
 }
 
 /* The effective (unscaled) target mass of class j, see the README's semantics:
@@ -191,6 +203,7 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
         double nlp = xf_neg_log_prob(x_y, job->m, job->log_s);
         /* a zero-weight class contributes 0 even if its logit is -inf (0 * inf = 0 by convention) */
         ce = (job->w_y == 0.0) ? 0.0 : job->w_y * nlp;
+        ce = (job->y == job->argmax) ? xf_weighted_log_s(job, job->w_y) : ce;
         A = job->w_y;
     }
     double r = job->prob ? 1.0 : job->w_y;
@@ -208,6 +221,9 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
         }
     }
     job->coef = job->scale * a_eff;
+    /* p_j below the normal range only where x_j - m < -708; with |coef| <= 1 its rounding is not
+     * magnified, so the scaled evaluation is needed only beyond both */
+    job->grad_scaled = (job->m - job->min_finite > 700.0) && (xf_fabs(job->coef) * job->coef_mult > 1.0);
     return loss;
 }
 
@@ -217,7 +233,8 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
 XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
 {
     if (job->y == job->argmax) {
-        return -job->coef * ((job->s_hi + job->s_lo) / job->S);
+        return job->rescued ? -(job->coef * job->s_scaled) * XF_POW2_UNSCALE
+                            : -job->coef * ((job->s_hi + job->s_lo) / job->S);
     }
     return job->coef * (e_y / job->S - 1.0);
 }

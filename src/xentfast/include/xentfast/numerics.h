@@ -71,6 +71,22 @@ XF_HD double xf_exp_shifted(double x, double m)
     return xf_exp_dd(d, d_err);
 }
 
+/* exp(x - m) * 2^600 for float64 data, the shift and the scale k ln 2 both carried as double-doubles
+ * (k * LN2_HI is exact; k * LN2_LO is off by ~2^-80 relative).  Where exp(x - m) is subnormal, every
+ * later product would scale up its fixed absolute rounding error; computed 2^600 larger, the value is
+ * normal and the single rounding happens when the caller multiplies back by 2^-600.  x = -inf gives 0. */
+#define XF_POW2_SCALE_K 600.0
+#define XF_POW2_UNSCALE 0x1p-600
+XF_HD double xf_exp_shifted_pow2(double x, double m)
+{
+    double d, d_err, a, a_err;
+    xf_two_sum(x, -m, &d, &d_err);
+    d_err = (d - d == 0.0) ? d_err : 0.0;
+    xf_two_sum(d, XF_POW2_SCALE_K * XF_MATH_LN2_HI, &a, &a_err);
+    a_err = (a - a == 0.0) ? a_err : 0.0;
+    return xf_exp_dd(a, a_err + (d_err + XF_POW2_SCALE_K * XF_MATH_LN2_LO));
+}
+
 /* -log p_j = (m - x_j) + log S, for a class that is not the argmax.  Both terms are >= 0, so the sum
  * has no cancellation; m - x_j is carried exactly (TwoSum) and the error is that of log S
  * (<= 1.5 ULP of log S <= 1.5 ULP of the result) plus two roundings. x_j = -inf gives +inf. */

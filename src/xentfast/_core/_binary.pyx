@@ -1,0 +1,186 @@
+# Binary-family CPU kernels: BCE with logits, sigmoid focal loss, BCE from probabilities (elementwise),
+# and cross-entropy from class probabilities (per row).
+#
+# Design
+# (a) Python validates, this module computes (xentfast.api_binary checks shapes, dtypes, target and
+#     probability ranges, weights): nothing here re-validates and nothing here raises.
+# (b) The arithmetic is xentfast/binary.h (shared with the CUDA twin); the loops are binary_blocks.h.
+#     This file only hands blocks of elements (rows for CE from probabilities) to threads.
+# (c) Determinism: an element's loss and gradient depend on that element alone, so `prange` over blocks
+#     with any thread count gives the same bits.  Losses that are reduced are written in double and
+#     summed by xentfast._core._xent.dd_sum (double-double, serial, index order): `mean` is the mean of
+#     `none` for every thread count, and float32 sums are not built from float32-rounded terms.
+# (d) Outputs are written once per element: the loss in the storage type for reduction="none" (no
+#     double temporary of the input's size), in double otherwise; the gradient in the storage type,
+#     possibly over the input (inplace).
+# (e) Left out on purpose: OpenMP reductions (their order follows the thread count) and any per-element
+#     Python dispatch.
+
+from cython.parallel cimport prange
+from libc.stdint cimport int64_t
+
+cdef extern from "binary_kernels.h" nogil:
+    enum: XF_BIN_BLOCK
+    ctypedef struct xf_bin_prob_mode:
+        int clip
+    ctypedef struct xf_bin_args:
+        const double *w
+        long long w_div
+        long long w_mod
+        int w_full
+        const double *pw
+        long long pw_div
+        long long pw_mod
+        int pw_full
+        const double *g
+        double scale
+        int has_ignore
+        double ignore
+        double alpha
+        double gamma
+        xf_bin_prob_mode mode
+    void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c)
+    void xf_bce_logits_block_f32(const float *x, const float *t, long long off, long long n,
+                                 const xf_bin_args *a, double *loss_d, float *loss_o, float *grad)
+    void xf_bce_logits_block_f64(const double *x, const double *t, long long off, long long n,
+                                 const xf_bin_args *a, double *loss_d, double *loss_o, double *grad)
+    void xf_focal_block_f32(const float *x, const float *t, long long off, long long n,
+                            const xf_bin_args *a, double *loss_d, float *loss_o, float *grad)
+    void xf_focal_block_f64(const double *x, const double *t, long long off, long long n,
+                            const xf_bin_args *a, double *loss_d, double *loss_o, double *grad)
+    void xf_bce_prob_block_f32(const float *x, const float *t, long long off, long long n,
+                               const xf_bin_args *a, double *loss_d, float *loss_o, float *grad)
+    void xf_bce_prob_block_f64(const double *x, const double *t, long long off, long long n,
+                               const xf_bin_args *a, double *loss_d, double *loss_o, double *grad)
+    double xf_ce_probs_row_f32(const float *p, long long C, long long y, double w_y, const float *t,
+                               const double *w, double s, const xf_bin_prob_mode *m, float *grad)
+    double xf_ce_probs_row_f64(const double *p, long long C, long long y, double w_y, const double *t,
+                               const double *w, double s, const xf_bin_prob_mode *m, double *grad)
+
+ctypedef fused floating:
+    float
+    double
+
+OP_BCE_LOGITS = 0
+OP_FOCAL = 1
+OP_BCE_PROB = 2
+BLOCK = XF_BIN_BLOCK
+
+
+cdef void _block(int op, const floating *x, const floating *t, Py_ssize_t off, Py_ssize_t n,
+                 const xf_bin_args *a, double *loss_d, floating *loss_o, floating *grad) noexcept nogil:
+    if floating is float:
+        if op == 0:
+            xf_bce_logits_block_f32(x, t, off, n, a, loss_d, loss_o, grad)
+        elif op == 1:
+            xf_focal_block_f32(x, t, off, n, a, loss_d, loss_o, grad)
+        else:
+            xf_bce_prob_block_f32(x, t, off, n, a, loss_d, loss_o, grad)
+    else:
+        if op == 0:
+            xf_bce_logits_block_f64(x, t, off, n, a, loss_d, loss_o, grad)
+        elif op == 1:
+            xf_focal_block_f64(x, t, off, n, a, loss_d, loss_o, grad)
+        else:
+            xf_bce_prob_block_f64(x, t, off, n, a, loss_d, loss_o, grad)
+
+
+def elementwise(int op, const floating[::1] x, const floating[::1] t,
+                const double[::1] w, long long w_div, long long w_mod,
+                const double[::1] pw, long long pw_div, long long pw_mod,
+                const double[::1] g, double scale, bint has_ignore, double ignore,
+                double alpha, double gamma, bint clip, double eps, bint clamp, double log_clamp,
+                double[::1] loss_d, floating[::1] loss_o, floating[::1] grad, int n_threads,
+                bint has_w, bint has_pw, bint has_g, bint has_loss_d, bint has_loss_o, bint has_grad):
+    """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB).
+
+    Arrays flagged absent may be empty placeholders; weights are addressed as w[(i // div) % mod].
+    `grad` may be `x` itself.  All checks happened in xentfast.api_binary.
+    """
+    cdef Py_ssize_t n = x.shape[0]
+    cdef Py_ssize_t nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
+    cdef Py_ssize_t b, off, blen
+    cdef xf_bin_args a
+    cdef double *ld = NULL
+    cdef floating *lo = NULL
+    cdef floating *gp = NULL
+    if n == 0:
+        return
+    a.w = &w[0] if has_w else NULL
+    a.w_div = w_div
+    a.w_mod = w_mod
+    a.w_full = has_w and w_div == 1 and w_mod == n
+    a.pw = &pw[0] if has_pw else NULL
+    a.pw_div = pw_div
+    a.pw_mod = pw_mod
+    a.pw_full = has_pw and pw_div == 1 and pw_mod == n
+    a.g = &g[0] if has_g else NULL
+    a.scale = scale
+    a.has_ignore = has_ignore
+    a.ignore = ignore
+    a.alpha = alpha
+    a.gamma = gamma
+    xf_bin_prob_mode_init(&a.mode, clip, eps, clamp, log_clamp)
+    if has_loss_d:
+        ld = &loss_d[0]
+    if has_loss_o:
+        lo = &loss_o[0]
+    if has_grad:
+        gp = &grad[0]
+    with nogil:
+        for b in prange(nb, schedule="static", num_threads=n_threads):
+            off = b * XF_BIN_BLOCK
+            blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
+            _block(op, &x[0], &t[0], off, blen, &a, ld, lo, gp)
+
+
+cdef double _ce_probs_one_row(const floating *p, Py_ssize_t C, Py_ssize_t i, const int64_t *y,
+                              long long ignore_index, const floating *t, const double *w,
+                              const double *row_scale, double scale, const xf_bin_prob_mode *m,
+                              floating *grad) noexcept nogil:
+    cdef long long yi = -1
+    cdef double w_y = 1.0
+    cdef double s = scale
+    cdef Py_ssize_t j
+    cdef floating *gr = grad + i * C if grad != NULL else NULL
+    if y != NULL:
+        yi = y[i]
+        if yi == ignore_index:
+            if gr != NULL:
+                for j in range(C):
+                    gr[j] = 0.0
+            return 0.0
+        if w != NULL:
+            w_y = w[yi]
+    if row_scale != NULL:
+        s = s * row_scale[i]
+    if floating is float:
+        return xf_ce_probs_row_f32(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, gr)
+    else:
+        return xf_ce_probs_row_f64(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, gr)
+
+
+def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, ::1] t, const double[::1] w,
+             long long ignore_index, const double[::1] row_scale, double scale, bint clip, double eps,
+             double[::1] loss, floating[:, ::1] grad, int n_threads, bint has_y, bint has_t, bint has_w,
+             bint has_row_scale, bint has_grad):
+    """Row losses (double) of cross-entropy from class probabilities and, when has_grad, the gradient."""
+    cdef Py_ssize_t N = p.shape[0]
+    cdef Py_ssize_t C = p.shape[1]
+    cdef Py_ssize_t i
+    cdef xf_bin_prob_mode m
+    cdef const int64_t *yp = &y[0] if has_y else NULL
+    cdef const floating *tp = NULL
+    cdef const double *wp = &w[0] if has_w else NULL
+    cdef const double *rs = &row_scale[0] if has_row_scale else NULL
+    cdef floating *gp = NULL
+    if N == 0 or C == 0:
+        return
+    if has_t:
+        tp = &t[0, 0]
+    if has_grad:
+        gp = &grad[0, 0]
+    xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0)
+    with nogil:
+        for i in prange(N, schedule="static", num_threads=n_threads):
+            loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, gp)
