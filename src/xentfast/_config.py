@@ -2,6 +2,7 @@
 
 import platform
 
+from ._core import _xent
 from ._core._openmp_helpers import omp_max_threads, openmp_enabled
 from ._threads import effective_n_threads
 
@@ -20,7 +21,8 @@ def config():
         "openmp": openmp_enabled(),
         "default_n_threads": effective_n_threads(None),
         "omp_max_threads": omp_max_threads(),
-        "cpu_code_path": "baseline (" + platform.machine() + ", compiler-vectorized, no FMA contraction)",
+        "cpu_code_path": _xent.cpu_path() + " (available: " + ", ".join(_xent.available_cpu_paths())
+        + "; override with XENTFAST_CPU; every path gives the same bits)",
         "cflags": getattr(_build_info, "CFLAGS", "unknown"),
         "python": platform.python_version(),
     }

@@ -47,34 +47,74 @@ cdef extern from "xent_kernels.h" nogil:
     void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
     void xf_terms_merge(double *acc, const double *blk)
 
-    void xf_max_block_f32(const float *x, long long n, long long offset, xf_rowmax *out)
-    void xf_max_block_f64(const double *x, long long n, long long offset, xf_rowmax *out)
-    void xf_sumexp_block_f32(const float *x, long long n, double m, long long skip, double *hi, double *lo)
-    void xf_sumexp_block_f64(const double *x, long long n, double m, long long skip, double *hi, double *lo)
-    void xf_xent_terms_block_f32(const float *x, long long n, long long offset, const xf_rowjob *job,
-                                 const float *t, const double *w, double *out)
-    void xf_xent_terms_block_f64(const double *x, long long n, long long offset, const xf_rowjob *job,
-                                 const double *t, const double *w, double *out)
-    void xf_xent_grad_block_f32(const float *x, float *out, long long n, long long offset,
-                                const xf_rowjob *job, const float *t, const double *w)
-    void xf_xent_grad_block_f64(const double *x, double *out, long long n, long long offset,
-                                const xf_rowjob *job, const double *t, const double *w)
-    void xf_row_stats_f32(const float *x, long long C, xf_rowjob *job)
-    void xf_row_stats_f64(const double *x, long long C, xf_rowjob *job)
-    double xf_xent_row_f32(const float *x, float *grad, long long C, xf_rowjob *job, const float *t,
-                           const double *w)
-    double xf_xent_row_f64(const double *x, double *grad, long long C, xf_rowjob *job, const double *t,
-                           const double *w)
-    void xf_log_softmax_block_f32(const float *x, float *out, long long n, double m, double log_s)
-    void xf_log_softmax_block_f64(const double *x, double *out, long long n, double m, double log_s)
-    void xf_softmax_block_f32(const float *x, float *out, long long n, double m, double S)
-    void xf_softmax_block_f64(const double *x, double *out, long long n, double m, double S)
+    ctypedef struct xf_softmax_table_f32:
+        void (*max_block)(const float *, long long, long long, xf_rowmax *) noexcept nogil
+        void (*sumexp_block)(const float *, long long, double, long long, double *, double *) noexcept nogil
+        void (*terms_block)(const float *, long long, long long, const xf_rowjob *, const float *,
+                            const double *, double *) noexcept nogil
+        void (*grad_block)(const float *, float *, long long, long long, const xf_rowjob *, const float *,
+                           const double *) noexcept nogil
+        void (*row_stats)(const float *, long long, xf_rowjob *) noexcept nogil
+        double (*xent_row)(const float *, float *, long long, xf_rowjob *, const float *,
+                           const double *) noexcept nogil
+        void (*log_softmax_block)(const float *, float *, long long, double, double) noexcept nogil
+        void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
+    ctypedef struct xf_softmax_table_f64:
+        void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
+        void (*sumexp_block)(const double *, long long, double, long long, double *, double *) noexcept nogil
+        void (*terms_block)(const double *, long long, long long, const xf_rowjob *, const double *,
+                            const double *, double *) noexcept nogil
+        void (*grad_block)(const double *, double *, long long, long long, const xf_rowjob *, const double *,
+                           const double *) noexcept nogil
+        void (*row_stats)(const double *, long long, xf_rowjob *) noexcept nogil
+        double (*xent_row)(const double *, double *, long long, xf_rowjob *, const double *,
+                           const double *) noexcept nogil
+        void (*log_softmax_block)(const double *, double *, long long, double, double) noexcept nogil
+        void (*softmax_block)(const double *, double *, long long, double, double) noexcept nogil
+    enum: XF_PATH_BASELINE
+    enum: XF_PATH_AVX2
+    int xf_cpu_supports_path(int path)
+    const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
+    const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
 
 ctypedef fused floating:
     float
     double
 
 cdef double NAN = float("nan")
+
+# The CPU code path: every kernel call goes through these tables (see xent_kernels.h).  Both paths give
+# the same bits; the choice is made once at import and can be overridden for tests.
+cdef const xf_softmax_table_f32 *K32 = xf_softmax_table_for_f32(XF_PATH_BASELINE)
+cdef const xf_softmax_table_f64 *K64 = xf_softmax_table_for_f64(XF_PATH_BASELINE)
+_PATHS = {"baseline": XF_PATH_BASELINE, "avx2": XF_PATH_AVX2}
+_current_path = "baseline"
+
+
+def available_cpu_paths():
+    """Code paths this build has and this CPU can run, baseline first."""
+    return [name for name, code in _PATHS.items() if xf_cpu_supports_path(code)]
+
+
+def set_cpu_path(name):
+    """Select the code path ("baseline", "avx2", or "auto" for the best this CPU runs)."""
+    global K32, K64, _current_path
+    if name == "auto":
+        paths = available_cpu_paths()
+        name = paths[len(paths) - 1]  # (wraparound is off in this build: no [-1])
+    if name not in _PATHS:
+        raise ValueError(f"XENTFAST_CPU: unknown code path {name!r}; choose from auto, {', '.join(_PATHS)}")
+    if not xf_cpu_supports_path(_PATHS[name]):
+        raise ValueError(f"XENTFAST_CPU: code path {name!r} is not available on this CPU/build; "
+                         f"available: {', '.join(available_cpu_paths())}")
+    K32 = xf_softmax_table_for_f32(_PATHS[name])
+    K64 = xf_softmax_table_for_f64(_PATHS[name])
+    _current_path = name
+
+
+def cpu_path():
+    """The code path in use."""
+    return _current_path
 
 
 cdef struct XentArgs:
@@ -123,10 +163,10 @@ cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, 
         return 0.0
     _row_job_init(a, i, &job)
     if floating is float:
-        return xf_xent_row_f32(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
+        return K32.xent_row(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
                                t + i * C if t != NULL else NULL, a.w)
     else:
-        return xf_xent_row_f64(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
+        return K64.xent_row(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
                                t + i * C if t != NULL else NULL, a.w)
 
 
@@ -151,9 +191,9 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         b0 = (task % nb) * XF_BLOCK
         blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
         if floating is float:
-            xf_max_block_f32(x + i * C + b0, blen, b0, &bmax[task])
+            K32.max_block(x + i * C + b0, blen, b0, &bmax[task])
         else:
-            xf_max_block_f64(x + i * C + b0, blen, b0, &bmax[task])
+            K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
     for i in range(N):
         _row_job_init(a, i, &jobs[i])
         xf_rowmax_init(&st)
@@ -169,9 +209,9 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
         skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
         if floating is float:
-            xf_sumexp_block_f32(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
+            K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
         else:
-            xf_sumexp_block_f64(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
+            K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
     for i in range(N):
         if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
             continue
@@ -190,11 +230,11 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         b0 = (task % nb) * XF_BLOCK
         blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
         if floating is float:
-            xf_xent_terms_block_f32(x + i * C + b0, blen, b0, &jobs[i],
+            K32.terms_block(x + i * C + b0, blen, b0, &jobs[i],
                                     t + i * C + b0 if t != NULL else NULL,
                                     a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
         else:
-            xf_xent_terms_block_f64(x + i * C + b0, blen, b0, &jobs[i],
+            K64.terms_block(x + i * C + b0, blen, b0, &jobs[i],
                                     t + i * C + b0 if t != NULL else NULL,
                                     a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
     for i in range(N):
@@ -221,11 +261,11 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
             elif jobs[i].status != XF_ROW_OK:
                 _fill(grad + i * C + b0, blen, NAN)
             elif floating is float:
-                xf_xent_grad_block_f32(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
+                K32.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
                                        t + i * C + b0 if t != NULL else NULL,
                                        a.w + b0 if a.w != NULL else NULL)
             else:
-                xf_xent_grad_block_f64(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
+                K64.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
                                        t + i * C + b0 if t != NULL else NULL,
                                        a.w + b0 if a.w != NULL else NULL)
     free(jobs)
@@ -292,9 +332,9 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
     cdef Py_ssize_t block = XF_BLOCK
     xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1)
     if floating is float:
-        xf_row_stats_f32(x + i * C, C, &job)
+        K32.row_stats(x + i * C, C, &job)
     else:
-        xf_row_stats_f64(x + i * C, C, &job)
+        K64.row_stats(x + i * C, C, &job)
     if lse != NULL:
         lse[i] = _row_logsumexp(&job)
     if mode == 0:
@@ -307,14 +347,14 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
         blen = min(C - b0, block)
         if mode == 1:
             if floating is float:
-                xf_log_softmax_block_f32(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
+                K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
             else:
-                xf_log_softmax_block_f64(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
+                K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
         else:
             if floating is float:
-                xf_softmax_block_f32(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
+                K32.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
             else:
-                xf_softmax_block_f64(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
+                K64.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
 
 
 cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:
@@ -362,3 +402,11 @@ def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignor
             if y[i] != ignore_index:
                 xf_dd_add(&hi, &lo, w[y[i]] if has_w else 1.0, 0.0)
     return hi + lo
+
+
+def _init_cpu_path():
+    import os
+    set_cpu_path(os.environ.get("XENTFAST_CPU", "auto") or "auto")
+
+
+_init_cpu_path()

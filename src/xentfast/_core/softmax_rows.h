@@ -1,7 +1,9 @@
-/* CPU softmax-family row kernels, written once and instantiated for float and double storage.
+/* CPU softmax-family row kernels, written once and instantiated for float and double storage and for
+ * each CPU code path.
  *
- * Included by xent_kernels.h with XF_T (storage type) and XF_SFX (name suffix) defined.  All arithmetic
- * is double and comes from xentfast/numerics.h, the header the CUDA kernels include too.
+ * Included by xent_kernels.h with XF_T (storage type), XF_SFX (name suffix), XF_COMPENSATED and
+ * XF_KERNEL (linkage plus the path's target attribute) defined.  All arithmetic is double and comes from
+ * xentfast/numerics.h, the header the CUDA kernels include too.
  *
  * Design (see also the block comment of _xent.pyx):
  * (a) A row is cut into fixed blocks of XF_BLOCK classes.  Every pass (max, sum of exponentials, loss
@@ -32,7 +34,7 @@ XF_HD double XF_FN(xf_exp_minus)(XF_T x, double m)
 }
 
 /* Pass 1 of a block: max (NaN-blind), first index of the max, NaN and finite counts. */
-XF_HD void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
+XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
 {
     double m = -XF_INF, mn = XF_INF;
     long long n_nan = 0, n_finite = 0;
@@ -58,7 +60,7 @@ XF_HD void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_
 
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
  * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo). */
-XF_HD void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long long skip, double *hi,
+XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long long skip, double *hi,
                                   double *lo)
 {
     double acc[XF_LANES], cmp[XF_LANES];
@@ -95,7 +97,7 @@ XF_HD void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long lon
 /* Pass 3 of a block (soft targets, label smoothing): sum_c q_c * (-log p_c) and A = sum_c q_c, both as
  * double-doubles (out[0..1], out[2..3]).  q_c follows xf_row_target_q.  These sums are compensated for
  * both storage types: their terms come in with mixed magnitudes (weights, probabilities). */
-XF_HD void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long offset, const xf_rowjob *job,
+XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long offset, const xf_rowjob *job,
                                       const XF_T *t, const double *w, double out[4])
 {
     double acc[XF_LANES], cmp[XF_LANES], qacc[XF_LANES], qcmp[XF_LANES];
@@ -124,7 +126,7 @@ XF_HD void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long offs
 /* Pass 4 of a block: the gradient  out_j = coef * p_j - scale * q_j  (p_j = e_j / S), see xf_rowjob.
  * `out` may alias `x` (inplace): each element is read before it is written, and every row statistic was
  * computed by the earlier passes. */
-XF_HD void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long long offset,
+XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long long offset,
                                      const xf_rowjob *job, const XF_T *t, const double *w)
 {
     long long j;
@@ -181,7 +183,7 @@ XF_HD void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long
 }
 
 /* log_softmax / softmax of a block from the row statistics. */
-XF_HD void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s)
+XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s)
 {
     long long j;
 #pragma omp simd
@@ -190,7 +192,7 @@ XF_HD void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, do
     }
 }
 
-XF_HD void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double S)
+XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double S)
 {
     long long j;
 #pragma omp simd
@@ -201,7 +203,7 @@ XF_HD void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double
 
 /* Row statistics of a whole row, block by block (the one-thread-per-row path).  The phased path in
  * _xent.pyx calls the same block functions and the same merges in the same order. */
-XF_HD void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
+XF_KERNEL void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
 {
     long long b0;
     xf_rowmax st, blk;
@@ -230,7 +232,7 @@ XF_HD void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
 }
 
 /* Per-row loss terms of a whole row (soft targets / smoothing), block by block. */
-XF_HD void XF_FN(xf_row_terms)(const XF_T *x, long long C, const xf_rowjob *job, const XF_T *t,
+XF_KERNEL void XF_FN(xf_row_terms)(const XF_T *x, long long C, const xf_rowjob *job, const XF_T *t,
                                const double *w, double acc[4])
 {
     long long b0;
@@ -248,7 +250,7 @@ XF_HD void XF_FN(xf_row_terms)(const XF_T *x, long long C, const xf_rowjob *job,
 
 /* The one-thread-per-row driver: statistics, loss, gradient.  Returns the row loss (double; the
  * caller reduces or rounds it).  grad may be NULL (forward only) and may alias x (inplace). */
-XF_HD double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
+XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
                                 const double *w)
 {
     long long b0;
