@@ -65,12 +65,25 @@ FIXED_FAILURES = [
     pytest.param(_case([[710.75, 1.75, 0.0]], [0], np.float64, z=0.01), id="subnormal-p-times-coef"),
     pytest.param(_case([[0.0, 1e300]], [0], np.float64, z=1e-4), id="scaled-grad-near-the-max"),
     pytest.param(_case([[2.1661481985318866e131, 0.0]], [0], np.float64, z=1e-4), id="scaled-grad-target"),
+    pytest.param(_case([[1.7976931348623157e308, 0.0]], [0], np.float64, weight=np.array([0.5, 0.5]), z=1.0),
+                 id="upstream-times-coef-overflow"),
 ]
 
 
 @pytest.mark.parametrize("case", FIXED_FAILURES)
 def test_fixed_failures_stay_fixed(case):
     _check_rows(case, case.logits.dtype)
+    # and under the upstream factors that magnify: a mean over small weights, a large per-row grad_output
+    kw = _kwargs(case)
+    x, t = case.logits, case.target
+    bound = BOUND[x.dtype] + 1
+    grad = xf.cross_entropy_backward(1.0, x, t, **kw)
+    exact, scale = ref.cross_entropy_grad(x, t, return_scale=True, **kw)
+    assert_ulp_close(grad, exact, bound, scale=None if _is_simple(case) else scale)
+    g = np.full(x.shape[0], -2.0, dtype=x.dtype)
+    grad = xf.cross_entropy_backward(g, x, t, reduction="none", **kw)
+    exact, scale = ref.cross_entropy_grad(x, t, reduction="none", grad_output=g, return_scale=True, **kw)
+    assert_ulp_close(grad, exact, bound, scale=None if _is_simple(case) else scale)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

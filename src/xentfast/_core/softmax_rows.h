@@ -165,7 +165,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
 #pragma omp simd
         for (j = 0; j < n; j++) {
             double e = XF_FN(xf_exp_minus)(x[j], m);
-            out[j] = (XF_T)(coef * (e / S));
+            out[j] = (XF_T)((coef * (e / S)) * mult);
         }
         if (has_y) {
             out[y] = (XF_T)g_y;

@@ -52,7 +52,7 @@ typedef struct {
     double lse;          /* m + log S */
     /* set by finish */
     double coef;         /* gradient: coef * p_j * coef_mult - scale * q_j */
-    double coef_mult;    /* 1, or 2 when coef alone would overflow */
+    double coef_mult;    /* power of two kept apart so coef stays finite (logits or upstream near DBL_MAX) */
     int grad_scaled;     /* float64 rows with subnormal p_j and |coef| > 1: see xf_exp_shifted_pow2 */
 } xf_rowjob;
 
@@ -221,6 +221,11 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
         }
     }
     job->coef = job->scale * a_eff;
+    if (!(job->coef - job->coef == 0.0) && (a_eff - a_eff == 0.0) && (job->scale - job->scale == 0.0)) {
+        /* the upstream factor times A overflowed; the gradient entries (times p_j <= 1) may not */
+        job->coef = job->scale * (a_eff * 0x1p-1000);
+        job->coef_mult *= 0x1p1000;
+    }
     /* p_j below the normal range only where x_j - m < -708; with |coef| <= 1 its rounding is not
      * magnified, so the scaled evaluation is needed only beyond both */
     job->grad_scaled = (job->m - job->min_finite > 700.0) && (xf_fabs(job->coef) * job->coef_mult > 1.0);
@@ -233,10 +238,10 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
 XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
 {
     if (job->y == job->argmax) {
-        return job->rescued ? -(job->coef * job->s_scaled) * XF_POW2_UNSCALE
-                            : -job->coef * ((job->s_hi + job->s_lo) / job->S);
+        return job->rescued ? -(job->coef * job->s_scaled) * (job->coef_mult * XF_POW2_UNSCALE)
+                            : -(job->coef * ((job->s_hi + job->s_lo) / job->S)) * job->coef_mult;
     }
-    return job->coef * (e_y / job->S - 1.0);
+    return (job->coef * (e_y / job->S - 1.0)) * job->coef_mult;
 }
 
 /* ---- instantiation: storage type x CPU code path ----------------------------------------------------
