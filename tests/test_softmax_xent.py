@@ -67,6 +67,9 @@ FIXED_FAILURES = [
     pytest.param(_case([[2.1661481985318866e131, 0.0]], [0], np.float64, z=1e-4), id="scaled-grad-target"),
     pytest.param(_case([[1.7976931348623157e308, 0.0]], [0], np.float64, weight=np.array([0.5, 0.5]), z=1.0),
                  id="upstream-times-coef-overflow"),
+    pytest.param(_case([[1.7976931348623157e308, 0.0]], [0], np.float64, weight=np.array([2.0, 2.0]), z=1.0),
+                 id="z-loss-coef-overflow-weighted"),
+    pytest.param(_case([[1e300, -1.7976931348623157e308]], [0], np.float64, eps=0.1), id="smoothing-term-overflow"),
 ]
 
 

@@ -23,13 +23,15 @@
 #define XF_CAT(a, b) XF_CAT_(a, b)
 #define XF_FN(name) XF_CAT(name, XF_SFX)
 
-/* exp(x_j - m) for this storage type (see (c)): exact shift for double, plain difference for float. */
+/* exp(x_j - m) for this storage type (see (c)): exact shift and the 0.62-ULP exponential for double;
+ * for float the double difference (error 2^-53 |x - m|, far below float32's grain) and the 2^-40
+ * exponential, since every use rounds to float32 or lands in a double sum of float32-accurate terms. */
 XF_HD double XF_FN(xf_exp_minus)(XF_T x, double m)
 {
 #if XF_COMPENSATED
     return xf_exp_shifted((double)x, m);
 #else
-    return xf_exp((double)x - m);
+    return xf_exp_lite((double)x - m);
 #endif
 }
 
@@ -114,6 +116,10 @@ XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long 
         double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
         /* 0 * inf = 0: a class the target gives no mass contributes nothing, even when masked (-inf) */
         double term = (q == 0.0) ? 0.0 : q * nlp;
+        if (!(nlp - nlp == 0.0) && xv > -XF_INF) {
+            /* m - x_j beyond DBL_MAX (logits of both signs near the limit) while q times it is not */
+            term = (q * xf_neg_log_prob(0.5 * xv, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
+        }
         term = (offset + j == job->argmax) ? xf_weighted_log_s(job, q) : term;
         k = (int)(j % XF_LANES);
         xf_acc_add(&acc[k], &cmp[k], term);

@@ -214,14 +214,15 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
         loss = ce + (job->z * r * job->lse) * job->lse;  /* lse * lse first could overflow needlessly */
         a_eff = A + 2.0 * job->z * r * job->lse;
         if (!(a_eff - a_eff == 0.0)) {
-            /* 2 z r lse overflowed (logits near DBL_MAX) though p_j times it may not: carry the factor 2
-             * separately; halving and doubling are exact, so nothing else changes */
-            a_eff = 0.5 * A + job->z * r * job->lse;
-            job->coef_mult = 2.0;
+            /* 2 z r lse overflowed (logits near DBL_MAX) though p_j times it may not: carry 2^1000
+             * separately (powers of two scale exactly; near that magnitude A is far below a rounding) */
+            a_eff = A * 0x1p-1000 + ((job->z * 0x1p-999) * r) * job->lse;
+            job->coef_mult = 0x1p1000;
         }
     }
     job->coef = job->scale * a_eff;
-    if (!(job->coef - job->coef == 0.0) && (a_eff - a_eff == 0.0) && (job->scale - job->scale == 0.0)) {
+    if (!(job->coef - job->coef == 0.0) && (a_eff - a_eff == 0.0) && (job->scale - job->scale == 0.0) &&
+        job->coef_mult == 1.0) {
         /* the upstream factor times A overflowed; the gradient entries (times p_j <= 1) may not */
         job->coef = job->scale * (a_eff * 0x1p-1000);
         job->coef_mult *= 0x1p1000;
