@@ -70,6 +70,8 @@ FIXED_FAILURES = [
     pytest.param(_case([[1.7976931348623157e308, 0.0]], [0], np.float64, weight=np.array([2.0, 2.0]), z=1.0),
                  id="z-loss-coef-overflow-weighted"),
     pytest.param(_case([[1e300, -1.7976931348623157e308]], [0], np.float64, eps=0.1), id="smoothing-term-overflow"),
+    pytest.param(_case([[0.0, -1.7976931348623157e308]], [1], np.float64, weight=np.array([2.0, 2.0])),
+                 id="weighted-row-loss-overflow-in-mean"),
 ]
 
 
@@ -83,6 +85,8 @@ def test_fixed_failures_stay_fixed(case):
     grad = xf.cross_entropy_backward(1.0, x, t, **kw)
     exact, scale = ref.cross_entropy_grad(x, t, return_scale=True, **kw)
     assert_ulp_close(grad, exact, bound, scale=None if _is_simple(case) else scale)
+    assert_ulp_close(np.asarray(xf.cross_entropy(x, t, **kw)), ref.cross_entropy(x, t, **kw), REDUCED_BOUND,
+                     dtype=x.dtype)
     g = np.full(x.shape[0], -2.0, dtype=x.dtype)
     grad = xf.cross_entropy_backward(g, x, t, reduction="none", **kw)
     exact, scale = ref.cross_entropy_grad(x, t, reduction="none", grad_output=g, return_scale=True, **kw)

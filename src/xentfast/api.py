@@ -5,6 +5,7 @@ so a label outside [0, C) would otherwise be an out-of-bounds read.  Errors name
 the offending value.
 """
 
+import math
 import operator
 
 import numpy as np
@@ -224,6 +225,17 @@ class _Problem:
         # contributing row is empty, so the loss is a constant whatever empty_mean says
         return None, (g / den if den != 0 else 0.0)
 
+    def loss_scale(self):
+        """Power of two 2^-k >= 1/denominator by which the kernel scales row losses for `mean`: exact, and
+        each scaled weighted row stays below its unweighted loss, so a finite mean never overflows on
+        the way (weights > 1 on losses near DBL_MAX)."""
+        if self.reduction != "mean":
+            return 0
+        den = self.denominator()
+        if not den > 0:
+            return 0
+        return min(max(math.frexp(den)[1], -1000), 1000)
+
     def run(self, grad=None, grad_output=None):
         loss = np.empty(self.N, dtype=np.float64)
         row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
@@ -234,7 +246,7 @@ class _Problem:
         g = grad if grad is not None else np.empty((0, 0), dtype=self.dtype)
         _xent.softmax_xent(self.rows, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
                            self.n_threads, self.y is not None, self.t is not None, self.w is not None,
-                           row_scale is not None, grad is not None)
+                           row_scale is not None, grad is not None, False, math.ldexp(1.0, -self.loss_scale()))
         return loss
 
     def reduce(self, row_losses):
@@ -248,7 +260,8 @@ class _Problem:
             den = self.denominator()
             if den == 0:
                 return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
-            total = hi / den + lo / den
+            k = self.loss_scale()  # the rows came scaled by 2^-k (run); undo it after dividing
+            total = (hi / den + lo / den) * math.ldexp(1.0, k)  # inf if the mean itself overflows
         with np.errstate(over="ignore"):
             return self.dtype.type(total)
 
@@ -512,3 +525,34 @@ def softmax(input, axis=-1, *, n_threads=None):
     <= 2 ULP (float32), <= 4 ULP (float64), every entry (relative, subnormal spacing below the normals).
     """
     return _softmax_family(input, axis, n_threads, 2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers for the elementwise (binary) family, used by xentfast.api_binary; the softmax functions above
+# keep _as_logits, whose messages speak of a class axis
+
+
+def _as_float_input(input, name="input", what="logits", writeable=False):
+    """A float32/float64 array of any rank (0-d included); messages call the values `what`."""
+    if writeable:
+        if not isinstance(input, np.ndarray):
+            raise TypeError(f"{name}: inplace=True needs a NumPy array to write into, got {type(input).__name__}")
+        if not input.flags.writeable:
+            raise ValueError(f"{name}: inplace=True on a read-only array; pass a writeable copy or use out=")
+    x = np.asarray(input)
+    if x.dtype not in _FLOAT_DTYPES:
+        hint = ""
+        if x.dtype.kind in "iub":
+            hint = f" ({what} must be floating point; cast with .astype(np.float32) if integers were meant)"
+        elif x.dtype.kind == "f":
+            hint = " (cast half precision to float32 first)"
+        raise TypeError(f"{name}: expected float32 or float64 {what}, got dtype {x.dtype}{hint}")
+    return x
+
+
+def _first_bad(mask, shape):
+    """Flat index of the first True entry of `mask` and its multi-index text, or None."""
+    if not mask.any():
+        return None
+    k = int(np.flatnonzero(mask.ravel())[0])
+    return k, _fmt_index(k, shape)

@@ -31,6 +31,7 @@ cdef extern from "xent_kernels.h" nogil:
         int status
         int has_nan
         int needs_terms
+        int stored
         long long y
         long long argmax
         double m
@@ -39,34 +40,40 @@ cdef extern from "xent_kernels.h" nogil:
         double lse
     void xf_rowmax_init(xf_rowmax *st)
     void xf_rowmax_merge(xf_rowmax *st, const xf_rowmax *blk)
-    void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale, int prob)
+    void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale,
+                        double loss_scale, int prob)
     void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
     void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
     void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
-    double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
+    double xf_rowjob_finish(xf_rowjob *job, const double *terms)
+    void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
     void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
     void xf_terms_merge(double *acc, const double *blk)
 
     ctypedef struct xf_softmax_table_f32:
         void (*max_block)(const float *, long long, long long, xf_rowmax *) noexcept nogil
-        void (*sumexp_block)(const float *, long long, double, long long, double *, double *) noexcept nogil
+        void (*sumexp_block)(const float *, long long, double, long long, double *, double *,
+                             float *) noexcept nogil
         void (*terms_block)(const float *, long long, long long, const xf_rowjob *, const float *,
                             const double *, double *) noexcept nogil
         void (*grad_block)(const float *, float *, long long, long long, const xf_rowjob *, const float *,
                            const double *) noexcept nogil
-        void (*row_stats)(const float *, long long, xf_rowjob *) noexcept nogil
+        void (*row_max)(const float *, long long, xf_rowjob *) noexcept nogil
+        void (*row_sum)(const float *, long long, xf_rowjob *, float *) noexcept nogil
         double (*xent_row)(const float *, float *, long long, xf_rowjob *, const float *,
                            const double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double) noexcept nogil
         void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
         void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
-        void (*sumexp_block)(const double *, long long, double, long long, double *, double *) noexcept nogil
+        void (*sumexp_block)(const double *, long long, double, long long, double *, double *,
+                             double *) noexcept nogil
         void (*terms_block)(const double *, long long, long long, const xf_rowjob *, const double *,
                             const double *, double *) noexcept nogil
         void (*grad_block)(const double *, double *, long long, long long, const xf_rowjob *, const double *,
                            const double *) noexcept nogil
-        void (*row_stats)(const double *, long long, xf_rowjob *) noexcept nogil
+        void (*row_max)(const double *, long long, xf_rowjob *) noexcept nogil
+        void (*row_sum)(const double *, long long, xf_rowjob *, double *) noexcept nogil
         double (*xent_row)(const double *, double *, long long, xf_rowjob *, const double *,
                            const double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double) noexcept nogil
@@ -127,6 +134,7 @@ cdef struct XentArgs:
     double eps
     double z
     double scale                # scalar upstream factor (grad_output / denominator)
+    double loss_scale           # power of two applied to row losses (see xent_kernels.h)
     int prob
 
 
@@ -144,7 +152,7 @@ cdef inline void _row_job_init(const XentArgs *a, Py_ssize_t i, xf_rowjob *job) 
             w_y = a.w[y]
     if a.row_scale != NULL:
         s = s * a.row_scale[i]
-    xf_rowjob_init(job, y, w_y, a.eps, a.z, s, a.prob)
+    xf_rowjob_init(job, y, w_y, a.eps, a.z, s, a.loss_scale, a.prob)
 
 
 cdef inline void _fill(floating *out, Py_ssize_t n, double v) noexcept nogil:
@@ -185,6 +193,7 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
     cdef double hi, lo
     cdef double acc[4]
     cdef double x_y
+    cdef floating *store
     # pass 1: block maxima
     for task in prange(ntask, schedule="static", num_threads=n_threads):
         i = task // nb
@@ -200,6 +209,8 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         for b in range(nb):
             xf_rowmax_merge(&st, &bmax[i * nb + b])
         xf_rowjob_set_max(&jobs[i], &st)
+        x_y = <double>x[i * C + jobs[i].y] if jobs[i].y >= 0 else 0.0
+        xf_rowjob_plan(&jobs[i], x_y, grad != NULL)
     # pass 2: block sums of exponentials
     for task in prange(ntask, schedule="static", num_threads=n_threads):
         i = task // nb
@@ -208,10 +219,13 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         b0 = (task % nb) * XF_BLOCK
         blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
         skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
+        store = grad + i * C + b0 if jobs[i].stored else NULL
         if floating is float:
-            K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
+            K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1],
+                             store)
         else:
-            K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1])
+            K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1],
+                             store)
     for i in range(N):
         if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
             continue
@@ -248,8 +262,7 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         if jobs[i].status == XF_ROW_OK and jobs[i].needs_terms:
             for b in range(nb):
                 xf_terms_merge(acc, &bsum[4 * (i * nb + b)])
-        x_y = <double>x[i * C + jobs[i].y] if jobs[i].y >= 0 else 0.0
-        loss[i] = xf_rowjob_finish(&jobs[i], x_y, acc)
+        loss[i] = xf_rowjob_finish(&jobs[i], acc)
     # pass 4: gradient
     if grad != NULL:
         for task in prange(ntask, schedule="static", num_threads=n_threads):
@@ -289,7 +302,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
                  const double[::1] w, long long ignore_index, double eps, double z,
                  const double[::1] row_scale, double scale, double[::1] loss,
                  floating[:, ::1] grad, int n_threads, bint has_y, bint has_t, bint has_w,
-                 bint has_row_scale, bint has_grad, bint force_phased=False):
+                 bint has_row_scale, bint has_grad, bint force_phased=False, double loss_scale=1.0):
     """Row losses into `loss` (double) and, when has_grad, the gradient into `grad` (may alias x).
 
     Arrays flagged absent may be empty placeholders.  All checks happened in xentfast.api.
@@ -312,6 +325,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     a.eps = eps
     a.z = z
     a.scale = scale
+    a.loss_scale = loss_scale
     a.prob = 0 if has_y else 1
     if has_t:
         tp = &t[0, 0]
@@ -330,11 +344,14 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
     cdef xf_rowjob job
     cdef Py_ssize_t b, b0, blen
     cdef Py_ssize_t block = XF_BLOCK
-    xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1)
+    xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1)
+    # softmax keeps the exponentials of the sum pass in `out` and divides them in place
     if floating is float:
-        K32.row_stats(x + i * C, C, &job)
+        K32.row_max(x + i * C, C, &job)
+        K32.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL)
     else:
-        K64.row_stats(x + i * C, C, &job)
+        K64.row_max(x + i * C, C, &job)
+        K64.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL)
     if lse != NULL:
         lse[i] = _row_logsumexp(&job)
     if mode == 0:

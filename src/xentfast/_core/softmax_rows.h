@@ -60,10 +60,22 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
     out->min_finite = mn;
 }
 
+/* exp(x_j - m) as kept in a gradient or softmax buffer between passes (see xf_sumexp_block): exact for
+ * double; for float scaled by 2^64 so that values down to 2^-213 stay normal-ish in float32. */
+#if XF_COMPENSATED
+#define XF_STORE_SCALE 1.0
+#define XF_STORE_UNSCALE 1.0
+#else
+#define XF_STORE_SCALE 0x1p64
+#define XF_STORE_UNSCALE 0x1p-64
+#endif
+
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
- * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo). */
+ * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo).  When `store` is
+ * given (the row's output buffer, possibly the logits themselves with inplace=True), each exponential
+ * is also written there, so the output pass multiplies instead of evaluating exp a second time. */
 XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long long skip, double *hi,
-                                  double *lo)
+                                      double *lo, XF_T *store)
 {
     double acc[XF_LANES], cmp[XF_LANES];
     int k;
@@ -76,6 +88,10 @@ XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long
 #pragma omp simd
         for (k = 0; k < XF_LANES; k++) {
             double e = XF_FN(xf_exp_minus)(x[j + k], m);
+            if (store) {
+                /* the sum below still adds the double e: a forward-only call gets the same loss bits */
+                store[j + k] = (XF_T)(e * XF_STORE_SCALE);
+            }
             e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
             xf_acc_add(&acc[k], &cmp[k], e);
@@ -86,6 +102,9 @@ XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long
     }
     for (k = 0; j + k < n; k++) {
         double e = XF_FN(xf_exp_minus)(x[j + k], m);
+        if (store) {
+            store[j + k] = (XF_T)(e * XF_STORE_SCALE);
+        }
         e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
         xf_acc_add(&acc[k], &cmp[k], e);
@@ -114,13 +133,14 @@ XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long 
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
         double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
+        double q_loss = q * job->loss_scale;  /* exact: a power of two */
         /* 0 * inf = 0: a class the target gives no mass contributes nothing, even when masked (-inf) */
-        double term = (q == 0.0) ? 0.0 : q * nlp;
+        double term = (q == 0.0) ? 0.0 : q_loss * nlp;
         if (!(nlp - nlp == 0.0) && xv > -XF_INF) {
             /* m - x_j beyond DBL_MAX (logits of both signs near the limit) while q times it is not */
-            term = (q * xf_neg_log_prob(0.5 * xv, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
+            term = (q_loss * xf_neg_log_prob(0.5 * xv, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
         }
-        term = (offset + j == job->argmax) ? xf_weighted_log_s(job, q) : term;
+        term = (offset + j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
         k = (int)(j % XF_LANES);
         xf_acc_add(&acc[k], &cmp[k], term);
         xf_acc_add(&qacc[k], &qcmp[k], q);
@@ -162,6 +182,29 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         return;
     }
 #endif
+    if (job->stored) {
+        /* the sum pass left exp(x_j - m) (times XF_STORE_SCALE) in `out`; x may already be overwritten
+         * (inplace), so the target entry comes from the saved x_y */
+        const long long y = job->y - offset;
+        const int has_y = (y >= 0 && y < n);
+        const double g_y = has_y ? xf_target_grad(job, XF_FN(xf_exp_minus)((XF_T)job->x_y, m)) : 0.0;
+#if XF_COMPENSATED
+#pragma omp simd
+        for (j = 0; j < n; j++) {
+            out[j] = (XF_T)((coef * ((double)out[j] / S)) * mult);  /* the recompute path's exact bits */
+        }
+#else
+        const double f = ((coef * mult) / S) * XF_STORE_UNSCALE;
+#pragma omp simd
+        for (j = 0; j < n; j++) {
+            out[j] = (XF_T)((double)out[j] * f);
+        }
+#endif
+        if (has_y) {
+            out[y] = (XF_T)g_y;
+        }
+        return;
+    }
     if (job->simple) {
         /* index target, no smoothing, no z-loss: q is scale*w_y at y only */
         const long long y = job->y - offset;
@@ -198,18 +241,30 @@ XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n
     }
 }
 
+/* softmax from the exponentials the sum pass stored in `out` (see xf_sumexp_block). */
 XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double S)
 {
     long long j;
+    (void)x;
+    (void)m;
+#if XF_COMPENSATED
 #pragma omp simd
     for (j = 0; j < n; j++) {
-        out[j] = (XF_T)(XF_FN(xf_exp_minus)(x[j], m) / S);
+        out[j] = (XF_T)((double)out[j] / S);
     }
+#else
+    const double f = XF_STORE_UNSCALE / S;
+#pragma omp simd
+    for (j = 0; j < n; j++) {
+        out[j] = (XF_T)((double)out[j] * f);
+    }
+#endif
 }
 
-/* Row statistics of a whole row, block by block (the one-thread-per-row path).  The phased path in
- * _xent.pyx calls the same block functions and the same merges in the same order. */
-XF_KERNEL void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
+/* Row statistics of a whole row, block by block (the one-thread-per-row path): the max pass, then the
+ * sum pass (optionally storing the exponentials).  The phased path in _xent.pyx calls the same block
+ * functions and the same merges in the same order. */
+XF_KERNEL void XF_FN(xf_row_max)(const XF_T *x, long long C, xf_rowjob *job)
 {
     long long b0;
     xf_rowmax st, blk;
@@ -220,6 +275,11 @@ XF_KERNEL void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
         xf_rowmax_merge(&st, &blk);
     }
     xf_rowjob_set_max(job, &st);
+}
+
+XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store)
+{
+    long long b0;
     if (job->status != XF_ROW_OK) {
         return;
     }
@@ -228,11 +288,13 @@ XF_KERNEL void XF_FN(xf_row_stats)(const XF_T *x, long long C, xf_rowjob *job)
         long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
         long long skip = job->argmax - b0;
         double bhi, blo;
-        XF_FN(xf_sumexp_block)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1, &bhi, &blo);
+        XF_FN(xf_sumexp_block)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1, &bhi, &blo,
+                               store ? store + b0 : 0);
         xf_dd_add(&hi, &lo, bhi, blo);
     }
     xf_rowjob_set_sum(job, hi, lo);
 #if XF_COMPENSATED
+    /* reads x again: rows that may need it are never given a store aliasing x (xf_rowjob_plan) */
     xf_rowjob_rescue_tiny_sum(job, x, C);
 #endif
 }
@@ -260,13 +322,14 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
                                 const double *w)
 {
     long long b0;
-    XF_FN(xf_row_stats)(x, C, job);
+    XF_FN(xf_row_max)(x, C, job);
+    xf_rowjob_plan(job, (job->y >= 0) ? (double)x[job->y] : 0.0, grad != 0);
+    XF_FN(xf_row_sum)(x, C, job, job->stored ? grad : 0);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
     }
-    double x_y = (job->y >= 0) ? (double)x[job->y] : 0.0;
-    double loss = xf_rowjob_finish(job, x_y, terms);
+    double loss = xf_rowjob_finish(job, terms);
     if (grad) {
         if (job->status != XF_ROW_OK) {
             for (b0 = 0; b0 < C; b0++) {
@@ -285,3 +348,5 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #undef XF_FN
 #undef XF_CAT
 #undef XF_CAT_
+#undef XF_STORE_SCALE
+#undef XF_STORE_UNSCALE

@@ -32,9 +32,13 @@ typedef struct {
     double eps;          /* label smoothing */
     double z;            /* z-loss coefficient */
     double scale;        /* upstream gradient of this row's loss (grad_output, 1/denominator) */
+    double loss_scale;   /* power of two applied to the row loss (a mean's 2^-ceil(log2 den)): exact, and
+                            keeps weighted losses near DBL_MAX finite when their mean is */
     int prob;            /* probability targets */
     int simple;          /* index target, eps == 0, z == 0: the exact-target-gradient path */
     int needs_terms;     /* loss needs a pass over all classes (probability targets or smoothing) */
+    int stored;          /* the sum pass keeps exp(x_j - m) in the gradient buffer (xf_rowjob_plan) */
+    double x_y;          /* target logit, read before any pass may overwrite the logits (inplace) */
     /* set by the max pass */
     int status;
     int has_nan;
@@ -79,8 +83,9 @@ XF_HD void xf_rowmax_merge(xf_rowmax *st, const xf_rowmax *blk)
 }
 
 XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale,
-                          int prob)
+                          double loss_scale, int prob)
 {
+    job->loss_scale = loss_scale;
     job->y = prob ? -1 : y;
     job->w_y = w_y;
     job->eps = eps;
@@ -89,6 +94,8 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->prob = prob;
     job->simple = (!prob && eps == 0.0 && z == 0.0);
     job->needs_terms = (prob || eps != 0.0);
+    job->stored = 0;
+    job->x_y = 0.0;
     job->status = XF_ROW_OK;
     job->has_nan = 0;
     job->m = 0.0;
@@ -119,6 +126,16 @@ XF_HD void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
     job->n_finite = st->n_finite;
     job->min_finite = st->min_finite;
     job->eps_per_class = (st->n_finite > 0) ? job->eps / (double)st->n_finite : 0.0;
+}
+
+/* After the max pass: remember the target logit, and decide whether the sum pass may keep the
+ * exponentials in the gradient buffer.  Only simple rows (their gradient is p_j times a constant, the
+ * target entry apart) and only rows without a spread beyond 600: those may need x again after the sum
+ * pass (the tiny-sum rescue, the scaled float64 gradient), and with inplace=True x is the buffer. */
+XF_HD void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
+{
+    job->x_y = x_y;
+    job->stored = has_grad && job->simple && job->status == XF_ROW_OK && (job->m - job->min_finite <= 600.0);
 }
 
 XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
@@ -186,10 +203,10 @@ XF_HD void xf_terms_merge(double *acc, const double *blk)
     xf_dd_add(&acc[2], &acc[3], blk[2], blk[3]);
 }
 
-/* Row loss and gradient coefficient.  x_y is the target logit (index targets).  terms: see pass 3.
+/* Row loss and gradient coefficient (x_y from xf_rowjob_plan).  terms: see pass 3.
  *   loss = sum_c q_c (-log p_c) + z r lse^2         (r = w_y for index targets, 1 for probabilities)
  *   d loss / d x_j = p_j (A + 2 z r lse) - q_j       (A = sum_c q_c)                                   */
-XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
+XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
 {
     if (job->status != XF_ROW_OK) {
         job->coef = XF_NAN;
@@ -200,10 +217,11 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
         ce = terms[0] + terms[1];
         A = terms[2] + terms[3];
     } else {
-        double nlp = xf_neg_log_prob(x_y, job->m, job->log_s);
+        double nlp = xf_neg_log_prob(job->x_y, job->m, job->log_s);
         /* a zero-weight class contributes 0 even if its logit is -inf (0 * inf = 0 by convention) */
-        ce = (job->w_y == 0.0) ? 0.0 : job->w_y * nlp;
-        ce = (job->y == job->argmax) ? xf_weighted_log_s(job, job->w_y) : ce;
+        double w_loss = job->w_y * job->loss_scale;
+        ce = (job->w_y == 0.0) ? 0.0 : w_loss * nlp;
+        ce = (job->y == job->argmax) ? xf_weighted_log_s(job, w_loss) : ce;
         A = job->w_y;
     }
     double r = job->prob ? 1.0 : job->w_y;
@@ -211,7 +229,8 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, double x_y, const double *terms)
     double a_eff = A;
     job->coef_mult = 1.0;
     if (job->z != 0.0) {
-        loss = ce + (job->z * r * job->lse) * job->lse;  /* lse * lse first could overflow needlessly */
+        /* lse * lse first could overflow needlessly */
+        loss = ce + ((job->z * r * job->loss_scale) * job->lse) * job->lse;
         a_eff = A + 2.0 * job->z * r * job->lse;
         if (!(a_eff - a_eff == 0.0)) {
             /* 2 z r lse overflowed (logits near DBL_MAX) though p_j times it may not: carry 2^1000
@@ -294,12 +313,13 @@ XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
 #define XF_DECLARE_TABLE(T, SFX)                                                                          \
     typedef struct {                                                                                      \
         void (*max_block)(const T *, long long, long long, xf_rowmax *);                                 \
-        void (*sumexp_block)(const T *, long long, double, long long, double *, double *);               \
+        void (*sumexp_block)(const T *, long long, double, long long, double *, double *, T *);          \
         void (*terms_block)(const T *, long long, long long, const xf_rowjob *, const T *, const double *, \
                             double *);                                                                    \
         void (*grad_block)(const T *, T *, long long, long long, const xf_rowjob *, const T *,            \
                            const double *);                                                               \
-        void (*row_stats)(const T *, long long, xf_rowjob *);                                            \
+        void (*row_max)(const T *, long long, xf_rowjob *);                                              \
+        void (*row_sum)(const T *, long long, xf_rowjob *, T *);                                         \
         double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *);           \
         void (*log_softmax_block)(const T *, T *, long long, double, double);                            \
         void (*softmax_block)(const T *, T *, long long, double, double);                                \
@@ -310,7 +330,7 @@ XF_DECLARE_TABLE(double, f64)
 
 #define XF_TABLE(SFX, PSFX)                                                                             \
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
-     xf_row_stats_##PSFX, xf_xent_row_##PSFX, xf_log_softmax_block_##PSFX, xf_softmax_block_##PSFX}
+     xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_log_softmax_block_##PSFX, xf_softmax_block_##PSFX}
 static const xf_softmax_table_f32 xf_softmax_f32_baseline = XF_TABLE(f32, f32);
 static const xf_softmax_table_f64 xf_softmax_f64_baseline = XF_TABLE(f64, f64);
 #if XF_HAVE_AVX2_PATH
