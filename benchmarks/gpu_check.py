@@ -1,0 +1,220 @@
+"""Benchmark of the CUDA twin (issue 5), run once on a GPU machine by benchmarks/gpu_check.sh.
+
+Prints one table: per shape and kernel variant, the time of a fused cross-entropy forward + backward
+(mean reduction), the fraction of the measured device copy bandwidth it reaches (bytes that must move:
+the logits read once, the gradient written once), and the ratio to torch.nn.functional.cross_entropy
+forward + backward on the same GPU.  Every xentfast variant is also checked bit for bit against the CPU
+kernels on a few rows of the same data.
+
+xentfast rows:  "kernel" times _cuda.softmax_xent alone; "call" adds what api.py does around it for
+reduction='mean' (denominator and double-double sum of the row losses, two device syncs), through the
+_cuda wrappers; "api" times xentfast.cross_entropy_with_grad on CuPy arrays when api.py dispatches them.
+"""
+
+import contextlib
+import os
+import sys
+import time
+
+import numpy as np
+
+SHAPES = [(8192, 128256), (32768, 32000)]
+# (label, environment); every variant compiles its own module once (NVRTC, ~2 s)
+VARIANTS = [
+    ("cpu-order", {}),
+    ("cpu-order nt=128", {"XENTFAST_CUDA_THREADS": "128"}),
+    ("cpu-order nt=512", {"XENTFAST_CUDA_THREADS": "512"}),
+    ("cpu-order cached row", {"XENTFAST_CUDA_CACHE_ROW": "1"}),
+    ("tree-order", {"XENTFAST_CUDA_ORDER": "tree"}),
+]
+REPS = int(os.environ.get("XF_BENCH_REPS", "10"))
+
+
+@contextlib.contextmanager
+def env(values):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def timed(fn, reps=REPS, warmup=2):
+    """Median seconds of fn() over reps runs, CUDA events on the current stream (fn may sync)."""
+    import cupy as cp
+
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
+    return float(np.median(times))
+
+
+def copy_bandwidth():
+    import cupy as cp
+
+    src = cp.ones(1 << 30, dtype=cp.float32)  # 4 GiB
+    dst = cp.empty_like(src)
+    t = timed(lambda: dst.__setitem__(Ellipsis, src))
+    bw = 2 * src.nbytes / t
+    del src, dst
+    cp.get_default_memory_pool().free_all_blocks()
+    return bw
+
+
+def xf_runner(x, y):
+    """Closures timing the _cuda kernel alone and the whole mean-reduction call."""
+    import cupy as cp
+
+    from xentfast._cuda import dd_sum, softmax_xent, target_weight_sum
+
+    N, C = x.shape
+    loss = cp.empty(N, dtype=cp.float64)
+    grad = cp.empty_like(x)
+    e64, e2 = cp.empty(0, dtype=cp.float64), cp.empty((0, 0), dtype=x.dtype)
+
+    def kernel(scale=1.0 / N):
+        softmax_xent(x, y, e2, e64, -100, 0.0, 0.0, e64, scale, loss, grad, 1, True, False, False, False, True)
+
+    def call():
+        den = target_weight_sum(y, e64, -100, False)
+        kernel(1.0 / den)
+        hi, lo = dd_sum(loss)
+        return cp.asarray(np.float32(hi / den + lo / den))
+
+    return kernel, call, loss, grad
+
+
+def check_bits(x, y, grad, loss, rows=4):
+    """The GPU's first rows against the CPU kernels (kernel(scale=1/N) must have run last)."""
+    import cupy as cp
+
+    from xentfast._core import _xent
+
+    N, C = x.shape
+    xh, yh = cp.asnumpy(x[:rows]), cp.asnumpy(y[:rows])
+    lc, gc = np.empty(rows), np.empty_like(xh)
+    e = np.empty(0)
+    _xent.softmax_xent(xh, yh, np.empty((0, 0), xh.dtype), e, -100, 0.0, 0.0, e, 1.0 / N, lc, gc, 1,
+                       True, False, False, False, True)
+    lg, gg = cp.asnumpy(loss[:rows]), cp.asnumpy(grad[:rows])
+    same_l = np.array_equal(lg.view(np.int64), lc.view(np.int64))
+    same_g = np.array_equal(gg.view(np.int32), gc.view(np.int32))
+    if same_l and same_g:
+        return "same bits"
+    d = np.abs(gg.view(np.int32).astype(np.int64) - gc.view(np.int32).astype(np.int64))
+    return f"DIFFERS (loss {'ok' if same_l else 'differs'}, grad max {d.max()} ulp, {np.count_nonzero(d)} entries)"
+
+
+def torch_time(x_cp, y_cp):
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None, "torch not importable"
+    if not torch.cuda.is_available():
+        return None, "torch without CUDA"
+    xt = torch.as_tensor(x_cp, device="cuda").detach().requires_grad_(True)
+    yt = torch.as_tensor(y_cp, device="cuda")
+
+    def step():
+        loss = F.cross_entropy(xt, yt)
+        (g,) = torch.autograd.grad(loss, xt)
+        return g
+
+    t = timed(step)
+    del xt, yt
+    torch.cuda.empty_cache()
+    return t, torch.__version__
+
+
+def api_time(x, y):
+    import cupy as cp
+
+    import xentfast as xf
+
+    try:
+        out = xf.cross_entropy_with_grad(x[:2], y[:2])
+        if not isinstance(out[1], cp.ndarray):
+            return None
+    except Exception:
+        return None
+    return timed(lambda: xf.cross_entropy_with_grad(x, y))
+
+
+def main():
+    import cupy as cp
+
+    import xentfast._cuda as xc
+
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    bw = copy_bandwidth()
+    print(f"device: {name}, cc {dev.compute_capability}, cupy {cp.__version__}; measured copy bandwidth "
+          f"{bw / 1e12:.2f} TB/s (read + write of 4 GiB)")
+    from xentfast._cuda import _nvrtc
+
+    print(f"NVRTC {_nvrtc.version()} from {_nvrtc.library_path()}")
+    rows = []
+    for N, C in SHAPES:
+        rng = cp.random.default_rng(0)
+        x = rng.standard_normal((N, C), dtype=cp.float32) * 3
+        y = rng.integers(0, C, N, dtype=cp.int64)
+        must_move = 2 * x.nbytes
+        t_torch, torch_info = torch_time(x, y)
+        for label, values in VARIANTS:
+            if "CACHE_ROW" in "".join(values) and C * 4 + 64 * 1024 > 227 * 1024:
+                continue  # the row cannot stay in shared memory
+            with env(values):
+                try:
+                    kernel, call, loss, grad = xf_runner(x, y)
+                    t0 = time.perf_counter()
+                    kernel()
+                    cp.cuda.Device().synchronize()
+                    first = time.perf_counter() - t0
+                    t_k = timed(kernel)
+                    bits = check_bits(x, y, grad, loss)
+                    t_c = timed(call)
+                    nt = xc.threads_for(C)
+                except Exception as exc:  # report and go on: one run, one table
+                    rows.append((N, C, label, None, None, None, f"FAILED: {type(exc).__name__}: {exc}"))
+                    continue
+                for what, t in (("kernel", t_k), ("call", t_c)):
+                    ratio = (t_torch / t) if t_torch else None
+                    note = f"nt={nt}; {bits}" + (f"; first launch {first:.2f}s" if what == "kernel" else "")
+                    rows.append((N, C, f"{label} {what}", t, must_move / t / bw, ratio, note))
+                del kernel, call, loss, grad
+                cp.get_default_memory_pool().free_all_blocks()
+        t_api = api_time(x, y)
+        if t_api:
+            rows.append((N, C, "api cross_entropy_with_grad", t_api, must_move / t_api / bw,
+                         t_torch / t_api if t_torch else None, "public API on CuPy arrays"))
+        rows.append((N, C, "torch F.cross_entropy fwd+bwd", t_torch, must_move / t_torch / bw if t_torch else None,
+                     1.0 if t_torch else None, torch_info))
+        del x, y
+        cp.get_default_memory_pool().free_all_blocks()
+
+    print(f"\n{'shape':>14} {'variant':34} {'ms':>8} {'of copy BW':>10} {'x torch':>8}  notes")
+    for N, C, label, t, frac, ratio, note in rows:
+        ms = f"{t * 1e3:8.3f}" if t else f"{'-':>8}"
+        fr = f"{frac * 100:9.1f}%" if frac else f"{'-':>10}"
+        rt = f"{ratio:8.2f}" if ratio else f"{'-':>8}"
+        print(f"{f'{N}x{C}':>14} {label:34} {ms} {fr} {rt}  {note}")
+    print("\nbinary family at (65536, 1024): no CUDA kernel yet (kernels.cu (h)); not measured")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One-shot check of xentfast's CUDA twin (issue 5) on a GPU machine: build, GPU tests, benchmark.
+#
+# Made for the workplace's H200 machine (no network there; its image has python3 3.12 with CuPy 13x,
+# the CUDA-13 NVRTC wheel, torch+CUDA, Cython, pytest and Hypothesis).  From the device tool:
+#     run(command="bash benchmarks/gpu_check.sh", timeout_s=590)
+# Budget (inner time limits): build <= ~1.5 min, GPU tests <= 270 s, benchmark <= 180 s, so the whole
+# stays under the tool's 600 s per command.  Everything also lands in $OUT/gpu_check.log.
+# Elsewhere: needs CuPy, an NVRTC library (CuPy's, a CUDA toolkit's or the nvidia-cuda-nvrtc wheel), a C
+# compiler, Cython and numpy; a missing CuPy is installed from ./.whl wheels if present, else from PyPI.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/xentfast-gpu-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export XENTFAST_CUDA_CACHE_DIR=${XENTFAST_CUDA_CACHE_DIR:-/tmp/xentfast-kernels}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+main() {
+    echo "== machine"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+    "$PY" -c 'import sys, numpy; print("python", sys.version.split()[0], "numpy", numpy.__version__)'
+    if ! "$PY" -c 'import cupy' 2>/dev/null; then
+        echo "== installing CuPy"
+        if [ -d .whl ]; then
+            "$PY" -m pip install -q --no-index --find-links .whl cupy-cuda13x cupy-cuda12x 2>/dev/null ||
+                "$PY" -m pip install -q --no-index --no-deps .whl/*.whl
+        else
+            timeout 60 "$PY" -m pip install -q cupy-cuda12x
+        fi
+        "$PY" -c 'import cupy' || { echo "CuPy unavailable: nothing was run on the GPU"; return 2; }
+    fi
+    "$PY" -c 'import cupy; print("cupy", cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount())'
+
+    echo "== build (setup.py build_ext --inplace)"
+    if ! "$PY" setup.py build_ext --inplace -j 8 >"$OUT/build.log" 2>&1; then
+        tail -40 "$OUT/build.log"
+        echo "build failed: nothing was run on the GPU"
+        return 3
+    fi
+    "$PY" - <<'EOF' || return 4
+import xentfast, xentfast._cuda as c
+from xentfast._cuda import _nvrtc
+print("xentfast", xentfast.__version__, "from", xentfast.__file__)
+print("gpu_available", c.gpu_available(), "| NVRTC", _nvrtc.version(), _nvrtc.library_path())
+EOF
+
+    echo "== GPU tests (pytest -m gpu)"
+    timeout 270 "$PY" -m pytest tests/test_cuda.py -m gpu -q -ra -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml"
+    local tests_rc=$?
+    echo "pytest exit code: $tests_rc"
+
+    echo "== benchmark"
+    timeout 180 "$PY" benchmarks/gpu_check.py
+    local bench_rc=$?
+    echo "benchmark exit code: $bench_rc"
+    [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+}
+
+main 2>&1 | tee "$OUT/gpu_check.log"
+exit "${PIPESTATUS[0]}"
