@@ -7,6 +7,7 @@
 // forward, backward or interleaved (a step whose threads depended on each other -- a race on the GPU
 // -- would give order-dependent results).
 #include "kernels.cu"
+#include "xent_kernels.h"  // the CPU's row kernels, for the alternative-order comparison
 
 #include <vector>
 

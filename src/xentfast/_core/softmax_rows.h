@@ -23,17 +23,12 @@
 #define XF_CAT(a, b) XF_CAT_(a, b)
 #define XF_FN(name) XF_CAT(name, XF_SFX)
 
-/* exp(x_j - m) for this storage type (see (c)): exact shift and the 0.62-ULP exponential for double;
- * for float the double difference (error 2^-53 |x - m|, far below float32's grain) and the 2^-40
- * exponential, since every use rounds to float32 or lands in a double sum of float32-accurate terms. */
-XF_HD double XF_FN(xf_exp_minus)(XF_T x, double m)
-{
+/* exp(x_j - m) for this storage type (see (c) and xentfast/softmax_row.h). */
 #if XF_COMPENSATED
-    return xf_exp_shifted((double)x, m);
+#define XF_EXP_MINUS(x, m) xf_exp_minus_f64((double)(x), (m))
 #else
-    return xf_exp_lite((double)x - m);
+#define XF_EXP_MINUS(x, m) xf_exp_minus_f32((float)(x), (m))
 #endif
-}
 
 /* Pass 1 of a block: max (NaN-blind), first index of the max, NaN and finite counts. */
 XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
@@ -60,14 +55,12 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
     out->min_finite = mn;
 }
 
-/* exp(x_j - m) as kept in a gradient or softmax buffer between passes (see xf_sumexp_block): exact for
- * double; for float scaled by 2^64 so that values down to 2^-213 stay normal-ish in float32. */
 #if XF_COMPENSATED
 #define XF_STORE_SCALE 1.0
 #define XF_STORE_UNSCALE 1.0
 #else
-#define XF_STORE_SCALE 0x1p64
-#define XF_STORE_UNSCALE 0x1p-64
+#define XF_STORE_SCALE XF_KEPT_SCALE_F32
+#define XF_STORE_UNSCALE XF_KEPT_UNSCALE_F32
 #endif
 
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
@@ -87,7 +80,7 @@ XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long
     for (; j + XF_LANES <= n; j += XF_LANES) {
 #pragma omp simd
         for (k = 0; k < XF_LANES; k++) {
-            double e = XF_FN(xf_exp_minus)(x[j + k], m);
+            double e = XF_EXP_MINUS(x[j + k], m);
             if (store) {
                 /* the sum below still adds the double e: a forward-only call gets the same loss bits */
                 store[j + k] = (XF_T)(e * XF_STORE_SCALE);
@@ -101,7 +94,7 @@ XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long
         }
     }
     for (k = 0; j + k < n; k++) {
-        double e = XF_FN(xf_exp_minus)(x[j + k], m);
+        double e = XF_EXP_MINUS(x[j + k], m);
         if (store) {
             store[j + k] = (XF_T)(e * XF_STORE_SCALE);
         }
@@ -187,7 +180,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
          * (inplace), so the target entry comes from the saved x_y */
         const long long y = job->y - offset;
         const int has_y = (y >= 0 && y < n);
-        const double g_y = has_y ? xf_target_grad(job, XF_FN(xf_exp_minus)((XF_T)job->x_y, m)) : 0.0;
+        const double g_y = has_y ? xf_target_grad(job, XF_EXP_MINUS((XF_T)job->x_y, m)) : 0.0;
 #if XF_COMPENSATED
 #pragma omp simd
         for (j = 0; j < n; j++) {
@@ -210,10 +203,10 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         const long long y = job->y - offset;
         const int has_y = (y >= 0 && y < n);
         /* read before the loop: with inplace=True the loop overwrites x[y] */
-        const double g_y = has_y ? xf_target_grad(job, XF_FN(xf_exp_minus)(x[y], m)) : 0.0;
+        const double g_y = has_y ? xf_target_grad(job, XF_EXP_MINUS(x[y], m)) : 0.0;
 #pragma omp simd
         for (j = 0; j < n; j++) {
-            double e = XF_FN(xf_exp_minus)(x[j], m);
+            double e = XF_EXP_MINUS(x[j], m);
             out[j] = (XF_T)((coef * (e / S)) * mult);
         }
         if (has_y) {
@@ -223,7 +216,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
     }
     for (j = 0; j < n; j++) {
         double xv = (double)x[j];
-        double e = XF_FN(xf_exp_minus)(x[j], m);
+        double e = XF_EXP_MINUS(x[j], m);
         double wc = w ? w[j] : 1.0;
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
@@ -350,3 +343,4 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #undef XF_CAT_
 #undef XF_STORE_SCALE
 #undef XF_STORE_UNSCALE
+#undef XF_EXP_MINUS

@@ -8,13 +8,12 @@ Design
 (a) Lazy: importing this module imports neither CuPy nor NVRTC.  ``import xentfast`` works without
     CuPy, without a driver and without a GPU; :func:`gpu_available` probes the device safely.
 (b) Compilation: once per (device, dtype), on first use, through NVRTC (:mod:`._nvrtc`), with
-    ``-std=c++17 -I<include> -I<_core> --fmad=false -default-device -ftz=false --maxrregcount=128
-    -arch=sm_XX``.  Not through
+    ``-std=c++17 -I<include> --fmad=false -ftz=false --maxrregcount=128 -arch=sm_XX``.  Not through
     ``cupy.RawModule(code=...)``: CuPy appends ``-ftz=true`` after the caller's options and NVRTC honours
     the last one, which flushes subnormal float32 inputs and outputs (kernels.cu (e)).  The cubin is
     loaded with ``cupy.RawModule(path=...)``.
 (c) Cache key: the code handed to NVRTC starts with ``// sha256=<digest>``, the digest of every header
-    under include/xentfast and _core plus kernels.cu (CuPy's disk cache and ours would otherwise miss
+    under include/xentfast plus kernels.cu (CuPy's disk cache and ours would otherwise miss
     edits of ``-I`` headers); the on-disk cubin is keyed by that digest, the options, the architecture
     and the NVRTC version (``$XENTFAST_CUDA_CACHE_DIR``, default ``~/.cache/xentfast/cuda``).
 (d) Launch wrappers mirror ``xentfast._core._xent`` (same signatures, CuPy arrays, current stream;
@@ -106,7 +105,7 @@ def _dir(*parts):
 def _headers():
     """(name, bytes) of every header the kernels may include, in a fixed order."""
     out = []
-    for sub in (("include", "xentfast"), ("_core",)):
+    for sub in (("include", "xentfast"),):
         d = _pkg().joinpath(*sub)
         for entry in sorted(d.iterdir(), key=lambda e: e.name):
             if entry.name.endswith(".h"):
@@ -137,7 +136,7 @@ def compile_options():
     """NVRTC options without ``-arch`` (kernels.cu (e) says why each is there)."""
     # --maxrregcount=128 is what __launch_bounds__(512) allows anyway; without it ptxas (NVRTC 12.9) held
     # the float32 cross-entropy kernel to 64 registers and spilled (tests/test_cuda.py reports the counts)
-    opts = ("-std=c++17", f"-I{_dir('include')}", f"-I{_dir('_core')}", "--fmad=false", "-default-device",
+    opts = ("-std=c++17", f"-I{_dir('include')}", "--fmad=false",
             "-ftz=false", "--maxrregcount=128")
     if summation_order() == "tree":
         opts += ("-DXF_CU_TREE_ORDER=1",)

@@ -1,14 +1,14 @@
 /* xentfast/_cuda/kernels.cu: the softmax family on the GPU (cross-entropy fused loss + gradient,
  * forward only, log_softmax, softmax, logsumexp), templated on the storage type (float, double).
  *
- * Compiled at run time by xentfast._cuda through NVRTC with "-std=c++17 -I<include> -I<_core>
- * --fmad=false -default-device -ftz=false --maxrregcount=128" (see (e)), and at CI time by nvcc
+ * Compiled at run time by xentfast._cuda through NVRTC with "-std=c++17 -I<include> --fmad=false
+ * -ftz=false --maxrregcount=128" (see (e)), and at CI time by nvcc
  * (tests/test_cuda.py).
  *
  * Design
  * (a) One formula.  Every number is computed by the functions the CPU kernels use: the shared header
  *     xentfast/numerics.h (exp, log1p, TwoSum, double-double) and the per-row bookkeeping of
- *     _core/xent_kernels.h (xf_rowjob_init / set_max / set_sum / rescue_tiny_sum / finish,
+ *     xentfast/softmax_row.h (xf_rowjob_init / set_max / set_sum / rescue_tiny_sum / finish,
  *     xf_row_target_q, xf_target_grad, xf_lanes_to_dd, xf_terms_merge, xf_exp_minus_f32/f64), included
  *     unchanged.  What this file restates are only the loop bodies of softmax_rows.h (which are host
  *     block loops and cannot be called per element); each is marked "as softmax_rows.h: <function>".
@@ -41,8 +41,6 @@
  *     through NVRTC itself with -ftz=false and loads the cubin into a cupy.RawModule; the #error below
  *     refuses any build with FTZ on.  --fmad=false keeps every a*b+c two roundings, as
  *     -ffp-contract=off does on the CPU (the PTX holds no fma.rn; tests/test_cuda.py checks).
- *     -default-device: xent_kernels.h also holds the CPU's host-only block kernels and dispatch tables,
- *     which NVRTC (no host code in JIT mode) only accepts as device functions; they are never called.
  * (f) Host model: with XF_CUDA == 0 (g++), the __global__ wrappers disappear and the row drivers below
  *     run with a "team" whose step(f) calls f(tid) for tid = 0 .. nt-1 in turn: a faithful execution
  *     of the block, since steps communicate only through the shared scratch across barriers.
@@ -56,7 +54,7 @@
  *     float32-native arithmetic path.  Rows stream from global memory three times (max, sum, gradient);
  *     cache_row = 1 keeps a row in shared memory instead when it fits (same bits).
  */
-#include "xent_kernels.h"
+#include "xentfast/softmax_row.h"
 
 #if defined(__CUDA_FTZ) && __CUDA_FTZ
 #error "xentfast kernels must be compiled with -ftz=false (CuPy's compile path appends -ftz=true; see (e))"
@@ -102,15 +100,15 @@ XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const double *) { return job->
 /* exp(x_j - m) as the CPU keeps it in an output buffer between its sum pass and its output pass
  * (softmax_rows.h XF_STORE_SCALE): exact for double, rounded to float (scaled by 2^64) for float.  The
  * GPU does not store it (recomputing costs no memory traffic) but rounds it the same way. */
-XF_HD double xf_cu_kept_exp(float, double e) { return (double)(float)(e * 0x1p64); }
+XF_HD double xf_cu_kept_exp(float, double e) { return (double)(float)(e * XF_KEPT_SCALE_F32); }
 XF_HD double xf_cu_kept_exp(double, double e) { return e; }
 /* as softmax_rows.h: xf_softmax_block, per storage type */
-XF_HD double xf_cu_softmax_of_kept(float, double kept, double S) { return kept * (0x1p-64 / S); }
+XF_HD double xf_cu_softmax_of_kept(float, double kept, double S) { return kept * (XF_KEPT_UNSCALE_F32 / S); }
 XF_HD double xf_cu_softmax_of_kept(double, double kept, double S) { return kept / S; }
 /* as softmax_rows.h: xf_xent_grad_block, its `stored` path, per storage type */
 XF_HD double xf_cu_grad_of_kept(float, double kept, double coef, double mult, double S)
 {
-    return kept * (((coef * mult) / S) * 0x1p-64);
+    return kept * (((coef * mult) / S) * XF_KEPT_UNSCALE_F32);
 }
 XF_HD double xf_cu_grad_of_kept(double, double kept, double coef, double mult, double S)
 {
