@@ -72,6 +72,8 @@ FIXED_FAILURES = [
     pytest.param(_case([[1e300, -1.7976931348623157e308]], [0], np.float64, eps=0.1), id="smoothing-term-overflow"),
     pytest.param(_case([[0.0, -1.7976931348623157e308]], [1], np.float64, weight=np.array([2.0, 2.0])),
                  id="weighted-row-loss-overflow-in-mean"),
+    pytest.param(_case([[0.0, -np.inf]], np.array([[1.0, 5e-324]]), np.float64, eps=0.5),
+                 id="subnormal-mass-on-masked-class"),
 ]
 
 

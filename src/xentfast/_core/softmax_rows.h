@@ -33,27 +33,45 @@
 /* Pass 1 of a block: max (NaN-blind), first index of the max, NaN and finite counts. */
 XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
 {
-    double m = -XF_INF, mn = XF_INF;
-    long long n_nan = 0, n_finite = 0;
+    /* in the storage type (8 float lanes per AVX2 vector instead of 4 doubles; float -> double is exact
+     * and monotone, so the max is the same number) with int counters (a block has <= XF_BLOCK entries) */
+    XF_T m = (XF_T)-XF_INF, mn = (XF_T)XF_INF;
+    const XF_T neg_inf = (XF_T)-XF_INF;
+    int n_nan = 0, n_finite = 0;
     long long j;
 #pragma omp simd reduction(max : m) reduction(min : mn) reduction(+ : n_nan, n_finite)
     for (j = 0; j < n; j++) {
-        double v = (double)x[j];
+        XF_T v = x[j];
         m = (v > m) ? v : m;
-        mn = (v < mn && v > -XF_INF) ? v : mn;
+        mn = (v < mn && v > neg_inf) ? v : mn;
         n_nan += (v != v);
-        n_finite += (v > -XF_INF);
+        n_finite += (v > neg_inf);
     }
-    long long first = 0;
-    while (first < n && !((double)x[first] == m)) {
-        first++;
+    /* first index of the max: find its chunk with a vectorized test, then scan that chunk only */
+    long long first = n, c0;
+    for (c0 = 0; c0 < n && first == n; c0 += 64) {
+        long long len = (n - c0 < 64) ? n - c0 : 64;
+        int hit = 0;
+#pragma omp simd reduction(| : hit)
+        for (j = 0; j < len; j++) {
+            hit |= (x[c0 + j] == m);
+        }
+        for (j = 0; hit && j < len; j++) {
+            if (x[c0 + j] == m) {
+                first = c0 + j;
+                break;
+            }
+        }
     }
-    out->m = m;
+    out->m = (double)m;
     out->argmax = offset + (first < n ? first : 0);
     out->n_nan = n_nan;
     out->n_finite = n_finite;
-    out->min_finite = mn;
+    out->min_finite = (double)mn;
 }
+
+/* elements per exponential chunk in the sum pass, a multiple of XF_LANES */
+#define XF_CHUNK 64
 
 #if XF_COMPENSATED
 #define XF_STORE_SCALE 1.0
@@ -77,12 +95,37 @@ XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long
         acc[k] = 0.0;
         cmp[k] = 0.0;
     }
+    /* exponentials of a chunk into a small buffer (one flat vectorized loop), then added to the lanes
+     * with the accumulators held in registers: the same operations in the same order as adding each
+     * exponential to its lane as it is made */
+    double buf[XF_CHUNK];
+    for (; j + XF_CHUNK <= n; j += XF_CHUNK) {
+        long long i;
+#pragma omp simd
+        for (i = 0; i < XF_CHUNK; i++) {
+            double e = XF_EXP_MINUS(x[j + i], m);
+            if (store) {
+                /* the sum below still adds the double e: a forward-only call gets the same loss bits */
+                store[j + i] = (XF_T)(e * XF_STORE_SCALE);
+            }
+            buf[i] = (j + i == skip) ? 0.0 : e;
+        }
+        for (i = 0; i < XF_CHUNK; i += XF_LANES) {
+#pragma omp simd
+            for (k = 0; k < XF_LANES; k++) {
+#if XF_COMPENSATED
+                xf_acc_add(&acc[k], &cmp[k], buf[i + k]);
+#else
+                acc[k] += buf[i + k];
+#endif
+            }
+        }
+    }
     for (; j + XF_LANES <= n; j += XF_LANES) {
 #pragma omp simd
         for (k = 0; k < XF_LANES; k++) {
             double e = XF_EXP_MINUS(x[j + k], m);
             if (store) {
-                /* the sum below still adds the double e: a forward-only call gets the same loss bits */
                 store[j + k] = (XF_T)(e * XF_STORE_SCALE);
             }
             e = (j + k == skip) ? 0.0 : e;
@@ -121,19 +164,8 @@ XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long 
         acc[k] = cmp[k] = qacc[k] = qcmp[k] = 0.0;
     }
     for (j = 0; j < n; j++) {
-        double xv = (double)x[j];
-        double wc = w ? w[j] : 1.0;
-        double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-        double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
-        double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
-        double q_loss = q * job->loss_scale;  /* exact: a power of two */
-        /* 0 * inf = 0: a class the target gives no mass contributes nothing, even when masked (-inf) */
-        double term = (q == 0.0) ? 0.0 : q_loss * nlp;
-        if (!(nlp - nlp == 0.0) && xv > -XF_INF) {
-            /* m - x_j beyond DBL_MAX (logits of both signs near the limit) while q times it is not */
-            term = (q_loss * xf_neg_log_prob(0.5 * xv, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
-        }
-        term = (offset + j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
+        double q;
+        double term = xf_xent_term(job, offset + j, (double)x[j], w ? w[j] : 1.0, t ? (double)t[j] : 0.0, &q);
         k = (int)(j % XF_LANES);
         xf_acc_add(&acc[k], &cmp[k], term);
         xf_acc_add(&qacc[k], &qcmp[k], q);
@@ -344,3 +376,4 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #undef XF_STORE_SCALE
 #undef XF_STORE_UNSCALE
 #undef XF_EXP_MINUS
+#undef XF_CHUNK

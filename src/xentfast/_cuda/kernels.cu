@@ -415,17 +415,9 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
             const xf_rowjob *job = sc.job;
             double s = 0.0, se = 0.0, q = 0.0, qe = 0.0;
             for (long long j = tid; j < C; j += nt) {
-                double xv = xf_cu_load(x[j]);
-                double wc = w ? w[j] : 1.0;
-                double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-                double qj = xf_row_target_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
-                double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
-                double q_loss = qj * job->loss_scale; /* exact: a power of two */
-                double term = (qj == 0.0) ? 0.0 : q_loss * nlp;
-                if (!(nlp - nlp == 0.0) && xv > -XF_INF) { /* m - x_j beyond DBL_MAX, q times it not */
-                    term = (q_loss * xf_neg_log_prob(0.5 * xv, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
-                }
-                term = (j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
+                double qj;
+                double term = xf_xent_term(job, j, xf_cu_load(x[j]), w ? w[j] : 1.0,
+                                           t ? xf_cu_load(t[j]) : 0.0, &qj);
                 xf_acc_add(&s, &se, term);
                 xf_acc_add(&q, &qe, qj);
             }
@@ -454,17 +446,9 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
                 const long long end = (C - b0 < XF_BLOCK) ? C : b0 + XF_BLOCK;
                 double s = 0.0, se = 0.0, q = 0.0, qe = 0.0;
                 for (long long j = b0 + c % XF_LANES; j < end; j += XF_LANES) {
-                    double xv = xf_cu_load(x[j]);
-                    double wc = w ? w[j] : 1.0;
-                    double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-                    double qj = xf_row_target_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
-                    double nlp = xf_neg_log_prob(xv, job->m, job->log_s);
-                    double q_loss = qj * job->loss_scale; /* exact: a power of two */
-                    double term = (qj == 0.0) ? 0.0 : q_loss * nlp;
-                    if (!(nlp - nlp == 0.0) && xv > -XF_INF) { /* m - x_j beyond DBL_MAX, q times it not */
-                        term = (q_loss * xf_neg_log_prob(0.5 * xv, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
-                    }
-                    term = (j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
+                    double qj;
+                    double term = xf_xent_term(job, j, xf_cu_load(x[j]), w ? w[j] : 1.0,
+                                               t ? xf_cu_load(t[j]) : 0.0, &qj);
                     xf_acc_add(&s, &se, term);
                     xf_acc_add(&q, &qe, qj);
                 }

@@ -188,6 +188,34 @@ XF_HD double xf_row_target_q(const xf_rowjob *job, long long j, double w_j, doub
     return (j == job->y) ? q + (1.0 - job->eps) * job->w_y : q;
 }
 
+/* Whether q_j > 0 in exact arithmetic (the computed q_j of a subnormal weight or probability may round
+ * to 0, and a class with mass on a -inf logit must still make the loss +inf). */
+XF_HD int xf_row_target_has_mass(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
+{
+    int smooth = (job->eps_per_class > 0.0 && finite > 0.0 && w_j > 0.0);
+    int direct = job->prob ? (w_j > 0.0 && t_j > 0.0 && job->eps < 1.0)
+                           : (j == job->y && job->w_y > 0.0 && job->eps < 1.0);
+    return smooth || direct;
+}
+
+/* One class's part of the loss-terms pass (probability targets, smoothing): returns the loss term
+ * loss_scale * q_j * (-log p_j) and stores q_j.  0 * inf = 0: a class the target gives no mass adds
+ * nothing, even when masked (-inf); where m - x_j exceeds DBL_MAX the term is evaluated halved. */
+XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double w_j, double t_j, double *q_out)
+{
+    double finite = (x_j > -XF_INF) ? 1.0 : 0.0;
+    double q = xf_row_target_q(job, j, w_j, finite, t_j);
+    double nlp = xf_neg_log_prob(x_j, job->m, job->log_s);
+    double q_loss = q * job->loss_scale;  /* exact: a power of two */
+    double term = xf_row_target_has_mass(job, j, w_j, finite, t_j) ? ((nlp == XF_INF) ? XF_INF : q_loss * nlp)
+                                                                     : 0.0;
+    if (!(nlp - nlp == 0.0) && x_j > -XF_INF) {
+        term = (q_loss * xf_neg_log_prob(0.5 * x_j, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
+    }
+    *q_out = q;
+    return (j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
+}
+
 XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, double *lo)
 {
     int k;
@@ -221,7 +249,7 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
         double nlp = xf_neg_log_prob(job->x_y, job->m, job->log_s);
         /* a zero-weight class contributes 0 even if its logit is -inf (0 * inf = 0 by convention) */
         double w_loss = job->w_y * job->loss_scale;
-        ce = (job->w_y == 0.0) ? 0.0 : w_loss * nlp;
+        ce = (job->w_y == 0.0) ? 0.0 : ((nlp == XF_INF) ? XF_INF : w_loss * nlp);
         ce = (job->y == job->argmax) ? xf_weighted_log_s(job, w_loss) : ce;
         A = job->w_y;
     }
