@@ -74,6 +74,8 @@ FIXED_FAILURES = [
                  id="weighted-row-loss-overflow-in-mean"),
     pytest.param(_case([[0.0, -np.inf]], np.array([[1.0, 5e-324]]), np.float64, eps=0.5),
                  id="subnormal-mass-on-masked-class"),
+    pytest.param(_case([[-np.inf]], [0], np.float32, weight=np.zeros(1, np.float32)),
+                 id="nan-row-in-an-empty-mean"),
 ]
 
 

@@ -238,6 +238,13 @@ class _Problem:
 
     def run(self, grad=None, grad_output=None):
         loss = np.empty(self.N, dtype=np.float64)
+        if self.reduction == "mean" and self.denominator() == 0:
+            # nothing is averaged: the loss is the empty_mean constant, whatever the rows hold (even
+            # NaN), and the gradient of a constant is 0
+            loss.fill(0.0)
+            if grad is not None:
+                grad.fill(0)
+            return loss
         row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         y = self.y if self.y is not None else np.empty(0, dtype=np.int64)
         t = self.t if self.t is not None else np.empty((0, 0), dtype=self.dtype)
