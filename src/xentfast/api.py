@@ -33,19 +33,7 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _as_logits(input, name="input", writeable=False):
-    if writeable:
-        if not isinstance(input, np.ndarray):
-            raise TypeError(f"{name}: inplace=True needs a NumPy array to write into, got {type(input).__name__}")
-        if not input.flags.writeable:
-            raise ValueError(f"{name}: inplace=True on a read-only array; pass a writeable copy or use out=")
-    x = np.asarray(input)
-    if x.dtype not in _FLOAT_DTYPES:
-        hint = ""
-        if x.dtype.kind in "iub":
-            hint = " (logits must be floating point; cast with .astype(np.float32) if integers were meant)"
-        elif x.dtype.kind == "f":
-            hint = " (cast half precision to float32 first)"
-        raise TypeError(f"{name}: expected float32 or float64 logits, got dtype {x.dtype}{hint}")
+    x = _as_float_input(input, name=name, writeable=writeable)
     if x.ndim == 0:
         raise ValueError(f"{name}: expected at least 1 dimension (the class axis), got a 0-d array")
     return x
