@@ -489,9 +489,9 @@ def logsumexp(input, axis=-1, *, n_threads=None):
 
     Error bound
     -----------
-    <= 2 ULP (float32), <= 4 ULP (float64), except where the result is far below the logits' own
-    magnitude (``|lse| << max |x|``, cancellation between ``max x`` and ``log S``): there the bound
-    is ``ulp(max|x|)``.
+    <= 2 ULP (float32), <= 4 ULP (float64).  One exception, float64 only: where ``max x`` and ``log S``
+    cancel (``|lse| < |max x|``, which needs ``max x`` in ``[-log C, 0)``) the float64 bound is 4 ULP of
+    ``max x``, not of the (smaller) result; a relative bound there needs double-double exponentials.
     """
     return _softmax_family(input, axis, n_threads, 0)
 
