@@ -112,7 +112,7 @@ extensions = [
         extra_compile_args=cflags,
         extra_link_args=ldflags,
     )
-    for name in ("_xent", "_scalar", "_openmp_helpers")
+    for name in ("_xent", "_scalar", "_openmp_helpers", "_binary")
 ]
 
 setup(

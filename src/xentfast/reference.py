@@ -2,7 +2,9 @@
 
 This module recomputes, with :mod:`mpmath`, the mathematically exact value of each public function of
 xentfast -- the forward losses, ``logsumexp``, ``log_softmax``, ``softmax`` and the gradient of the
-cross-entropy -- so that any implementation (xentfast's own kernels, or a user's) can be measured in
+cross-entropy; for the binary family ``binary_cross_entropy_with_logits``, ``sigmoid_focal_loss``,
+``binary_cross_entropy`` and ``cross_entropy_from_probs`` with their ``*_grad`` (see the section
+"Binary family" below for their semantics) -- so that any implementation (xentfast's own kernels, or a user's) can be measured in
 ulps against it.  It is pure Python, depends only on NumPy and mpmath, and is slow (tens of
 microseconds per element): it is meant for small arrays in tests, not for training.
 
@@ -77,6 +79,14 @@ __all__ = [
     "logsumexp",
     "log_softmax",
     "softmax",
+    "binary_cross_entropy_with_logits",
+    "binary_cross_entropy_with_logits_grad",
+    "sigmoid_focal_loss",
+    "sigmoid_focal_loss_grad",
+    "binary_cross_entropy",
+    "binary_cross_entropy_grad",
+    "cross_entropy_from_probs",
+    "cross_entropy_from_probs_grad",
     "rounded",
 ]
 
@@ -723,6 +733,452 @@ def cross_entropy_grad(input, target, weight=None, ignore_index=-100, reduction=
     if return_scale:
         return grad, _unrows(scales, pb.shape, pb.axis)
     return grad
+
+
+# --------------------------------------------------------------------------------------------------
+# Binary family: BCE with logits, sigmoid focal loss, BCE from probabilities, CE from class
+# probabilities.  Elementwise (or per row) closed forms; no value returned here is a difference of
+# larger terms except the soft-target gradients, which come with their cancellation scale.  One
+# evaluation at target_bits + _BIN_GUARD bits is therefore exact to the contract's needs.
+
+_BIN_GUARD = 24
+
+
+def _bin_prec(dps):
+    return libmp.dps_to_prec(_check_dps(dps)) + _BIN_GUARD
+
+
+def _softplus(x):
+    """log(1 + e^x); exact limits at +-inf."""
+    if x == _INF:
+        return _INF
+    if x == _NINF:
+        return _ZERO
+    return mpmath.log1p(mpmath.exp(x))
+
+
+def _sigmoid(x):
+    if x == _INF:
+        return _ONE
+    if x == _NINF:
+        return _ZERO
+    return _ONE / (_ONE + mpmath.exp(-x))
+
+
+def _isnan(v):
+    return v != v
+
+
+def _times(c, v):
+    """c * v with 0 * inf = 0: a term whose coefficient is 0 contributes nothing."""
+    if not c and not _isnan(c):
+        return _ZERO
+    return c * v
+
+
+def _bin_elementwise_inputs(input, target, weights, ignore_index, what="input"):
+    """Exact mpf arrays of input and target and of each optional weight broadcast to the input."""
+    x = _to_mpf_array(input, what)
+    t = _to_mpf_array(target, "target")
+    if t.shape != x.shape:
+        raise ValueError(f"target must have the input's shape {x.shape}; got {t.shape}")
+    out = []
+    for name, w in weights:
+        if w is None:
+            out.append(None)
+            continue
+        wa = _to_mpf_array(w, name)
+        try:
+            out.append(np.broadcast_to(wa, x.shape))
+        except ValueError:
+            raise ValueError(f"{name} of shape {wa.shape} does not broadcast to {x.shape}") from None
+    ign = None if ignore_index is None else _exact_mpf(ignore_index)
+    return x, t, out, ign
+
+
+def _bin_reduce(losses, shape, kept, reduction, empty_mean, prec):
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}; got {reduction!r}")
+    if empty_mean not in ("nan", "zero"):
+        raise ValueError(f"empty_mean must be 'nan' or 'zero'; got {empty_mean!r}")
+    with mpmath.workprec(prec + 64):
+        if reduction == "none":
+            return _result(_obj_array(losses, shape))
+        total = mpmath.fsum(losses)
+        if reduction == "sum":
+            return total
+        if not kept:
+            return _NAN if empty_mean == "nan" else _ZERO
+        return total / kept
+
+
+def _bin_factors(grad_output, reduction, shape, kept, prec):
+    """Per-element upstream factors (g, g/denominator) for the gradient of (loss * g).sum()."""
+    n = int(np.prod(shape)) if shape else 1
+    with mpmath.workprec(prec + 64):
+        if reduction == "none":
+            if grad_output is None:
+                return [_ONE] * n
+            ga = np.broadcast_to(_to_mpf_array(np.asarray(grad_output), "grad_output"), shape)
+            return list(ga.ravel())
+        ga = np.asarray(grad_output if grad_output is not None else 1.0)
+        if ga.size != 1:
+            raise ValueError(f"grad_output must be a scalar for reduction={reduction!r}; got shape {ga.shape}")
+        g = _to_mpf_array(ga, "grad_output").ravel()[0]
+        if reduction == "mean":
+            g = g / kept if kept else _ZERO
+        return [g] * n
+
+
+def _bce_logits_elem(x, y, w, q, want_grad):
+    """(loss, grad, cancellation scale) of w[(1-y) sp(x) + q y sp(-x)]."""
+    if _isnan(x):
+        return _NAN, _NAN, _NAN
+    a, b = _ONE - y, q * y
+    loss = _times(w, _times(a, _softplus(x)) + _times(b, _softplus(-x)))
+    if not want_grad:
+        return loss, None, None
+    s1, s2 = _times(a, _sigmoid(x)), _times(b, _sigmoid(-x))
+    return loss, w * (s1 - s2), w * (abs(s1) + abs(s2))
+
+
+def _finish_grads(vals, factors, shape, prec, return_scale):
+    with mpmath.workprec(prec):
+        grads = [f * g for f, (g, _) in zip(factors, vals)]
+        scales = [abs(f) * s for f, (_, s) in zip(factors, vals)]
+    g = _obj_array(grads, shape)
+    if return_scale:
+        return g, _obj_array(scales, shape)
+    return g
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, pos_weight=None, reduction="mean", *,
+                                     ignore_index=None, empty_mean="nan", dps=60):
+    """Exact sigmoid binary cross-entropy from logits (torch semantics, plus Paddle's ignore_index).
+
+    ``loss_i = w_i [(1 - y_i) softplus(x_i) + q_i y_i softplus(-x_i)]`` with ``w`` = `weight` and
+    ``q`` = `pos_weight` broadcast to the input (1 when absent), ``0 * inf = 0``.  Elements whose target
+    equals `ignore_index` are 0 and leave the mean's denominator (the count of kept elements); a NaN
+    logit gives NaN.
+
+    Returns an object array of mpf for ``reduction="none"`` (a plain mpf for a 0-d input), else an mpf.
+    """
+    prec = _bin_prec(dps)
+    x, t, (w, q), ign = _bin_elementwise_inputs(input, target, [("weight", weight), ("pos_weight", pos_weight)],
+                                                ignore_index)
+    losses, kept = [], 0
+    with mpmath.workprec(prec):
+        for i, (xi, yi) in enumerate(zip(x.ravel(), t.ravel())):
+            if ign is not None and yi == ign:
+                losses.append(_ZERO)
+                continue
+            kept += 1
+            wi = w.ravel()[i] if w is not None else _ONE
+            qi = q.ravel()[i] if q is not None else _ONE
+            losses.append(_bce_logits_elem(xi, yi, wi, qi, False)[0])
+    return _bin_reduce(losses, x.shape, kept, reduction, empty_mean, prec)
+
+
+def binary_cross_entropy_with_logits_grad(input, target, weight=None, pos_weight=None, reduction="mean", *,
+                                          ignore_index=None, empty_mean="nan", grad_output=None, dps=60,
+                                          return_scale=False):
+    """Exact gradient of ``(binary_cross_entropy_with_logits(...) * grad_output).sum()``.
+
+    ``d/dx_i = f_i w_i [(1 - y_i) sigmoid(x_i) - q_i y_i sigmoid(-x_i)]`` with ``f_i`` the upstream
+    factor (``grad_output``, divided by the kept count for ``"mean"``; 0 when nothing is kept).  With
+    `return_scale`, also ``|f_i| w_i [(1 - y_i) sigmoid(x_i) + q_i y_i sigmoid(-x_i)]``, the magnitude of
+    the two terms that cancel for soft targets.
+    """
+    prec = _bin_prec(dps)
+    x, t, (w, q), ign = _bin_elementwise_inputs(input, target, [("weight", weight), ("pos_weight", pos_weight)],
+                                                ignore_index)
+    kept = sum(1 for yi in t.ravel() if ign is None or yi != ign)
+    factors = _bin_factors(grad_output, reduction, x.shape, kept, prec)
+    vals = []
+    with mpmath.workprec(prec):
+        for i, (xi, yi) in enumerate(zip(x.ravel(), t.ravel())):
+            if ign is not None and yi == ign:
+                vals.append((_ZERO, _ZERO))
+                continue
+            wi = w.ravel()[i] if w is not None else _ONE
+            qi = q.ravel()[i] if q is not None else _ONE
+            _, g, s = _bce_logits_elem(xi, yi, wi, qi, True)
+            vals.append((g, s))
+    return _finish_grads(vals, factors, x.shape, prec, return_scale)
+
+
+def _focal_elem(x, y, alpha, gamma, want_grad):
+    """(loss, grad, scale) of torchvision's sigmoid focal loss for one element."""
+    if _isnan(x):
+        return _NAN, _NAN, _NAN
+    a = alpha * y + (_ONE - alpha) * (_ONE - y) if alpha >= 0 else _ONE
+    sp, sm = _sigmoid(x), _sigmoid(-x)
+    ce = _times(_ONE - y, _softplus(x)) + _times(y, _softplus(-x))
+    u = _times(_ONE - y, sp) + _times(y, sm)
+    U = _ONE if not gamma else (u ** gamma if u else _ZERO)
+    loss = _times(a, _times(U, ce)) if U else _ZERO
+    if not want_grad:
+        return loss, None, None
+    g1 = _times(_ONE - y, sp) - _times(y, sm)
+    # W = sigmoid(x) sigmoid(-x) / u, written without the division where y is 0 or 1
+    if y == 1:
+        W = sp
+    elif y == 0:
+        W = sm
+    else:
+        W = sp * sm / u
+    g2 = _ZERO if (not gamma or not W or not ce) else gamma * ce * W * (_ONE - 2 * y)
+    g2abs = abs(g2)
+    grad = _times(a, U * (g1 + g2)) if U else _ZERO
+    scale = _times(a, U * (u + g2abs)) if U else _ZERO
+    return loss, grad, scale
+
+
+def _check_focal(alpha, gamma):
+    alpha, gamma = _exact_mpf(float(alpha)), _exact_mpf(float(gamma))
+    if not (gamma >= 0 and mpmath.isfinite(gamma)):
+        raise ValueError(f"gamma must be finite and >= 0; got {gamma}")
+    if not (alpha <= 1 and mpmath.isfinite(alpha)):
+        raise ValueError(f"alpha must be <= 1 (negative: no weighting); got {alpha}")
+    return alpha, gamma
+
+
+def sigmoid_focal_loss(input, target, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
+                       empty_mean="nan", dps=60):
+    """Exact sigmoid focal loss with torchvision's semantics.
+
+    ``loss = alpha_t ce (1 - p_t)**gamma`` with ``ce`` the BCE with logits, ``p = sigmoid(x)``,
+    ``p_t = p y + (1 - p)(1 - y)``, ``alpha_t = alpha y + (1 - alpha)(1 - y)`` (1 when ``alpha < 0``) and
+    ``0**0 = 1``.  ``"mean"`` divides by the number of (kept) elements.
+    """
+    prec = _bin_prec(dps)
+    alpha, gamma = _check_focal(alpha, gamma)
+    x, t, _, ign = _bin_elementwise_inputs(input, target, [], ignore_index)
+    losses, kept = [], 0
+    with mpmath.workprec(prec):
+        for xi, yi in zip(x.ravel(), t.ravel()):
+            if ign is not None and yi == ign:
+                losses.append(_ZERO)
+                continue
+            kept += 1
+            losses.append(_focal_elem(xi, yi, alpha, gamma, False)[0])
+    return _bin_reduce(losses, x.shape, kept, reduction, empty_mean, prec)
+
+
+def sigmoid_focal_loss_grad(input, target, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
+                            empty_mean="nan", grad_output=None, dps=60, return_scale=False):
+    """Exact gradient of ``(sigmoid_focal_loss(...) * grad_output).sum()`` with respect to `input`.
+
+    ``d/dx = alpha_t u**gamma [(1-y) s(x) - y s(-x) + gamma ce W (1 - 2y)]``, ``u = 1 - p_t``,
+    ``W = s(x) s(-x) / u``.  With `return_scale`, also ``|f| alpha_t u**gamma (u + gamma ce W |1 - 2y|)``,
+    the magnitude of the terms that cancel for soft targets.
+    """
+    prec = _bin_prec(dps)
+    alpha, gamma = _check_focal(alpha, gamma)
+    x, t, _, ign = _bin_elementwise_inputs(input, target, [], ignore_index)
+    kept = sum(1 for yi in t.ravel() if ign is None or yi != ign)
+    factors = _bin_factors(grad_output, reduction, x.shape, kept, prec)
+    vals = []
+    with mpmath.workprec(prec):
+        for xi, yi in zip(x.ravel(), t.ravel()):
+            if ign is not None and yi == ign:
+                vals.append((_ZERO, _ZERO))
+                continue
+            _, g, s = _focal_elem(xi, yi, alpha, gamma, True)
+            vals.append((g, s))
+    return _finish_grads(vals, factors, x.shape, prec, return_scale)
+
+
+class _ProbMode:
+    """The three log conventions of losses from probabilities (see binary_cross_entropy)."""
+
+    def __init__(self, eps, log_clamp):
+        self.eps = None if eps is None else _exact_mpf(float(eps))
+        self.clamp = None if log_clamp is None else _exact_mpf(float(log_clamp))
+        if self.eps is not None and not (0 <= self.eps <= 0.5):
+            raise ValueError(f"eps must be in [0, 0.5]; got {eps!r}")
+        if self.clamp is not None and not (self.clamp <= 0 and mpmath.isfinite(self.clamp)):
+            raise ValueError(f"log_clamp must be finite and <= 0; got {log_clamp!r}")
+
+    def logs(self, p):
+        """(log p_c, log(1 - p_c), d log p_c live, d log(1 - p_c) live) for the clipped/clamped p_c."""
+        if self.eps is not None and (p < self.eps or p > 1 - self.eps):
+            pc = self.eps if p < self.eps else _ONE - self.eps
+            return mpmath.log(pc), mpmath.log1p(-pc), False, False
+        lp = mpmath.log(p) if p else _NINF
+        l1p = mpmath.log1p(-p) if p != 1 else _NINF
+        live_p = live_1p = True
+        if self.clamp is not None:
+            if lp < self.clamp:
+                lp, live_p = self.clamp, False
+            if l1p < self.clamp:
+                l1p, live_1p = self.clamp, False
+        return lp, l1p, live_p, live_1p
+
+
+def _bce_prob_elem(p, y, w, mode, want_grad):
+    if _isnan(p):
+        return _NAN, _NAN, _NAN
+    lp, l1p, live_p, live_1p = mode.logs(p)
+    loss = _times(w, _times(y, -lp) + _times(_ONE - y, -l1p))
+    if not want_grad:
+        return loss, None, None
+    t0 = _ZERO if (not y or not live_p or not w) else (w * y / p if p else _INF)
+    t1 = _ZERO if (y == 1 or not live_1p or not w) else (w * (_ONE - y) / (_ONE - p) if p != 1 else _INF)
+    return loss, t1 - t0, t1 + t0
+
+
+def _check_probs(x, what="input"):
+    for v in x.ravel():
+        if not _isnan(v) and not (0 <= v <= 1):
+            raise ValueError(f"{what} probabilities must be in [0, 1]; got {v}")
+
+
+def binary_cross_entropy(input, target, weight=None, reduction="mean", *, eps=None, log_clamp=None, dps=60):
+    """Exact binary cross-entropy from probabilities.
+
+    ``loss_i = w_i [-y_i log p_i - (1 - y_i) log(1 - p_i)]`` with ``0 * inf = 0`` and ``-log 0 = inf``.
+    `eps`: ``p`` clipped to ``[eps, 1 - eps]`` (real numbers) first, Keras-style.  `log_clamp`: each log
+    replaced by ``max(log, log_clamp)`` (torch's BCELoss: -100).  ``"mean"`` divides by the element count.
+    """
+    prec = _bin_prec(dps)
+    mode = _ProbMode(eps, log_clamp)
+    x, t, (w,), _ = _bin_elementwise_inputs(input, target, [("weight", weight)], None)
+    _check_probs(x)
+    losses = []
+    with mpmath.workprec(prec):
+        for i, (pi, yi) in enumerate(zip(x.ravel(), t.ravel())):
+            wi = w.ravel()[i] if w is not None else _ONE
+            losses.append(_bce_prob_elem(pi, yi, wi, mode, False)[0])
+    return _bin_reduce(losses, x.shape, len(losses), reduction, "nan", prec)
+
+
+def binary_cross_entropy_grad(input, target, weight=None, reduction="mean", *, eps=None, log_clamp=None,
+                              grad_output=None, dps=60, return_scale=False):
+    """Exact gradient of ``(binary_cross_entropy(...) * grad_output).sum()`` with respect to `input`.
+
+    ``f_i w_i [(1 - y_i)/(1 - p_i) - y_i / p_i]`` on the pieces that still depend on ``p`` (a clipped
+    or clamped log contributes 0); ``p = 0 < y`` gives ``-inf``, ``p = 1 > y`` gives ``+inf``.
+    `return_scale`: ``|f_i| w_i [(1 - y_i)/(1 - p_i) + y_i/p_i]`` (soft targets cancel).
+    """
+    prec = _bin_prec(dps)
+    mode = _ProbMode(eps, log_clamp)
+    x, t, (w,), _ = _bin_elementwise_inputs(input, target, [("weight", weight)], None)
+    _check_probs(x)
+    factors = _bin_factors(grad_output, reduction, x.shape, x.size, prec)
+    vals = []
+    with mpmath.workprec(prec):
+        for i, (pi, yi) in enumerate(zip(x.ravel(), t.ravel())):
+            wi = w.ravel()[i] if w is not None else _ONE
+            _, g, s = _bce_prob_elem(pi, yi, wi, mode, True)
+            vals.append((g, s))
+    return _finish_grads(vals, factors, x.shape, prec, return_scale)
+
+
+class _ProbRows:
+    """Rows, targets, weights and denominator of cross_entropy_from_probs."""
+
+    def __init__(self, input, target, weight, ignore_index, axis, eps):
+        self.mode = _ProbMode(eps, None)
+        x = _to_mpf_array(input, "input")
+        _check_probs(x)
+        self.rows, self.shape, self.axis = _rows(x, axis)
+        C = self.shape[-1]
+        self.C = C
+        self.loss_shape = self.shape[:-1]
+        t = np.asarray(target)
+        self.w = None if weight is None else list(_to_mpf_array(np.asarray(weight), "weight"))
+        if t.dtype.kind in "iu":
+            self.is_index = True
+            if t.shape != self.loss_shape:
+                raise ValueError(f"index target must have shape {self.loss_shape}; got {t.shape}")
+            self.targets = [int(v) for v in t.ravel().tolist()]
+            self.ignore_index = int(ignore_index)
+            for v in self.targets:
+                if v != self.ignore_index and not 0 <= v < C:
+                    raise ValueError(f"target {v} is out of range for {C} classes")
+            kept = [y for y in self.targets if y != self.ignore_index]
+            with mpmath.workprec(256):
+                self.denominator = mpmath.fsum([self.w[y] if self.w else _ONE for y in kept])
+        else:
+            self.is_index = False
+            if t.shape != x.shape:
+                raise ValueError(f"probability target must have the input's shape {x.shape}; got {t.shape}")
+            tm = np.moveaxis(_to_mpf_array(t, "target"), self.axis, -1)
+            self.targets = [list(r) for r in tm.reshape(-1, C)] if C else [[] for _ in self.rows]
+            self.ignore_index = None
+            self.denominator = _exact_mpf(len(self.rows))
+
+    def row(self, i, want_grad):
+        """(loss, grads) of row i, grads before the upstream factor."""
+        C, r = self.C, self.rows[i]
+        if self.is_index and self.targets[i] == self.ignore_index:
+            return _ZERO, [_ZERO] * C
+        if any(_isnan(v) for v in r):
+            return _NAN, [_NAN] * C
+        if self.is_index:
+            y = self.targets[i]
+            q = [_ZERO] * C
+            q[y] = self.w[y] if self.w else _ONE
+        else:
+            q = [(self.w[c] if self.w else _ONE) * self.targets[i][c] for c in range(C)]
+        terms, grads = [], []
+        for c in range(C):
+            lp, _, live, _ = self.mode.logs(r[c])
+            terms.append(_times(q[c], -lp))
+            if want_grad:
+                if not q[c] or not live:
+                    grads.append(_ZERO)
+                else:
+                    grads.append(-q[c] / r[c] if r[c] else _NINF)
+        return mpmath.fsum(terms), grads
+
+
+def cross_entropy_from_probs(input, target, weight=None, ignore_index=-100, reduction="mean", *, axis=-1,
+                             eps=None, empty_mean="nan", dps=60):
+    """Exact cross-entropy from class probabilities (torch's ``nll_loss(log(p))`` for index targets).
+
+    Per row: ``w_y (-log p_y)`` (index targets) or ``sum_c w_c t_c (-log p_c)`` (probability targets),
+    ``0 * inf = 0``; `eps` clips ``p`` to ``[eps, 1 - eps]`` first (Keras).  A row with a NaN is NaN;
+    ignored rows are 0.  ``"mean"``: divided by ``sum w_y`` over kept rows (index) or the row count.
+    """
+    prec = _bin_prec(dps)
+    pb = _ProbRows(input, target, weight, ignore_index, axis, eps)
+    with mpmath.workprec(prec):
+        losses = [pb.row(i, False)[0] for i in range(len(pb.rows))]
+    if reduction != "mean":
+        return _bin_reduce(losses, pb.loss_shape, len(losses), reduction, empty_mean, prec)
+    if not pb.denominator:
+        return _bin_reduce([], (0,), 0, "mean", empty_mean, prec)
+    total = _bin_reduce(losses, pb.loss_shape, len(losses), "sum", empty_mean, prec)
+    with mpmath.workprec(prec + 64):
+        return total / pb.denominator
+
+
+def cross_entropy_from_probs_grad(input, target, weight=None, ignore_index=-100, reduction="mean", *,
+                                  axis=-1, eps=None, empty_mean="nan", grad_output=None, dps=60):
+    """Exact gradient of ``(cross_entropy_from_probs(...) * grad_output).sum()``: ``-f q_j / p_j``.
+
+    0 where ``q_j = 0`` or ``p_j`` is clipped, ``-inf`` where ``p_j = 0 < q_j``.  No cancellation.
+    """
+    prec = _bin_prec(dps)
+    pb = _ProbRows(input, target, weight, ignore_index, axis, eps)
+    n = len(pb.rows)
+    with mpmath.workprec(prec + 64):
+        if reduction == "none":
+            f = [_ONE] * n if grad_output is None else list(
+                np.broadcast_to(_to_mpf_array(np.asarray(grad_output), "grad_output"), pb.loss_shape).ravel())
+        else:
+            g = _exact_mpf(float(np.asarray(grad_output))) if grad_output is not None else _ONE
+            if reduction == "mean":
+                g = g / pb.denominator if pb.denominator else _ZERO
+            f = [g] * n
+    out = []
+    with mpmath.workprec(prec):
+        for i in range(n):
+            _, gr = pb.row(i, True)
+            out.append([_times(f[i], v) for v in gr])
+    return _unrows(out, pb.shape, pb.axis)
 
 
 # --------------------------------------------------------------------------------------------------

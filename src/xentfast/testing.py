@@ -10,7 +10,13 @@ The accuracy contract of xentfast is stated in ulps of the output format.  This 
   the format's range may be returned as the correctly signed infinity);
 * Hypothesis strategies (:func:`logits`, :func:`index_targets`, :func:`prob_targets`,
   :func:`class_weights`, :func:`softmax_xent_cases`) that generate small adversarial inputs: huge and
-  tiny magnitudes, ties, confident rows with gaps around the exp underflow edge, ``-inf`` masks.
+  tiny magnitudes, ties, confident rows with gaps around the exp underflow edge, ``-inf`` masks; and for
+  the binary family (:func:`binary_logits`, :func:`binary_targets`, :func:`unit_probabilities`,
+  :func:`element_weights`, :func:`binary_xent_cases`): exact 0.0 and -0.0, +-tiny, both tails,
+  +-large, +-inf, NaN, soft targets, broadcast weights;
+* :func:`check_conformance` -- the conformance kit: runs the adversarial case families of a loss on ANY
+  implementation (forward and backward callables on NumPy arrays) and reports, per family, the max ULP
+  error of loss and gradient against :mod:`xentfast.reference`, with the worst input.
 
 Hypothesis is a test dependency: it is imported only when a strategy is built, so the ulp tools work
 without it.
@@ -34,6 +40,7 @@ import mpmath
 import numpy as np
 from mpmath import libmp, mpf
 
+from . import reference
 from .reference import _exact_mpf, _format, _round_one, rounded
 
 __all__ = [
@@ -48,6 +55,16 @@ __all__ = [
     "softmax_xent_cases",
     "XentCase",
     "naive_cross_entropy_with_grad",
+    "binary_logits",
+    "binary_targets",
+    "unit_probabilities",
+    "element_weights",
+    "binary_xent_cases",
+    "BinaryCase",
+    "check_conformance",
+    "ConformanceReport",
+    "FamilyResult",
+    "ElementwiseReference",
 ]
 
 _MP = mpmath.mp
@@ -684,3 +701,498 @@ def naive_cross_entropy_with_grad(x, y):
     g[rows, y] -= 1
     g /= x.shape[0]
     return loss, g
+
+
+# --------------------------------------------------------------------------------------------------
+# Binary family: Hypothesis strategies
+
+
+def _binary_specials(dtype):
+    c = _fmt_consts(dtype)
+    if c["width"] == 32:
+        edges = (15.0, 17.0, 20.0, 36.0, 88.0, 89.0, 103.0, 104.0)
+    else:
+        edges = (20.0, 36.0, 37.0, 38.0, 709.0, 710.0, 745.0, 746.0, 1e5)
+    out = [0.0, -0.0, c["tiny"], -c["tiny"], c["normal"], -c["normal"], 1e-30, -1e-30, c["huge"], -c["huge"],
+           c["max"], -c["max"]]
+    for e in edges:
+        out += [e, -e]
+    return out
+
+
+def binary_logits(dtype=np.float64, shape=None, max_size=48, allow_nan=True, allow_inf=True):
+    """Hypothesis strategy for elementwise logits: exactly 0.0 and -0.0, +-tiny, the tails (confident
+    right and wrong), the exp under/overflow edges, +-large, +-inf and NaN, mixed in one array.
+
+    Parameters
+    ----------
+    dtype : dtype-like
+        ``numpy.float32`` or ``numpy.float64``.
+    shape : tuple of int, optional
+        Exact shape (default: 1-D or 2-D with at most `max_size` elements).
+    allow_nan, allow_inf : bool
+        Whether NaN / +-inf may appear.
+    """
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    dt = np.dtype(dtype)
+    c = _fmt_consts(dt)
+    cast = _caster(dt)
+    w = c["width"]
+    tail = 100.0 if w == 32 else 740.0
+
+    def fl(lo, hi):
+        return st.floats(cast(lo), cast(hi), width=w, allow_nan=False, allow_infinity=False)
+
+    specials = [cast(v) for v in _binary_specials(dt)]
+    if allow_inf:
+        specials += [math.inf, -math.inf]
+    el = st.one_of(fl(-8.0, 8.0), fl(-tail, tail), fl(-1e-20, 1e-20), st.sampled_from(specials),
+                   fl(-c["huge"], c["huge"]))
+    if allow_nan:
+        el = st.one_of(el, st.just(math.nan))
+    shp = st.just(tuple(shape)) if shape is not None else hnp.array_shapes(min_dims=1, max_dims=2, min_side=1,
+                                                                            max_side=max(1, max_size // 4))
+    return shp.flatmap(lambda s: hnp.arrays(dt, s, elements=el))
+
+
+def binary_targets(shape, dtype=np.float64, soft=None):
+    """Hypothesis strategy for targets in [0, 1] of `shape`: hard {0, 1} or soft (0.5, tiny, 1 - tiny,
+    uniform, subnormal).  ``soft=None`` draws either kind, per array."""
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    dt = np.dtype(dtype)
+    w = _fmt_consts(dt)["width"]
+    cast = _caster(dt)
+    hard = st.sampled_from([0.0, 1.0])
+    soft_el = st.one_of(st.floats(0.0, 1.0, width=w),
+                        st.sampled_from([cast(v) for v in (0.0, 1.0, 0.5, 0.25, 1e-30, 1 - 2**-24, 1e-7)]))
+    if soft is None:
+        kinds = st.sampled_from([False, True])
+    else:
+        kinds = st.just(bool(soft))
+    return kinds.flatmap(lambda s: hnp.arrays(dt, tuple(shape), elements=soft_el if s else hard))
+
+
+def unit_probabilities(shape, dtype=np.float64):
+    """Hypothesis strategy for probabilities in [0, 1]: exact 0 and 1, subnormals, tiny, 1 - tiny, 1e-7 and
+    1 - 1e-7 (Keras's clip edges), exp(-100) (torch's log clamp) and uniform values."""
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    dt = np.dtype(dtype)
+    c = _fmt_consts(dt)
+    cast = _caster(dt)
+    w = c["width"]
+    specials = [0.0, 1.0, c["tiny"], c["normal"], 1e-30, 1e-7, 1 - 1e-7, math.exp(-100.0), 0.5, 1 - 2**-24,
+                1 - 2**-53 if w == 64 else 1 - 2**-24]
+    el = st.one_of(st.floats(0.0, 1.0, width=w), st.sampled_from([cast(v) for v in specials]))
+    return hnp.arrays(dt, tuple(shape), elements=el)
+
+
+def element_weights(shape, dtype=np.float64):
+    """Hypothesis strategy for weights that broadcast to `shape`: None, a scalar, the last axis, or the
+    full shape; values in [0, 10] with exact 0, 1, 0.5, 2 and 1e-3."""
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    dt = np.dtype(dtype)
+    w = _fmt_consts(dt)["width"]
+    cast = _caster(dt)
+    el = st.one_of(st.sampled_from([cast(v) for v in (0.0, 1.0, 0.5, 2.0, 1e-3)]), st.floats(0.0, 10.0, width=w))
+    shapes = [(), tuple(shape), tuple(shape[-1:]) if shape else ()]
+    return st.one_of(st.none(), st.sampled_from(shapes).flatmap(lambda s: hnp.arrays(dt, s, elements=el)))
+
+
+class BinaryCase(NamedTuple):
+    """One elementwise problem drawn by :func:`binary_xent_cases`."""
+
+    logits: np.ndarray
+    target: np.ndarray
+    weight: np.ndarray | None
+    pos_weight: np.ndarray | None
+    ignore_index: float | None
+
+
+def binary_xent_cases(dtype=np.float64, soft=None, **logits_kwargs):
+    """Hypothesis strategy for complete BCE-with-logits problems: logits (:func:`binary_logits`),
+    targets (:func:`binary_targets`, some replaced by `ignore_index`), weight and pos_weight
+    (:func:`element_weights`) and ignore_index in {None, -100, -1}."""
+    from hypothesis import strategies as st
+
+    dt = np.dtype(dtype)
+
+    @st.composite
+    def build(draw):
+        x = draw(binary_logits(dt, **logits_kwargs))
+        t = draw(binary_targets(x.shape, dt, soft=soft))
+        w = draw(element_weights(x.shape, dt))
+        q = draw(element_weights(x.shape, dt))
+        ii = draw(st.sampled_from([None, None, -100, -1]))
+        if ii is not None and t.size:
+            mask = draw(st.lists(st.booleans(), min_size=t.size, max_size=t.size))
+            t = t.copy()
+            t.reshape(-1)[np.array(mask)] = ii
+        return BinaryCase(x, t, w, q, ii)
+
+    return build()
+
+
+# --------------------------------------------------------------------------------------------------
+# The conformance kit: any implementation of a loss, measured against xentfast.reference
+
+
+class ElementwiseReference:
+    """A user-defined exact elementwise loss for :func:`check_conformance`.
+
+    Parameters
+    ----------
+    loss : callable
+        ``loss(x, y, **params) -> mpf`` for one element, on mpf arguments (params: the element's values
+        of the implementation's array parameters, e.g. ``pos_weight``).
+    grad : callable
+        ``grad(x, y, **params) -> mpf``, the exact derivative of `loss` in ``x``.
+    name : str
+        Shown in the report.
+
+    Computed at 120 bits (no cancellation is expected in a hand-written reference; results are
+    compared at 24/53 bits).
+    """
+
+    def __init__(self, loss, grad, name="custom reference"):
+        self.loss_fn, self.grad_fn, self.name = loss, grad, name
+
+    def _apply(self, fn, x, t, params):
+        xs = reference._to_mpf_array(x, "input").ravel()
+        ts = reference._to_mpf_array(t, "target").ravel()
+        ps = {k: reference._to_mpf_array(np.broadcast_to(v, np.shape(x)), k).ravel() for k, v in params.items()}
+        with mpmath.workprec(120):
+            out = [fn(xs[i], ts[i], **{k: v[i] for k, v in ps.items()}) for i in range(xs.size)]
+        return reference._obj_array(out, np.shape(x))
+
+    def loss(self, x, t, **params):
+        return self._apply(self.loss_fn, x, t, params)
+
+    def grad(self, x, t, **params):
+        return self._apply(self.grad_fn, x, t, params), None
+
+
+class _NamedReference:
+    """Reference losses of xentfast.reference in the checker's calling convention."""
+
+    def __init__(self, name):
+        self.name = f"xentfast.reference.{name}"
+        self.key = name
+
+    def loss(self, x, t, **p):
+        r = reference
+        if self.key == "binary_cross_entropy_with_logits":
+            return r.binary_cross_entropy_with_logits(x, t, p.get("weight"), p.get("pos_weight"), reduction="none")
+        if self.key == "sigmoid_focal_loss":
+            return r.sigmoid_focal_loss(x, t, p.get("alpha", 0.25), p.get("gamma", 2.0), reduction="none")
+        if self.key == "binary_cross_entropy":
+            return r.binary_cross_entropy(x, t, p.get("weight"), reduction="none", eps=p.get("eps"),
+                                          log_clamp=p.get("log_clamp"))
+        if self.key == "cross_entropy":
+            return r.cross_entropy(x, t, p.get("weight"), reduction="none")
+        if self.key == "cross_entropy_from_probs":
+            return r.cross_entropy_from_probs(x, t, p.get("weight"), reduction="none", eps=p.get("eps"))
+        raise ValueError(self.key)
+
+    def grad(self, x, t, **p):
+        """(exact gradient, cancellation scale or None)."""
+        r = reference
+        if self.key == "binary_cross_entropy_with_logits":
+            return r.binary_cross_entropy_with_logits_grad(x, t, p.get("weight"), p.get("pos_weight"),
+                                                           reduction="none", return_scale=True)
+        if self.key == "sigmoid_focal_loss":
+            return r.sigmoid_focal_loss_grad(x, t, p.get("alpha", 0.25), p.get("gamma", 2.0), reduction="none",
+                                             return_scale=True)
+        if self.key == "binary_cross_entropy":
+            return r.binary_cross_entropy_grad(x, t, p.get("weight"), reduction="none", eps=p.get("eps"),
+                                               log_clamp=p.get("log_clamp"), return_scale=True)
+        if self.key == "cross_entropy":
+            return r.cross_entropy_grad(x, t, p.get("weight"), reduction="none", return_scale=True)
+        if self.key == "cross_entropy_from_probs":
+            return r.cross_entropy_from_probs_grad(x, t, p.get("weight"), reduction="none", eps=p.get("eps")), None
+        raise ValueError(self.key)
+
+
+def _suite_binary_logits(rng, dt, n):
+    f32 = dt == np.float32
+    tail_hi = 40.0 if f32 else 700.0
+    big = [1e5, 1e30, float(np.finfo(dt).max)] + ([] if f32 else [1e300])
+    hard = lambda m: rng.integers(0, 2, m).astype(dt)  # noqa: E731
+    fams = {}
+    x = (rng.standard_normal(n) * 4).astype(dt)
+    fams["ordinary"] = dict(x=x, t=hard(n))
+    fams["zero logits"] = dict(x=np.array([0.0, -0.0] * (n // 2), dtype=dt),
+                               t=rng.choice([0.0, 1.0, 0.3, 0.5], n - n % 2).astype(dt))
+    m = n // 2
+    xc = rng.uniform(10.0, tail_hi, n).astype(dt)
+    fams["confident correct"] = dict(x=np.concatenate([xc[:m], -xc[m:]]),
+                                     t=np.concatenate([np.ones(m), np.zeros(n - m)]).astype(dt))
+    fams["confident wrong"] = dict(x=np.concatenate([-xc[:m], xc[m:]]),
+                                   t=np.concatenate([np.ones(m), np.zeros(n - m)]).astype(dt))
+    xb = (rng.choice(big, n) * rng.choice([-1.0, 1.0], n)).astype(dt)
+    fams["large"] = dict(x=xb, t=hard(n))
+    tiny = float(np.finfo(dt).smallest_subnormal)
+    fams["tiny"] = dict(x=(rng.choice([tiny, 1e-30, 1e-10, float(np.finfo(dt).smallest_normal)], n)
+                           * rng.choice([-1.0, 1.0], n)).astype(dt), t=hard(n))
+    fams["infinities"] = dict(x=rng.choice([np.inf, -np.inf], n).astype(dt), t=hard(n))
+    fams["soft targets"] = dict(x=(rng.standard_normal(n) * 6).astype(dt), t=rng.random(n).astype(dt), soft=True)
+    q = rng.choice([0.0, 1.0, 0.3, 3.0, 9.7], n) * rng.uniform(0.5, 1.5, n)
+    fams["pos_weight"] = dict(x=(rng.standard_normal(n) * 4).astype(dt), t=hard(n),
+                              params=dict(pos_weight=q.astype(dt)))
+    fams["weight"] = dict(x=(rng.standard_normal(n) * 4).astype(dt), t=hard(n),
+                          params=dict(weight=(rng.random(n) * 10).astype(dt)))
+    # the inputs of Paddle's TestSigmoidCrossEntropyWithLogitsOp4: logit(U(0,1)), soft labels, q ~ U(0,1)
+    u = rng.uniform(0.0, 1.0, n)
+    fams["soft targets, pos_weight"] = dict(x=np.log(u / (1 - u)).astype(dt), t=rng.random(n).astype(dt),
+                                            params=dict(pos_weight=rng.random(n).astype(dt)), soft=True)
+    return fams
+
+
+def _suite_focal(rng, dt, n):
+    base = _suite_binary_logits(rng, dt, n)
+    fams = {k: dict(v, params=dict(alpha=0.25, gamma=2.0))
+            for k, v in base.items() if k not in ("pos_weight", "weight", "soft targets, pos_weight")}
+    x = (rng.standard_normal(n) * 4).astype(dt)
+    t = rng.integers(0, 2, n).astype(dt)
+    fams["gamma 0 (weighted BCE)"] = dict(x=x, t=t, params=dict(alpha=0.25, gamma=0.0))
+    fams["gamma 0.5, no alpha"] = dict(x=x, t=t, params=dict(alpha=-1.0, gamma=0.5))
+    return fams
+
+
+def _suite_bce_probs(rng, dt, n):
+    f32 = dt == np.float32
+    lo = -100.0 if f32 else -700.0
+    hard = lambda m: rng.integers(0, 2, m).astype(dt)  # noqa: E731
+    fams = {}
+    fams["ordinary"] = dict(x=rng.uniform(0.01, 0.99, n).astype(dt), t=hard(n))
+    fams["near 0"] = dict(x=np.exp(rng.uniform(lo, -5.0, n)).astype(dt), t=hard(n))
+    fams["near 1"] = dict(x=(1 - np.exp(rng.uniform(-16.0 if f32 else -36.0, -5.0, n))).astype(dt), t=hard(n))
+    fams["exact 0 and 1"] = dict(x=rng.choice([0.0, 1.0], n).astype(dt), t=hard(n))
+    fams["soft targets"] = dict(x=rng.random(n).astype(dt), t=rng.random(n).astype(dt), soft=True)
+    fams["weight"] = dict(x=rng.random(n).astype(dt), t=hard(n), params=dict(weight=(rng.random(n) * 10).astype(dt)))
+    return fams
+
+
+def _suite_softmax(rng, dt, n, probs=False):
+    f32 = dt == np.float32
+    C = 8
+    rows = max(4, n // 4)
+    fams = {}
+    x = (rng.standard_normal((rows, C)) * 3).astype(dt)
+    y = rng.integers(0, C, rows)
+    fams["ordinary"] = dict(x=x, t=y)
+    xc = x.copy()
+    gaps = rng.uniform(15.0, 100.0 if f32 else 700.0, rows)
+    xc[np.arange(rows), y] = xc.max(axis=1) + gaps
+    fams["confident correct"] = dict(x=xc.astype(dt), t=y)
+    xw = x.copy()
+    xw[np.arange(rows), y] = xw.min(axis=1) - gaps
+    fams["confident wrong"] = dict(x=xw.astype(dt), t=y)
+    fams["ties"] = dict(x=np.zeros((rows, C), dtype=dt), t=y)
+    xm = x.copy()
+    xm[:, ::3] = -np.inf
+    ym = np.where(y % 3 == 0, 1, y)
+    fams["masked classes (-inf)"] = dict(x=xm, t=ym)
+    fams["large logits"] = dict(x=(rng.standard_normal((rows, C)) * 1e4).astype(dt), t=y)
+    if probs:
+        from .reference import rounded
+        out = {}
+        for k, v in fams.items():
+            with np.errstate(all="ignore"):
+                p = rounded(reference.softmax(v["x"]), dt)
+            out[k] = dict(x=np.asarray(p, dtype=dt), t=v["t"])
+        return out
+    return fams
+
+
+_SUITES = {
+    "binary_cross_entropy_with_logits": _suite_binary_logits,
+    "sigmoid_focal_loss": _suite_focal,
+    "binary_cross_entropy": _suite_bce_probs,
+    "cross_entropy": _suite_softmax,
+    "cross_entropy_from_probs": lambda rng, dt, n: _suite_softmax(rng, dt, n, probs=True),
+}
+
+
+class FamilyResult(NamedTuple):
+    """One case family of a conformance run."""
+
+    family: str
+    n: int
+    loss_ulp: float
+    grad_ulp: float
+    loss_worst: dict
+    grad_worst: dict
+    passed: bool
+    error: str = ""
+
+
+class ConformanceReport:
+    """Result of :func:`check_conformance`: per case family, the max ULP error of the loss and the gradient
+    with the worst input.  ``str(report)`` is a table; ``report.passed`` is True when every family is
+    within the bound; ``report[family]`` gives a :class:`FamilyResult`."""
+
+    def __init__(self, loss, reference_name, dtype, bound, results):
+        self.loss, self.reference_name, self.dtype, self.bound = loss, reference_name, np.dtype(dtype), bound
+        self.results = results
+
+    @property
+    def passed(self):
+        return all(r.passed for r in self.results)
+
+    @property
+    def failures(self):
+        return [r for r in self.results if not r.passed]
+
+    def __getitem__(self, family):
+        for r in self.results:
+            if r.family == family:
+                return r
+        raise KeyError(family)
+
+    def __str__(self):
+        lines = [f"conformance of {self.loss} against {self.reference_name}, {self.dtype.name}, "
+                 f"bound {self.bound:g} ULP", f"  {'family':28s} {'n':>4s} {'loss ULP':>11s} {'grad ULP':>11s}  verdict"]
+        for r in self.results:
+            verdict = "ok" if r.passed else ("ERROR " + r.error if r.error else "FLAGGED")
+            lines.append(f"  {r.family:28s} {r.n:4d} {r.loss_ulp:11.4g} {r.grad_ulp:11.4g}  {verdict}")
+        for r in self.failures:
+            for what, worst in (("loss", r.loss_worst), ("gradient", r.grad_worst)):
+                if worst and worst.get("ulp", 0) > self.bound:
+                    lines.append(f"  worst {what} in {r.family!r}: " + ", ".join(
+                        f"{k}={_fmt_worst(v)}" for k, v in worst.items()))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def assert_conforms(self):
+        """Raise AssertionError with the table when a family exceeds the bound."""
+        if not self.passed:
+            raise AssertionError(str(self))
+
+
+def _fmt_worst(v):
+    if isinstance(v, mpf):
+        return mpmath.nstr(v, 17)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, np.floating):
+        return repr(float(v))
+    return repr(v)
+
+
+def _worst(err, x, t, params, actual, exact, scale, rowwise):
+    """The worst element and what produced it: the element's input, or its whole row for row losses."""
+    if err.size == 0:
+        return {}
+    k = int(np.argmax(err))
+    idx = np.unravel_index(k, err.shape)
+    xr, tr = np.asarray(x), np.asarray(t)
+    where = idx[:1] if rowwise else idx
+    out = {"ulp": float(err.ravel()[k]), "index": tuple(int(i) for i in idx), "input": xr[where].tolist(),
+           "target": tr[where[:tr.ndim]].tolist()}
+    for name, v in params.items():
+        if np.ndim(v) and np.shape(v) == err.shape:
+            out[name] = np.asarray(v)[idx].item()
+        elif not np.ndim(v):
+            out[name] = v
+    out["actual"] = np.asarray(actual).ravel()[k].item()
+    out["exact"] = np.asarray(exact, dtype=object).ravel()[k]
+    if scale is not None:
+        out["scale"] = np.asarray(scale, dtype=object).ravel()[k]
+    return out
+
+
+def check_conformance(forward, backward=None, loss="binary_cross_entropy_with_logits", dtype=np.float64, *,
+                      max_ulp=None, families=None, size=32, seed=0, reference=None):
+    """Run the adversarial suite of `loss` on any implementation and measure it against the exact reference.
+
+    Parameters
+    ----------
+    forward : callable
+        ``forward(input, target, **params) -> losses`` on NumPy arrays, unreduced: one loss per element
+        (binary losses) or per row (``cross_entropy``, ``cross_entropy_from_probs``; class axis last,
+        index targets).  ``params`` are only passed by the families that use them: ``weight``,
+        ``pos_weight`` (arrays of the input's shape), ``alpha``, ``gamma`` (floats).
+    backward : callable, optional
+        ``backward(input, target, **params) -> d(sum of losses)/d input``, the input's shape.  Without
+        it only the loss is checked.
+    loss : str
+        The suite and (unless `reference` is given) the reference: ``"binary_cross_entropy_with_logits"``
+        (torch semantics), ``"sigmoid_focal_loss"`` (torchvision), ``"binary_cross_entropy"`` (from
+        probabilities), ``"cross_entropy"`` (softmax, logits), ``"cross_entropy_from_probs"``.
+    dtype : float32 or float64
+        Dtype of the generated inputs and unit of the ULP errors.
+    max_ulp : float, optional
+        Bound for a family to pass (default: xentfast's contract, 2 ULP float32, 4 ULP float64).
+        Gradients of soft-target families are measured in ulps of the sum of the magnitudes of the terms
+        that cancel, every other value relative to itself.
+    families : list of str, optional
+        Run only these families.
+    size : int
+        Elements (rows x 8 classes for the softmax losses) per family.
+    seed : int
+        Seed of the generated inputs (the special values are fixed).
+    reference : ElementwiseReference, optional
+        Another exact definition of the loss (for an implementation whose semantics differ from
+        xentfast's, e.g. an older formula): its own forward is then the standard its backward is held to.
+
+    Returns
+    -------
+    ConformanceReport
+        Per family the max ULP errors of loss and gradient and the worst inputs; exceptions raised by
+        the implementation are recorded as failures, not propagated.
+
+    Notes
+    -----
+    Finite differences would be the wrong oracle: at a tolerance loose enough for their own truncation
+    and cancellation error they pass gradients that are off by O(1/n) in absolute terms (Paddle's
+    sigmoid_cross_entropy_with_logits, issue #64226, passed its op test at max_relative_error=0.005).
+    Here every value is compared with the exact derivative, in ULPs.
+    """
+    if loss not in _SUITES:
+        raise ValueError(f"loss: expected one of {', '.join(map(repr, _SUITES))}; got {loss!r}")
+    dt = np.dtype(dtype)
+    _fmt_consts(dt)
+    bound = float(max_ulp) if max_ulp is not None else (2.0 if dt == np.float32 else 4.0)
+    ref = reference if reference is not None else _NamedReference(loss)
+    suite = _SUITES[loss](np.random.default_rng(seed), dt, int(size))
+    if families is not None:
+        unknown = set(families) - set(suite)
+        if unknown:
+            raise ValueError(f"families: unknown {sorted(unknown)}; this suite has {sorted(suite)}")
+        suite = {k: v for k, v in suite.items() if k in families}
+    results = []
+    for fam, case in suite.items():
+        x, t, params, soft = case["x"], case["t"], case.get("params", {}), case.get("soft", False)
+        try:
+            with np.errstate(all="ignore"):
+                got_loss = np.asarray(forward(x.copy(), t.copy(), **params))
+                got_grad = np.asarray(backward(x.copy(), t.copy(), **params)) if backward is not None else None
+        except Exception as exc:  # a crash is a finding, recorded like an error
+            results.append(FamilyResult(fam, int(np.size(t)), math.inf, math.inf, {}, {}, False,
+                                        f"{type(exc).__name__}: {exc}"))
+            continue
+        with np.errstate(all="ignore"):
+            exact_loss = ref.loss(x, t, **params)
+            lerr = ulp_error(got_loss.astype(np.float64) if got_loss.dtype != object else got_loss,
+                             exact_loss, dt)
+            rowwise = loss in ("cross_entropy", "cross_entropy_from_probs")
+            lworst = _worst(lerr, x, t, params, got_loss, exact_loss, None, rowwise)
+            gerr, gworst = np.zeros(0), {}
+            if got_grad is not None:
+                exact_grad, scale = ref.grad(x, t, **params)
+                gerr = ulp_error(got_grad.astype(np.float64), exact_grad, dt, scale=scale if soft else None)
+                gworst = _worst(gerr, x, t, params, got_grad, exact_grad, scale if soft else None, rowwise)
+        lmax = float(lerr.max()) if lerr.size else 0.0
+        gmax = float(gerr.max()) if gerr.size else 0.0
+        results.append(FamilyResult(fam, int(np.size(t)), lmax, gmax, lworst, gworst,
+                                    lmax <= bound and gmax <= bound))
+    return ConformanceReport(loss, ref.name, dt, bound, results)

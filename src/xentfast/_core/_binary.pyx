@@ -39,6 +39,7 @@ cdef extern from "binary_kernels.h" nogil:
         double alpha
         double gamma
         xf_bin_prob_mode mode
+        double loss_k
     void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c)
     void xf_bce_logits_block_f32(const float *x, const float *t, long long off, long long n,
                                  const xf_bin_args *a, double *loss_d, float *loss_o, float *grad)
@@ -53,9 +54,10 @@ cdef extern from "binary_kernels.h" nogil:
     void xf_bce_prob_block_f64(const double *x, const double *t, long long off, long long n,
                                const xf_bin_args *a, double *loss_d, double *loss_o, double *grad)
     double xf_ce_probs_row_f32(const float *p, long long C, long long y, double w_y, const float *t,
-                               const double *w, double s, const xf_bin_prob_mode *m, float *grad)
+                               const double *w, double s, const xf_bin_prob_mode *m, double loss_k, float *grad)
     double xf_ce_probs_row_f64(const double *p, long long C, long long y, double w_y, const double *t,
-                               const double *w, double s, const xf_bin_prob_mode *m, double *grad)
+                               const double *w, double s, const xf_bin_prob_mode *m, double loss_k,
+                               double *grad)
 
 ctypedef fused floating:
     float
@@ -91,11 +93,13 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
                 const double[::1] g, double scale, bint has_ignore, double ignore,
                 double alpha, double gamma, bint clip, double eps, bint clamp, double log_clamp,
                 double[::1] loss_d, floating[::1] loss_o, floating[::1] grad, int n_threads,
-                bint has_w, bint has_pw, bint has_g, bint has_loss_d, bint has_loss_o, bint has_grad):
+                bint has_w, bint has_pw, bint has_g, bint has_loss_d, bint has_loss_o, bint has_grad,
+                double loss_k=0.0):
     """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB).
 
     Arrays flagged absent may be empty placeholders; weights are addressed as w[(i // div) % mod].
-    `grad` may be `x` itself.  All checks happened in xentfast.api_binary.
+    `grad` may be `x` itself; losses are written times 2**loss_k.  All checks happened in
+    xentfast.api_binary.
     """
     cdef Py_ssize_t n = x.shape[0]
     cdef Py_ssize_t nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
@@ -120,6 +124,7 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     a.ignore = ignore
     a.alpha = alpha
     a.gamma = gamma
+    a.loss_k = loss_k
     xf_bin_prob_mode_init(&a.mode, clip, eps, clamp, log_clamp)
     if has_loss_d:
         ld = &loss_d[0]
@@ -137,7 +142,7 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
 cdef double _ce_probs_one_row(const floating *p, Py_ssize_t C, Py_ssize_t i, const int64_t *y,
                               long long ignore_index, const floating *t, const double *w,
                               const double *row_scale, double scale, const xf_bin_prob_mode *m,
-                              floating *grad) noexcept nogil:
+                              double loss_k, floating *grad) noexcept nogil:
     cdef long long yi = -1
     cdef double w_y = 1.0
     cdef double s = scale
@@ -155,16 +160,17 @@ cdef double _ce_probs_one_row(const floating *p, Py_ssize_t C, Py_ssize_t i, con
     if row_scale != NULL:
         s = s * row_scale[i]
     if floating is float:
-        return xf_ce_probs_row_f32(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, gr)
+        return xf_ce_probs_row_f32(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, loss_k, gr)
     else:
-        return xf_ce_probs_row_f64(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, gr)
+        return xf_ce_probs_row_f64(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, loss_k, gr)
 
 
 def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, ::1] t, const double[::1] w,
              long long ignore_index, const double[::1] row_scale, double scale, bint clip, double eps,
              double[::1] loss, floating[:, ::1] grad, int n_threads, bint has_y, bint has_t, bint has_w,
-             bint has_row_scale, bint has_grad):
-    """Row losses (double) of cross-entropy from class probabilities and, when has_grad, the gradient."""
+             bint has_row_scale, bint has_grad, double loss_k=0.0):
+    """Row losses (double, times 2**loss_k) of cross-entropy from class probabilities and, when has_grad,
+    the gradient."""
     cdef Py_ssize_t N = p.shape[0]
     cdef Py_ssize_t C = p.shape[1]
     cdef Py_ssize_t i
@@ -183,4 +189,4 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
     xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0)
     with nogil:
         for i in prange(N, schedule="static", num_threads=n_threads):
-            loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, gp)
+            loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, loss_k, gp)

@@ -39,10 +39,10 @@ XF_HD void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long lon
         int ign = a->has_ignore && y == a->ignore;
         xf_bin_logit p = xf_bin_logit_pieces(xv);
         if (loss_d || loss_o) {
-            XF_BIN_FN(xf_bin_store)(xf_bin_bce_logits_loss(&p, y, w[j], q[j]), ign, off + j, loss_d, loss_o);
+            XF_BIN_FN(xf_bin_store)(xf_bin_bce_logits_loss(p, y, w[j], q[j], a->loss_k), ign, off + j, loss_d, loss_o);
         }
         if (grad) {
-            double g = xf_bin_bce_logits_grad(&p, y, w[j], q[j], XF_BIN_UPSTREAM(a, off + j));
+            double g = xf_bin_bce_logits_grad(p, y, w[j], q[j], XF_BIN_UPSTREAM(a, off + j));
             grad[off + j] = (XF_T)(ign ? 0.0 : g);
         }
     }
@@ -58,12 +58,12 @@ XF_HD void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long off
         double y = (double)t[off + j];
         int ign = a->has_ignore && y == a->ignore;
         xf_bin_logit p = xf_bin_logit_pieces(xv);
-        xf_bin_focal_parts f = xf_bin_focal_prepare(&p, y, a->alpha, a->gamma);
+        xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, a->alpha, a->gamma);
         if (loss_d || loss_o) {
-            XF_BIN_FN(xf_bin_store)(xf_bin_focal_loss(&p, &f), ign, off + j, loss_d, loss_o);
+            XF_BIN_FN(xf_bin_store)(xf_bin_focal_loss(p, f, a->gamma, a->loss_k), ign, off + j, loss_d, loss_o);
         }
         if (grad) {
-            double g = xf_bin_focal_grad(&p, &f, y, a->gamma, XF_BIN_UPSTREAM(a, off + j));
+            double g = xf_bin_focal_grad(p, f, y, a->gamma, XF_BIN_UPSTREAM(a, off + j));
             grad[off + j] = (XF_T)(ign ? 0.0 : g);
         }
     }
@@ -81,7 +81,7 @@ XF_HD void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long 
         double y = (double)t[off + j];
         int ign = a->has_ignore && y == a->ignore;
         if (loss_d || loss_o) {
-            XF_BIN_FN(xf_bin_store)(xf_bin_bce_prob_loss(pv, y, w[j], &a->mode), ign, off + j, loss_d, loss_o);
+            XF_BIN_FN(xf_bin_store)(xf_bin_bce_prob_loss(pv, y, w[j], &a->mode, a->loss_k), ign, off + j, loss_d, loss_o);
         }
         if (grad) {
             double g = xf_bin_bce_prob_grad(pv, y, w[j], XF_BIN_UPSTREAM(a, off + j), &a->mode);
@@ -95,9 +95,10 @@ XF_HD void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long 
  * Probability target t: loss sum_c w_c t_c (-log p_c), all terms >= 0, summed with TwoSum compensation
  * (xf_acc_add) in class order; gradient -s w_c t_c / p_c.
  * A NaN anywhere in the row makes its loss and gradient NaN (the softmax family's row policy).  Returns
- * the row loss in double; s is the row's upstream factor. */
+ * the row loss in double, times 2^loss_k; s is the row's upstream factor. */
 XF_HD double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long long y, double w_y, const XF_T *t,
-                                         const double *w, double s, const xf_bin_prob_mode *m, XF_T *grad)
+                                         const double *w, double s, const xf_bin_prob_mode *m, double loss_k,
+                                         XF_T *grad)
 {
     long long j;
     int has_nan = 0;
@@ -112,16 +113,14 @@ XF_HD double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long long y,
         }
         return XF_NAN;
     }
-    int live;
     if (t == 0) {
         double py = (double)p[y];
-        /* a zero weight contributes 0 even where -log p_y = inf */
-        double loss = (w_y == 0.0) ? 0.0 : w_y * xf_bin_neg_log_prob_term(py, 1.0, m, &live);
+        double loss = xf_bin_neg_log_prob_term(py, w_y, 1.0, m, loss_k);
         if (grad) {
             for (j = 0; j < C; j++) {
                 grad[j] = (XF_T)0.0;
             }
-            grad[y] = (XF_T)xf_bin_neg_log_prob_grad(py, w_y, s, m);
+            grad[y] = (XF_T)xf_bin_neg_log_prob_grad(py, w_y, 1.0, s, m);
         }
         return loss;
     }
@@ -129,10 +128,10 @@ XF_HD double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long long y,
     for (j = 0; j < C; j++) {
         double pj = (double)p[j];
         double wc = w ? w[j] : 1.0;
-        double lt = xf_bin_neg_log_prob_term(pj, 1.0, m, &live);
-        xf_acc_add(&acc, &err, xf_bin_term(wc, lt, (double)t[j], 0.0));
+        double tj = (double)t[j];
+        xf_acc_add(&acc, &err, xf_bin_neg_log_prob_term(pj, wc, tj, m, loss_k));
         if (grad) {
-            grad[j] = (XF_T)xf_bin_neg_log_prob_grad(pj, (double)t[j], s * wc, m);
+            grad[j] = (XF_T)xf_bin_neg_log_prob_grad(pj, wc, tj, s, m);
         }
     }
     return acc + err;

@@ -32,6 +32,7 @@ typedef struct {
     double ignore;       /* targets equal to it are ignored */
     double alpha, gamma; /* focal */
     xf_bin_prob_mode mode;
+    double loss_k;       /* losses written times 2^loss_k (0, or 600 for reductions of tiny terms) */
 } xf_bin_args;
 
 /* w[(i / div) % mod] for i in [off, off + n), see (b) */

@@ -19,15 +19,19 @@
  *     exactly: no kink convention is involved, because no max(x, 0) or |x| is ever differentiated.
  * (b) Tails are carried scaled by 2^600.  e is computed as exp(-a + 600 ln 2) with the shift held as a
  *     double-double, so e_s = e 2^600 is normal (and accurate to exp's 0.62 ULP) for a up to ~1160;
- *     weights, pos_weight, the upstream gradient and target coefficients multiply e_s, and only the very
- *     last multiplication by 2^-600 rounds onto the subnormal grid.  Multiplying an already subnormal
- *     e by a weight > 1 would instead scale up its fixed absolute rounding error (the softmax family
- *     met the same problem, see xf_exp_shifted_pow2).
- * (c) Products put the factors that can be tiny (soft targets y, the tail values) last, after the
- *     factors that are >= 1/2 or user weights, so that an intermediate result is subnormal only when
- *     the final one is below the subnormal range anyway.
+ *     weights, pos_weight, the upstream gradient and target coefficients multiply e_s, and the 2^-600
+ *     is applied once at the end.  Multiplying an already subnormal e by a weight > 1 would instead
+ *     scale up its fixed absolute rounding error (the softmax family met the same problem, see
+ *     xf_exp_shifted_pow2).
+ * (c) Weighted products are formed on normalised mantissas with the exponents summed (xf_bin_xp,
+ *     xf_bin_term): a subnormal weight, pos_weight or soft target, a product w q |x| beyond DBL_MAX
+ *     whose final value is not, or a tiny p under a tiny weight cost no more than the mantissa
+ *     roundings plus one final rounding (the adversarial tests found each of these).
  * (d) 1 - y and 1 - alpha are carried exactly as a double-double (TwoSum): fl(1 - y) alone would cost
- *     half an ULP for every y < 1/2.
+ *     half an ULP for every y < 1/2.  The focal loss also keeps exp and log unrounded (double-double):
+ *     see xf_bin_exp_hilo and the focal section.
+ * Not vectorized yet: gcc does not if-convert the mixed int/double masks of the normalised products,
+ * so the element loops run scalar (follow-up; the arithmetic would not change).
  * (e) Zero coefficients win over infinities and NaN-free values: a term whose coefficient (weight,
  *     pos_weight, target mass) is exactly 0 contributes exactly 0 even where its softplus or -log is
  *     +inf (0 * inf = 0, as in the softmax family).  A NaN logit or probability makes the element NaN.
@@ -94,35 +98,217 @@ XF_HD double xf_bin_frexp(double v, double *k)
     return xf_double_from_bits((b & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL);
 }
 
-/* k * y / p for k, p finite and nonzero and y finite, without spurious overflow or underflow of the
- * intermediates: y and p are normalised to [1, 2) and their exponents are applied once at the end.
- * Two roundings (product, quotient) plus the final one if the result is subnormal.
- * y = 0 gives 0 (the caller's zero convention decides beforehand). */
-XF_HD double xf_bin_mul_div(double k, double y, double p)
+/* Extended-exponent numbers: m 2^e with the mantissa m in [1, 2) (sign carried by m) and an integer-valued
+ * double e.  Products of a few factors are formed as the product of the mantissas (no under/overflow
+ * possible) and the sum of the exponents, applied once at the end by xf_bin_xp_value: a subnormal weight,
+ * a subnormal soft target or a tail value scaled by 2^600 then costs no more than the roundings of the
+ * mantissa products plus the final one.  0, +-inf and NaN are carried in m with e = 0. */
+typedef struct {
+    double m;
+    double e;
+} xf_bin_xp;
+
+XF_HD xf_bin_xp xf_bin_xp_make(double v)
 {
-    double ky, kp;
-    double my = xf_bin_frexp(y, &ky);
-    double mp = xf_bin_frexp(p, &kp);
-    double r = xf_bin_scaleb((k * my) / mp, ky - kp);
-    return y == 0.0 ? 0.0 * k : r;
+    xf_bin_xp r;
+    double k;
+    double m = xf_bin_frexp(v, &k);
+    int fin = (v - v == 0.0) & (v != 0.0);
+    r.m = fin ? (v < 0.0 ? -m : m) : v;
+    r.e = fin ? k : 0.0;
+    return r;
+}
+
+XF_HD xf_bin_xp xf_bin_xp_mul(xf_bin_xp a, xf_bin_xp b)
+{
+    a.m = a.m * b.m;
+    a.e = a.e + b.e;
+    return a;
+}
+
+XF_HD double xf_bin_xp_value(xf_bin_xp a)
+{
+    return (a.m - a.m == 0.0) ? xf_bin_scaleb(a.m, a.e) : a.m;
+}
+
+/* k1 k2 k3 v (mh + ml) 2^e0 / dv: coefficients (weights, pos_weight, the upstream factor), a value and a
+ * target mass carried as a double-double (ml = 0 for a plain mass), every factor normalised (see
+ * xf_bin_xp), and a divisor dv in [1, 2] (1 + e, or 1) applied to the mantissa product, so that v / dv
+ * costs one rounding, not two.  Exactly 0 when a coefficient or the mass is 0, even where v = +-inf
+ * (0 * inf = 0, (e)). */
+XF_HD double xf_bin_term_div(double k1, double k2, double k3, double v, double mh, double ml, double e0,
+                             double dv)
+{
+    xf_bin_xp p = xf_bin_xp_mul(xf_bin_xp_mul(xf_bin_xp_make(k1), xf_bin_xp_make(k2)),
+                                xf_bin_xp_mul(xf_bin_xp_make(k3), xf_bin_xp_make(v)));
+    xf_bin_xp mm = xf_bin_xp_make(mh);
+    /* ml relative to mh's binade: ml 2^-e(mh) = (ml / mh) m(mh); no low part next to an infinite product */
+    double low = ((ml != 0.0) & (mh != 0.0) & (p.m - p.m == 0.0)) ? p.m * ((ml / mh) * mm.m) : 0.0;
+    xf_bin_xp r;
+    r.m = (p.m * mm.m + low) / dv;
+    r.e = (p.e + mm.e) + e0;
+    double out = xf_bin_xp_value(r);
+    return ((k1 == 0.0) | (k2 == 0.0) | (k3 == 0.0) | ((mh == 0.0) & (ml == 0.0))) ? 0.0 : out;
+}
+
+XF_HD double xf_bin_term(double k1, double k2, double k3, double v, double mh, double ml, double e0)
+{
+    return xf_bin_term_div(k1, k2, k3, v, mh, ml, e0, 1.0);
+}
+
+/* k1 k2 y / p for finite k1, k2, y and p >= 0, normalised the same way: p = 0 gives +-inf (the caller
+ * decides beforehand whether the term exists), k1, k2 or y = 0 gives 0. */
+XF_HD double xf_bin_mul_div(double k1, double k2, double y, double p)
+{
+    xf_bin_xp n = xf_bin_xp_mul(xf_bin_xp_mul(xf_bin_xp_make(k1), xf_bin_xp_make(k2)), xf_bin_xp_make(y));
+    xf_bin_xp d = xf_bin_xp_make(p);
+    xf_bin_xp r;
+    r.m = n.m / d.m;
+    r.e = n.e - d.e;
+    double out = xf_bin_xp_value(r);
+    out = (p == 0.0) ? n.m * XF_INF : out;
+    return ((k1 == 0.0) | (k2 == 0.0) | (y == 0.0)) ? 0.0 : out;
+}
+
+/* ---- exp and log as unrounded double-doubles ----------------------------------------------------------
+ * The focal loss raises u = 1 - p_t to the power gamma as exp(gamma log u); an error of delta in log u is a
+ * relative error gamma*delta in u^gamma.  With log u = -softplus(+-x) = -(max + log1p(e)) that delta is
+ * ~0.6 ULP of log 2 per rounded exp/log1p, times gamma + 1 in the gradient: the float64 bound of 4 ULP
+ * would not hold near x = 0.  These two functions are xf_exp_kernel and xf_log_kernel (xf_math.h) with
+ * the final addition left unrounded: the high part is bit-identical to the library function, the low part
+ * carries what the final rounding dropped (~0.1 ULP accurate).
+ * TODO(numerics.h owner): they belong next to the kernels they copy, as the *_dd2 variants; moved there,
+ * these would be one-line wrappers. */
+XF_HD double xf_bin_exp_hilo(double hi, double lo, double *out_lo)
+{
+    double xc = hi > 709.8 ? 709.8 : hi;
+    xc = xc < -745.2 ? -745.2 : xc;
+    lo = xc == hi ? lo : 0.0;
+
+    double t = xc * XF_MATH_LOG2E + XF_MATH_SHIFTER;
+    double nd = t - XF_MATH_SHIFTER;
+    double rhi = xc - nd * XF_MATH_LN2_HI;
+    double rlo = lo - nd * XF_MATH_LN2_LO;
+    double r = rhi + rlo;
+    double dr = (rhi - r) + rlo;
+
+    double p = 0x1.6124613a86d09p-33;
+    p = p * r + 0x1.1eed8eff8d898p-29;
+    p = p * r + 0x1.ae64567f544e4p-26;
+    p = p * r + 0x1.27e4fb7789f5cp-22;
+    p = p * r + 0x1.71de3a556c734p-19;
+    p = p * r + 0x1.a01a01a01a01ap-16;
+    p = p * r + 0x1.a01a01a01a01ap-13;
+    p = p * r + 0x1.6c16c16c16c17p-10;
+    p = p * r + 0x1.1111111111111p-7;
+    p = p * r + 0x1.5555555555555p-5;
+    p = p * r + 0x1.5555555555555p-3;
+    p = p * r + 0.5;
+    p = p * (r * r);
+
+    double s = 1.0 + r;
+    double e = (1.0 - s) + r;
+    double corr = e + ((dr + r * dr) + p);
+    double y = s + corr;
+    double yl = (s - y) + corr; /* |s| >= |corr|: Fast2Sum */
+
+    unsigned long long tb = xf_bits_from_double(t);
+    unsigned long long t1b = xf_bits_from_double(nd * 0.5 + XF_MATH_SHIFTER);
+    double sc1 = xf_pow2_from_low_bits(t1b + 1023ULL);
+    double sc2 = xf_pow2_from_low_bits(tb - t1b + 1023ULL);
+    *out_lo = (yl * sc1) * sc2;
+    return y * sc1 * sc2;
+}
+
+/* log(2^k (1 + f)) + c as hi + *lo (see xf_log_kernel for the method and the exactness of each step). */
+XF_HD double xf_bin_log_kernel_hilo(double dk, double f, double c, double *out_lo)
+{
+    double fh = xf_double_from_bits(xf_bits_from_double(f) & 0xfffffffff8000000ULL);
+    double fl = f - fh;
+    double hh = 0.5 * (fh * fh);
+    double hl = 0.5 * (fl * (f + fh));
+    double hfsq = hh + hl;
+
+    double s = f / (2.0 + f);
+    double z = s * s;
+    double w = z * z;
+    double t1 = w * (0x1.999999997fa04p-2 + w * (0x1.c71c51d8e78afp-3 + w * 0x1.39a09d078c69fp-3));
+    double t2 = z * (0x1.5555555555593p-1 + w * (0x1.2492494229359p-2
+                + w * (0x1.7466496cb03dep-3 + w * 0x1.2f112df3e5244p-3)));
+    double R = t2 + t1;
+    double small = (s * (hfsq + R) - hl) + (dk * XF_MATH_LN2_LO + c);
+
+    double v1 = f - hh;
+    double e1 = (f - v1) - hh;
+    double a = dk * XF_MATH_LN2_HI;
+    double v2 = a + v1;
+    double e2 = v1 - (v2 - a);
+    double cc = e2 + (e1 + small);
+    double hi2, lo2;
+    xf_two_sum(v2, cc, &hi2, &lo2); /* hi2 = v2 + cc rounded, the value xf_log_kernel returns */
+    *out_lo = lo2;
+    return hi2;
+}
+
+/* log v as hi + *lo for finite v > 0 (subnormals scaled by 2^54 first, as xf_log does). */
+XF_HD double xf_bin_log_hilo(double v, double *out_lo)
+{
+    int sub = v < 0x1p-1022;
+    unsigned long long ix = xf_log_shifted_bits(sub ? v * 0x1p54 : v);
+    return xf_bin_log_kernel_hilo(xf_log_k(ix) - (sub ? 54.0 : 0.0), xf_log_f(ix), 0.0, out_lo);
+}
+
+/* exp(g (lh + ll) + (mh + ml)): the product by g is exact (two_prod), the sum renormalised, so the
+ * argument reaches the exponential with an error far below its ulp.  lh is clamped to keep the split
+ * finite (the result is 0 there for any g > 2^-985). */
+XF_HD double xf_bin_exp_affine(double g, double lh, double ll, double mh, double ml)
+{
+    lh = lh < -0x1p995 ? -0x1p995 : lh;
+    ll = ((lh - lh == 0.0) & (ll - ll == 0.0)) ? ll : 0.0;
+    double ph, pl;
+    xf_bin_two_prod(g, lh, &ph, &pl);
+    pl = (ph - ph == 0.0) ? pl : 0.0;
+    double sh, sl;
+    xf_two_sum(ph, mh, &sh, &sl);
+    sl = (sh - sh == 0.0) ? sl + (pl + (g * ll + ml)) : 0.0;
+    double h2, l2;
+    xf_two_sum(sh, sl, &h2, &l2);
+    l2 = (h2 - h2 == 0.0) ? l2 : 0.0;
+    return xf_exp_dd(h2, l2);
+}
+
+/* (ah + al)(bh + bl) as a double-double (al*bl dropped, ~2^-104 relative); falls back to the plain
+ * product where the exact split could overflow (|operand| >= 2^995) or the product is not finite. */
+XF_HD void xf_bin_dd_mul(double ah, double al, double bh, double bl, double *rh, double *rl)
+{
+    double p, e;
+    xf_bin_two_prod(ah, bh, &p, &e);
+    int ok = (p - p == 0.0) & (xf_fabs(ah) < 0x1p995) & (xf_fabs(bh) < 0x1p995);
+    e = ok ? e + (ah * bl + al * bh) : 0.0;
+    double h, l;
+    xf_two_sum(p, e, &h, &l);
+    *rh = ok ? h : p;
+    *rl = ok ? l : 0.0;
 }
 
 /* ---- the pieces of one logit (a) --------------------------------------------------------------------- */
 
 typedef struct {
-    double a;    /* |x| */
-    double e;    /* exp(-|x|) (may be subnormal or 0) */
-    double e_s;  /* exp(-|x|) 2^600, accurate where e is not (b) */
-    double d;    /* 1 + e, in [1, 2] */
-    double l;    /* log1p(e) = softplus(-|x|), in [0, log 2] */
-    double l_s;  /* l 2^600 */
-    int pos;     /* x >= 0 (true for -0); false for NaN */
-    int nan;     /* x is NaN */
+    double a;          /* |x| */
+    double e, e_lo;    /* exp(-|x|) as a double-double (may be subnormal or 0) */
+    double e_s, e_s_lo;/* the same times 2^600: accurate where e is not (b) */
+    double d;          /* 1 + e rounded, in [1, 2] */
+    double l, l_lo;    /* log1p(e) = softplus(-|x|) as a double-double, in [0, log 2] */
+    double l_s, l_s_lo;/* the same times 2^600 */
+    int pos;           /* x >= 0 (true for -0); false for NaN */
+    int nan;           /* x is NaN */
 } xf_bin_logit;
 
 /* The shared first step of every logit loss: one exp (shift and 2^600 scale carried as a double-double,
- * exact at a = 0 where e_s is exactly 2^600) and one log1p.  log1p(e) = e to below 2^-61 relative when
- * e < 2^-60, so there the scaled exponential is the scaled softplus too. */
+ * exact at a = 0 where e_s is exactly 2^600) and one log, both kept unrounded (double-double).
+ * log1p(e) = log(d_h) + log1p(d_l / d_h) with 1 + e = d_h + d_l exactly (TwoSum); the second log1p is
+ * c - c^2/2 to 2^-106 because |c| <= 2^-53.  Where e < 2^-60, log1p(e) = e to below 2^-61 relative and
+ * the scaled exponential is the scaled softplus. */
 XF_HD xf_bin_logit xf_bin_logit_pieces(double x)
 {
     xf_bin_logit r;
@@ -131,171 +317,237 @@ XF_HD xf_bin_logit xf_bin_logit_pieces(double x)
     xf_two_sum(-a, XF_BIN_SCALE_K * XF_MATH_LN2_HI, &h, &lo);
     lo = (h - h == 0.0) ? lo : 0.0; /* a = inf: the EFT's inf - inf */
     r.a = a;
-    r.e_s = xf_exp_dd(h, lo + XF_BIN_SCALE_K * XF_MATH_LN2_LO);
+    r.e_s = xf_bin_exp_hilo(h, lo + XF_BIN_SCALE_K * XF_MATH_LN2_LO, &r.e_s_lo);
+    r.e_s_lo = (r.e_s_lo - r.e_s_lo == 0.0) ? r.e_s_lo : 0.0;
     r.e = r.e_s * XF_BIN_UNSCALE;
-    r.d = 1.0 + r.e;
-    r.l = xf_log1p(r.e);
-    r.l_s = (r.e < 0x1p-60) ? r.e_s : r.l * XF_BIN_SCALE;
+    r.e_lo = r.e_s_lo * XF_BIN_UNSCALE;
+    double dh, dl;
+    xf_two_sum(1.0, r.e, &dh, &dl);
+    dl += r.e_lo;
+    r.d = dh;
+    unsigned long long ix = xf_log_shifted_bits(dh);
+    double kl;
+    double kh = xf_bin_log_kernel_hilo(xf_log_k(ix), xf_log_f(ix), 0.0, &kl);
+    double c = dl / dh;
+    xf_two_sum(kh, (c - 0.5 * (c * c)) + kl, &r.l, &r.l_lo);
+    int tiny = r.e < 0x1p-60;
+    r.l_s = tiny ? r.e_s : r.l * XF_BIN_SCALE;
+    r.l_s_lo = tiny ? r.e_s_lo : r.l_lo * XF_BIN_SCALE;
     r.pos = (x >= 0.0);
     r.nan = (x != x);
     return r;
 }
 
-/* k v (mh + ml): a coefficient k (weights, upstream factor), a value v and a target mass m carried as a
- * double-double (ml = 0 for plain masses); the mass goes last (c).  Exactly 0 when k or m is 0 (e). */
-XF_HD double xf_bin_term(double k, double v, double mh, double ml)
+/* softplus(|x|) = |x| + log1p(e), the double-double sum rounded once */
+XF_HD double xf_bin_softplus_big(xf_bin_logit p)
 {
-    double kv = k * v;
-    double r = kv * mh + (ml != 0.0 ? kv * ml : 0.0);
-    return (k == 0.0 || (mh == 0.0 && ml == 0.0)) ? 0.0 : r;
-}
-
-/* the same with a quotient: (k / d) (mh + ml), d in [1, 2] */
-XF_HD double xf_bin_term_div(double k, double num, double d, double mh, double ml)
-{
-    double kv = (k * num) / d;
-    double r = kv * mh + (ml != 0.0 ? kv * ml : 0.0);
-    return (k == 0.0 || (mh == 0.0 && ml == 0.0)) ? 0.0 : r;
+    double h, l;
+    xf_two_sum(p.a, p.l, &h, &l);
+    return (h - h == 0.0) ? h + (l + p.l_lo) : h;
 }
 
 /* ---- BCE with logits, torch semantics with pos_weight q and element weight w --------------------------
  * loss = w [(1-y) softplus(x) + q y softplus(-x)]; the side of x decides which of the two softplus values
  * is the big one (a), the tail one is multiplied in scaled form (b) and rounded once at the end.
- * Bound: <= 4 ULP float64 (measured max ~2), the double result of float32 inputs within a few 2^-53. */
-XF_HD double xf_bin_bce_logits_loss(const xf_bin_logit *p, double y, double w, double q)
+ * Bound: <= 4 ULP float64 (measured max 2.2 loss, 2.5 gradient), float32: the double result rounded once. */
+XF_HD double xf_bin_bce_logits_loss(xf_bin_logit p, double y, double w, double q, double k)
 {
     double omy_h, omy_l;
     xf_two_sum(1.0, -y, &omy_h, &omy_l);
-    double wq = w * q;
-    double kb = p->pos ? w : wq, mbh = p->pos ? omy_h : y, mbl = p->pos ? omy_l : 0.0;
-    double kt = p->pos ? wq : w, mth = p->pos ? y : omy_h, mtl = p->pos ? 0.0 : omy_l;
-    double big = xf_bin_term(kb, p->a + p->l, mbh, mbl);
-    double tail = xf_bin_term(kt, p->l_s, mth, mtl) * XF_BIN_UNSCALE;
+    double mbh = p.pos ? omy_h : y, mbl = p.pos ? omy_l : 0.0;
+    double mth = p.pos ? y : omy_h, mtl = p.pos ? 0.0 : omy_l;
+    double big = xf_bin_term(w, p.pos ? 1.0 : q, 1.0, xf_bin_softplus_big(p), mbh, mbl, k);
+    double tail = xf_bin_term(w, p.pos ? q : 1.0, 1.0, p.l_s, mth, mtl, k - XF_BIN_SCALE_K);
     double r = big + tail;
-    return p->nan ? p->a : r;
+    return p.nan ? p.a : r;
 }
 
-/* d/dx of (s * loss) = s w [(1-y) s(x) - q y s(-x)]: the upstream factor s is folded into the coefficient
- * before the tail value is touched (b).  For y in {0, 1} one term is 0 and the result is that of a chain
- * of products (relative bound); for soft y the two terms may cancel. */
-XF_HD double xf_bin_bce_logits_grad(const xf_bin_logit *p, double y, double w, double q, double s)
+/* d/dx of (s * loss) = s w [(1-y) s(x) - q y s(-x)]: the upstream factor s, w and q stay separate factors
+ * of the normalised product, the tail sigmoid enters scaled (b).  For y in {0, 1} one term is 0 and the
+ * result is that of a chain of products (relative bound); for soft y the two terms may cancel. */
+XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q, double s)
 {
     double omy_h, omy_l;
     xf_two_sum(1.0, -y, &omy_h, &omy_l);
-    double sw = s * w;
-    double swq = sw * q;
-    double kb = p->pos ? sw : swq, mbh = p->pos ? omy_h : y, mbl = p->pos ? omy_l : 0.0;
-    double kt = p->pos ? swq : sw, mth = p->pos ? y : omy_h, mtl = p->pos ? 0.0 : omy_l;
-    double big = xf_bin_term_div(kb, 1.0, p->d, mbh, mbl);
-    double tail = xf_bin_term_div(kt, p->e_s, p->d, mth, mtl) * XF_BIN_UNSCALE;
-    double r = p->pos ? big - tail : tail - big;
-    return p->nan ? p->a : r;
+    double mbh = p.pos ? omy_h : y, mbl = p.pos ? omy_l : 0.0;
+    double mth = p.pos ? y : omy_h, mtl = p.pos ? 0.0 : omy_l;
+    double big = xf_bin_term_div(s, w, p.pos ? 1.0 : q, 1.0, mbh, mbl, 0.0, p.d);
+    double tail = xf_bin_term_div(s, w, p.pos ? q : 1.0, p.e_s, mth, mtl, -XF_BIN_SCALE_K, p.d);
+    double r = p.pos ? big - tail : tail - big;
+    return p.nan ? p.a : r;
 }
 
 /* ---- sigmoid focal loss (torchvision semantics) -------------------------------------------------------
- * With alpha_t = alpha y + (1 - alpha)(1 - y) (1 when alpha < 0), ce = BCE(x, y) and u = 1 - p_t:
- *     loss     = alpha_t ce u^g
- *     d/dx     = alpha_t u^g [ (1-y) s(x) - y s(-x)  +  g ce W (1 - 2y) ],   W = s(x) s(-x) / u
- * (W = s(x) for y = 1 and s(-x) for y = 0 exactly, no division then).  u = ((1-y) + y e)/(1+e) for
- * x >= 0 and ((1-y) e + y)/(1+e) for x < 0: positive terms only.
- * u^g is exp(g log u) with log u = log(N) - l (N the numerator above) carried as a double-double and
- * multiplied by g exactly (two_prod): a rounded g log u would cost |g log u| * 2^-53 of relative error,
- * hundreds of ULPs where u is tiny (the confident-correct side, where the plain formula also underflows
- * long before the loss does).  When y is 0 or 1 on the confident side, N = e and log N = -a exactly.
- * Bounds as BCE; see the README for the measured maxima. */
+ * alpha_t = alpha y + (1 - alpha)(1 - y) (1 when alpha < 0), ce = BCE(x, y), u = 1 - p_t, g = gamma:
+ *     loss  = alpha_t ce u^g
+ *     d/dx  = alpha_t u^g [ (1-y) s(x) - y s(-x) + g ce W (1 - 2y) ],   W = s(x) s(-x) / u.
+ * Write d = 1 + e and N = u d = c_b + c_t e, where c_b is the target mass on x's own side (1-y for
+ * x >= 0, y for x < 0) and c_t the other one.  Then s(x) s(-x) = e/d^2, W = e/(d N), and with
+ * B = u^g / d = exp(g log u - log1p(e)):
+ *     d/dx  = alpha_t B [ sign(x) (c_b - c_t e) + g ce (e/N) (1 - 2y) ]
+ * a bracket without any division by d, and one exponential for the whole power-and-quotient.
+ * log u = log N - log1p(e) is a double-double: for y in {0, 1}, N is 1 (log N = 0) or, on the
+ * confident side, e itself (log N = -a exactly); for soft y, N (scaled by 2^600) is formed exactly as
+ * a double-double and its log taken unrounded.  g log u enters the exponential exactly (two_prod): a
+ * rounded g log u would cost |g log u| 2^-53 of relative error, hundreds of ULPs where u is tiny.
+ * Confident side (c_b = 0): the bracket is -+(e + g log1p(e)), all tail, evaluated scaled (b); with e
+ * tiny the plain formula would underflow long before the loss does.
+ * Sums of the bracket and ce, alpha_t for soft y are double-doubles rounded once.
+ * Bound: <= 2 ULP float32, <= 4 ULP float64 (measured maxima in the README). */
 typedef struct {
-    double alpha_t;  /* alpha_t */
-    double U;        /* u^g */
-    double u;        /* u */
-    double ce_big;   /* ce, big part (unscaled) */
-    double ce_tail_s;/* ce, tail part scaled by 2^600 */
-    int conf;        /* y in {0,1} and x on the correct side: ce and the gradient are pure tail */
+    double alpha_t;    /* alpha_t */
+    double lah, lal;   /* log alpha_t, double-double */
+    double luh, lul;   /* log u, double-double */
+    double lch, lcl;   /* log ce, double-double */
+    double B;          /* u^g / (1 + e) */
+    double ce;         /* ce, rounded */
+    double R;          /* e / N */
+    double cbh, cbl, cth, ctl; /* c_b, c_t */
+    int conf;          /* c_b = 0: y in {0,1} and x on the correct side */
 } xf_bin_focal_parts;
 
-XF_HD xf_bin_focal_parts xf_bin_focal_prepare(const xf_bin_logit *p, double y, double alpha, double gamma)
+XF_HD xf_bin_focal_parts xf_bin_focal_prepare(xf_bin_logit p, double y, double alpha, double gamma)
 {
     xf_bin_focal_parts f;
     double omy_h, omy_l, oma_h, oma_l;
     xf_two_sum(1.0, -y, &omy_h, &omy_l);
     xf_two_sum(1.0, -alpha, &oma_h, &oma_l);
-    /* alpha_t: both products are >= 0; (1 - alpha)(1 - y) keeps both double-double parts */
-    double at = alpha * y + ((oma_h * omy_h + oma_h * omy_l) + oma_l * omy_h);
-    f.alpha_t = alpha < 0.0 ? 1.0 : at;
 
-    /* ce = (1-y) softplus(x) + y softplus(-x), split as in xf_bin_bce_logits_loss */
-    double mbh = p->pos ? omy_h : y, mbl = p->pos ? omy_l : 0.0;
-    double mth = p->pos ? y : omy_h, mtl = p->pos ? 0.0 : omy_l;
-    f.ce_big = xf_bin_term(1.0, p->a + p->l, mbh, mbl);
-    f.ce_tail_s = xf_bin_term(1.0, p->l_s, mth, mtl);
-    f.conf = (mbh == 0.0 && mbl == 0.0);
+    /* alpha_t = alpha y + (1 - alpha)(1 - y), both products >= 0, summed unrounded */
+    double a1h, a1l, a2h, a2l, ath, atl;
+    xf_bin_dd_mul(alpha, 0.0, y, 0.0, &a1h, &a1l);
+    xf_bin_dd_mul(oma_h, oma_l, omy_h, omy_l, &a2h, &a2l);
+    xf_two_sum(a1h, a2h, &ath, &atl);
+    atl += a1l + a2l;
+    f.alpha_t = alpha < 0.0 ? 1.0 : ath + atl;
+    f.lah = ((alpha < 0.0) | (ath == 0.0)) ? 0.0 : xf_bin_log_hilo(ath, &f.lal);
+    f.lal = ((alpha < 0.0) | (ath == 0.0)) ? 0.0 : f.lal + atl / ath;
 
-    /* u = (c_big + c_tail e) / d with c_big the mass on the big-sigmoid side */
-    double num = (mbh + mbl) + (mth + mtl) * p->e;
-    f.u = num / p->d;
-    /* log u = log(num) - l: log(num) = -a exactly when c_big = 0 (then c_tail = 1) */
-    double log_num = f.conf ? -p->a : xf_log(num);
-    double lh, ll;
-    xf_two_sum(log_num, -p->l, &lh, &ll);
-    ll = (lh - lh == 0.0) ? ll : 0.0;
-    /* clamp keeps the split of two_prod finite; exp of anything below -2^995 * g is 0 for g > 2^-985 */
-    lh = lh < -0x1p995 ? -0x1p995 : lh;
-    double ph, pl;
-    xf_bin_two_prod(gamma, lh, &ph, &pl);
-    double sh, sl;
-    xf_two_sum(ph, pl + gamma * ll, &sh, &sl);
-    sl = (sh - sh == 0.0) ? sl : 0.0;
-    double U = xf_exp_dd(sh, sl);
-    /* u^0 = 1 even at u = 0; NaN stays NaN */
-    f.U = gamma == 0.0 ? 1.0 : U;
+    f.cbh = p.pos ? omy_h : y;
+    f.cbl = p.pos ? omy_l : 0.0;
+    f.cth = p.pos ? y : omy_h;
+    f.ctl = p.pos ? 0.0 : omy_l;
+    f.conf = (f.cbh == 0.0) & (f.cbl == 0.0);
+    int binary = f.conf | ((f.cth == 0.0) & (f.ctl == 0.0));
+
+    /* ce = c_b (a + l) + c_t l as a double-double, rounded once */
+    double bh, bl, t1h, t1l, t2h, t2l, ch, cl;
+    xf_two_sum(p.a, p.l, &bh, &bl);
+    bl = (bh - bh == 0.0) ? bl + p.l_lo : 0.0;
+    xf_bin_dd_mul(f.cbh, f.cbl, bh, bl, &t1h, &t1l);
+    xf_bin_dd_mul(f.cth, f.ctl, p.l, p.l_lo, &t2h, &t2l);
+    t1h = f.conf ? 0.0 : t1h; /* 0 * inf = 0 (e) */
+    t1l = f.conf ? 0.0 : t1l;
+    xf_two_sum(t1h, t2h, &ch, &cl);
+    cl = (ch - ch == 0.0) ? cl + (t1l + t2l) : 0.0;
+    f.ce = ch + cl;
+    /* log ce as a double-double; on the confident side from the scaled tail (ce = log1p(e) may be
+     * subnormal or 0 unscaled) */
+    double cs_h = f.conf ? p.l_s : ch, cs_l = f.conf ? p.l_s_lo : cl;
+    int ce_ok = (cs_h > 0.0) & (cs_h - cs_h == 0.0);
+    double lgh, lgl;
+    lgh = xf_bin_log_hilo(ce_ok ? cs_h : 1.0, &lgl);
+    lgl += ce_ok ? cs_l / cs_h : 0.0;
+    double sh1, sl1;
+    xf_two_sum(lgh, f.conf ? -XF_BIN_SCALE_K * XF_MATH_LN2_HI : 0.0, &sh1, &sl1);
+    f.lch = sh1;
+    f.lcl = sl1 + (lgl - (f.conf ? XF_BIN_SCALE_K * XF_MATH_LN2_LO : 0.0));
+
+    /* log u = log N - l */
+    double luh, lul;
+    if (f.conf) {
+        xf_two_sum(-p.a, -p.l, &luh, &lul);
+        lul = (luh - luh == 0.0) ? lul - p.l_lo : 0.0;
+        f.R = 1.0;
+    } else if (binary) {
+        luh = -p.l;
+        lul = -p.l_lo;
+        f.R = p.e;
+    } else {
+        /* N 2^600 = c_b 2^600 + c_t e_s exactly as a double-double */
+        double mh, ml, nh, nl;
+        xf_bin_dd_mul(f.cth, f.ctl, p.e_s, p.e_s_lo, &mh, &ml);
+        xf_two_sum(f.cbh * XF_BIN_SCALE, mh, &nh, &nl);
+        nl += f.cbl * XF_BIN_SCALE + ml;
+        double lh, ll;
+        lh = xf_bin_log_hilo(nh, &ll);
+        ll += nl / nh;
+        /* - 600 ln 2 - l */
+        double s1, e1, s2, e2;
+        xf_two_sum(lh, -XF_BIN_SCALE_K * XF_MATH_LN2_HI, &s1, &e1);
+        xf_two_sum(s1, -p.l, &s2, &e2);
+        luh = s2;
+        lul = e2 + (e1 + (ll - XF_BIN_SCALE_K * XF_MATH_LN2_LO - p.l_lo));
+        f.R = p.e_s / nh;
+    }
+    f.luh = luh;
+    f.lul = lul;
+    f.B = xf_bin_exp_affine(gamma, luh, lul, -p.l, -p.l_lo);
     return f;
 }
 
-XF_HD double xf_bin_focal_loss(const xf_bin_logit *p, const xf_bin_focal_parts *f)
+/* loss = exp(g log u + log ce + log alpha_t): one exponential of a double-double argument, so u^g may
+ * underflow (soft y ~ 1e-125 at x = -1e300: u^g ~ 1e-464) while ce is huge and the loss ~1e-289 is not,
+ * and the only rounding at the loss's scale is the exponential's own. */
+XF_HD double xf_bin_focal_loss(xf_bin_logit p, xf_bin_focal_parts f, double gamma, double k)
 {
-    /* (value * alpha_t) * U: alpha_t <= 1 and U <= 1 only shrink, so an intermediate that turns
-     * subnormal is never scaled up again (c) */
-    double big = (f->ce_big * f->alpha_t) * f->U;
-    double tail = ((f->ce_tail_s * f->alpha_t) * f->U) * XF_BIN_UNSCALE;
-    big = (f->ce_big == 0.0 || f->alpha_t == 0.0) ? 0.0 : big;
-    tail = (f->ce_tail_s == 0.0 || f->alpha_t == 0.0) ? 0.0 : tail;
-    double r = big + tail;
-    return p->nan ? p->a : r;
+    double mh, ml, sh, sl;
+    xf_two_sum(f.lch, f.lah, &mh, &ml);
+    ml += f.lcl + f.lal;
+    /* + k ln 2 (the loss scaled by 2^k, see xf_bin_args.loss_k; k ln2_hi is exact for |k| < 2^21) */
+    xf_two_sum(mh, k * XF_MATH_LN2_HI, &sh, &sl);
+    mh = sh;
+    ml = ml + (sl + k * XF_MATH_LN2_LO);
+    double g = (gamma == 0.0) ? 0.0 : gamma; /* u^0 = 1 even at u = 0 (log u = -inf) */
+    double r = xf_bin_exp_affine(g, gamma == 0.0 ? 0.0 : f.luh, gamma == 0.0 ? 0.0 : f.lul, mh, ml);
+    double ce = f.ce;
+    /* ce = +inf (x = +-inf off the confident side): u > 0 there, the loss is +inf */
+    r = (ce == XF_INF) ? XF_INF : r;
+    r = ((f.alpha_t == 0.0) | (f.conf ? (p.l_s == 0.0) : (ce == 0.0))) ? 0.0 : r;
+    return p.nan ? p.a : r;
 }
 
-XF_HD double xf_bin_focal_grad(const xf_bin_logit *p, const xf_bin_focal_parts *f, double y, double gamma,
+XF_HD double xf_bin_focal_grad(xf_bin_logit p, xf_bin_focal_parts f, double y, double gamma,
                                double s)
 {
-    double omy_h, omy_l;
-    xf_two_sum(1.0, -y, &omy_h, &omy_l);
-    double sig_big = 1.0 / p->d;          /* the sigmoid on the big side */
-    double sig_tail_s = p->e_s / p->d;    /* the other one, scaled */
-    double sig_tail = sig_tail_s * XF_BIN_UNSCALE;
-    double mbh = p->pos ? omy_h : y, mbl = p->pos ? omy_l : 0.0;
-    double mth = p->pos ? y : omy_h, mtl = p->pos ? 0.0 : omy_l;
-    /* 1 - 2y, exact for y in [1/4, 1] and every y that is a multiple of 2^-1073; else one rounding */
-    double omty = (omy_h - y) + omy_l;
-    double k = s * f->alpha_t;
+    double k = s * f.alpha_t;
     double r;
-    if (f->conf) {
-        /* y in {0, 1}, x on the correct side: g-term = -/+ s_tail, ce = l (tail), W = s_big; everything
-         * is a tail quantity, evaluated scaled and rounded once */
-        double inner = sig_tail_s + (gamma == 0.0 ? 0.0 : (gamma * p->l_s) * sig_big);
-        double v = ((k * inner) * f->U) * XF_BIN_UNSCALE;
-        /* sign: the big side is x's own side; y = 1 with x >= 0 pulls x up (negative gradient) */
-        r = p->pos ? -v : v;
+    if (f.conf) {
+        /* bracket = -+(e + g l), scaled, as a double-double rounded once */
+        double gh, gl, bh, bl;
+        xf_bin_dd_mul(gamma, 0.0, p.l_s, p.l_s_lo, &gh, &gl);
+        xf_two_sum(p.e_s, gh, &bh, &bl);
+        double b = bh + (bl + (gl + p.e_s_lo));
+        double v = ((k * b) * f.B) * XF_BIN_UNSCALE;
+        r = p.pos ? -v : v; /* y = 1 with x >= 0 pulls x up */
     } else {
-        double g1 = xf_bin_term(1.0, sig_big, mbh, mbl) - xf_bin_term(1.0, sig_tail, mth, mtl);
-        g1 = p->pos ? g1 : -g1;
-        double W = (y == 1.0) ? (p->pos ? sig_big : sig_tail)
-                 : (y == 0.0) ? (p->pos ? sig_tail : sig_big)
-                 : (sig_big * sig_tail) / f->u;
-        double ce = f->ce_big + f->ce_tail_s * XF_BIN_UNSCALE;
-        /* W = 0 (x = +-inf) beats ce = inf: s(-x) softplus(x) -> 0 */
-        double g2 = (gamma == 0.0 || ce == 0.0 || W == 0.0) ? 0.0 : ((gamma * ce) * W) * omty;
-        r = (k * (g1 + g2)) * f->U;
+        double omy_h, omy_l;
+        xf_two_sum(1.0, -y, &omy_h, &omy_l);
+        /* 1 - 2y as a double-double */
+        double o2h, o2l;
+        xf_two_sum(omy_h, -y, &o2h, &o2l);
+        o2l += omy_l;
+        /* T2 = g ce (e/N) (1 - 2y), its magnitude carried as a double-double */
+        double g1h, g1l, g2h, g2l, t2h, t2l;
+        xf_bin_dd_mul(gamma, 0.0, f.ce, 0.0, &g1h, &g1l);
+        xf_bin_dd_mul(g1h, g1l, f.R, 0.0, &g2h, &g2l);
+        xf_bin_dd_mul(g2h, g2l, o2h, o2l, &t2h, &t2l);
+        int t2zero = (gamma == 0.0) | (f.ce == 0.0) | (f.R == 0.0) | ((o2h == 0.0) & (o2l == 0.0));
+        t2h = t2zero ? 0.0 : t2h;
+        t2l = t2zero ? 0.0 : t2l;
+        /* T1 = sign(x) (c_b - c_t e) */
+        double mh, ml, dh, dl;
+        xf_bin_dd_mul(f.cth, f.ctl, p.e, p.e_lo, &mh, &ml);
+        xf_two_sum(f.cbh, -mh, &dh, &dl);
+        dl += f.cbl - ml;
+        double t1h = p.pos ? dh : -dh, t1l = p.pos ? dl : -dl;
+        double bh, bl;
+        xf_two_sum(t1h, t2h, &bh, &bl);
+        double b = bh + (bl + (t1l + t2l));
+        r = (k * b) * f.B;
     }
     r = (k == 0.0) ? 0.0 * r : r;
-    return p->nan ? p->a : r;
+    return p.nan ? p.a : r;
 }
 
 /* ---- probabilities ------------------------------------------------------------------------------------
@@ -319,32 +571,34 @@ XF_HD void xf_bin_prob_logs(double pr, const xf_bin_prob_mode *m, double *lp, do
 {
     double a = xf_log(pr);
     double b = xf_log1p(-pr);
-    int lo_clip = m->clip && pr < m->eps;
-    int hi_clip = m->clip && pr >= 0.5 && (1.0 - pr) < m->eps;
+    int lo_clip = m->clip & (pr < m->eps);
+    int hi_clip = m->clip & (pr >= 0.5) & ((1.0 - pr) < m->eps);
     a = lo_clip ? m->log_eps : (hi_clip ? m->log1m_eps : a);
     b = hi_clip ? m->log_eps : (lo_clip ? m->log1m_eps : b);
-    int ca = m->clamp && a < m->c;
-    int cb = m->clamp && b < m->c;
+    int ca = m->clamp & (a < m->c);
+    int cb = m->clamp & (b < m->c);
     *lp = ca ? m->c : a;
     *l1p = cb ? m->c : b;
-    *dp = !(lo_clip || hi_clip || ca);
-    *d1p = !(lo_clip || hi_clip || cb);
+    *dp = !(lo_clip | hi_clip | ca);
+    *d1p = !(lo_clip | hi_clip | cb);
 }
 
-/* w [y (-log p) + (1-y)(-log(1-p))]: two non-negative terms, mass last (c), 0 * inf = 0 (e). */
-XF_HD double xf_bin_bce_prob_loss(double pr, double y, double w, const xf_bin_prob_mode *m)
+/* w [y (-log p) + (1-y)(-log(1-p))] 2^k: two non-negative terms, normalised products (c), 0 * inf = 0 (e).
+ * (Every loss function takes k, the exponent of a power-of-two scale applied exactly: the reductions ask
+ * for 2^600 when their terms are so small that rounding each onto the subnormal grid would add up.) */
+XF_HD double xf_bin_bce_prob_loss(double pr, double y, double w, const xf_bin_prob_mode *m, double k)
 {
     double lp, l1p;
     int dp, d1p;
     xf_bin_prob_logs(pr, m, &lp, &l1p, &dp, &d1p);
     double omy_h, omy_l;
     xf_two_sum(1.0, -y, &omy_h, &omy_l);
-    double r = xf_bin_term(w, -lp, y, 0.0) + xf_bin_term(w, -l1p, omy_h, omy_l);
+    double r = xf_bin_term(w, 1.0, 1.0, -lp, y, 0.0, k) + xf_bin_term(w, 1.0, 1.0, -l1p, omy_h, omy_l, k);
     return (pr != pr) ? pr : r;
 }
 
-/* d/dp of (s * loss) = s w [(1-y)/(1-p) - y/p] on the unclipped pieces.  1 - p is carried as h + l
- * (TwoSum) and divided with one correction step, y/p goes through xf_bin_mul_div (y and p may both be
+/* d/dp of (s * loss) = s w [(1-y)/(1-p) - y/p] on the unclipped pieces.  1/(1 - p) is formed from the exact
+ * 1 - p = h + l (TwoSum) with one correction step; y/p goes through xf_bin_mul_div (y, p and w may all be
  * subnormal).  p = 0 with y > 0 gives -inf, p = 1 with y < 1 gives +inf: the derivative of -log 0. */
 XF_HD double xf_bin_bce_prob_grad(double pr, double y, double w, double s, const xf_bin_prob_mode *m)
 {
@@ -354,39 +608,32 @@ XF_HD double xf_bin_bce_prob_grad(double pr, double y, double w, double s, const
     double omy_h, omy_l, omp_h, omp_l;
     xf_two_sum(1.0, -y, &omy_h, &omy_l);
     xf_two_sum(1.0, -pr, &omp_h, &omp_l);
-    double k = s * w;
-    /* k (1-y) / (1-p): quotient of the high parts, then the first-order correction for both low parts */
-    double qh = (k * omy_h) / omp_h;
-    double q1 = qh + qh * ((omy_h != 0.0 ? omy_l / omy_h : 0.0) - (omp_h != 0.0 ? omp_l / omp_h : 0.0));
-    q1 = (omp_h == 0.0) ? qh : q1; /* p = 1: +-inf */
-    q1 = ((omy_h == 0.0 && omy_l == 0.0) || k == 0.0 || !d1p) ? 0.0 : q1;
-    double q0 = (pr == 0.0) ? k * XF_INF : xf_bin_mul_div(k, y, pr);
-    q0 = (y == 0.0 || k == 0.0 || !dp) ? 0.0 : q0;
+    double inv = 1.0 / omp_h;
+    inv = (omp_h != 0.0) ? inv - inv * (omp_l / omp_h) : inv; /* 1/(h + l) = (1/h)(1 - l/h + ...) */
+    double q1 = d1p ? xf_bin_term(s, w, 1.0, inv, omy_h, omy_l, 0.0) : 0.0;
+    double q0 = (dp & (y != 0.0)) ? xf_bin_mul_div(s, w, y, pr) : 0.0;
     double r = q1 - q0;
     return (pr != pr) ? pr : r;
 }
 
-/* One class term of CE from probabilities: q (-log p_c) with the categorical clip of Keras (p clipped to
- * [eps, 1-eps]: log eps below, log1p(-eps) above) or none; 0 when q = 0. */
-XF_HD double xf_bin_neg_log_prob_term(double pr, double q, const xf_bin_prob_mode *m, int *live)
+/* One class term of CE from probabilities: w q (-log p_c) with the categorical clip of Keras (p clipped to
+ * [eps, 1-eps]: log eps below, log1p(-eps) above) or none; 0 when w or q is 0. */
+XF_HD double xf_bin_neg_log_prob_term(double pr, double w, double q, const xf_bin_prob_mode *m, double k)
 {
     double lp, l1p;
     int dp, d1p;
     xf_bin_prob_logs(pr, m, &lp, &l1p, &dp, &d1p);
-    *live = dp;
-    double r = q * (-lp);
-    r = (q == 0.0 && pr == pr) ? 0.0 : r;
-    return r;
+    double r = xf_bin_term(w, 1.0, 1.0, -lp, q, 0.0, k);
+    return (pr != pr) ? pr : r;
 }
 
-/* d/dp_c of s q (-log p_c) = -s q / p_c (0 where clipped or q = 0, -inf at p_c = 0 < q). */
-XF_HD double xf_bin_neg_log_prob_grad(double pr, double q, double s, const xf_bin_prob_mode *m)
+/* d/dp_c of s w q (-log p_c) = -s w q / p_c (0 where clipped or w q = 0, -inf at p_c = 0 < q). */
+XF_HD double xf_bin_neg_log_prob_grad(double pr, double w, double q, double s, const xf_bin_prob_mode *m)
 {
     double lp, l1p;
     int dp, d1p;
     xf_bin_prob_logs(pr, m, &lp, &l1p, &dp, &d1p);
-    double r = (pr == 0.0) ? -s * XF_INF : -xf_bin_mul_div(s, q, pr);
-    r = (q == 0.0 || s == 0.0 || !dp) ? 0.0 : r;
+    double r = dp ? -xf_bin_mul_div(s, w, q, pr) : 0.0;
     return (pr != pr) ? pr : r;
 }
 

@@ -1,0 +1,982 @@
+"""Public functions of the binary family: BCE with logits, sigmoid focal loss, BCE from probabilities and
+cross-entropy from class probabilities.
+
+Validation, layout and reduction reuse the softmax family's helpers in :mod:`xentfast.api` (the same
+messages, the same ``out=``/``inplace`` logic, the same double-double reduction); the arithmetic is
+``xentfast/binary.h`` through :mod:`xentfast._core._binary`.  Every argument is checked before any kernel
+runs, and every error names the argument and shows the offending value.
+"""
+
+import math
+import operator
+
+import numpy as np
+
+from . import api as _api
+from ._core import _binary, _xent
+from ._threads import threads_for
+from .api import (
+    _EMPTY_MEAN,
+    _REDUCTIONS,
+    _as_float_input,
+    _check_choice,
+    _check_real,
+    _class_axis,
+    _class_weights,
+    _finish_grad,
+    _first_bad,
+    _grad_target,
+    _rows,
+    _split_target,
+)
+
+__all__ = [
+    "binary_cross_entropy_with_logits",
+    "binary_cross_entropy_with_logits_backward",
+    "binary_cross_entropy_with_logits_with_grad",
+    "sigmoid_focal_loss",
+    "sigmoid_focal_loss_backward",
+    "sigmoid_focal_loss_with_grad",
+    "binary_cross_entropy",
+    "binary_cross_entropy_backward",
+    "binary_cross_entropy_with_grad",
+    "cross_entropy_from_probs",
+    "cross_entropy_from_probs_backward",
+    "cross_entropy_from_probs_with_grad",
+]
+
+_NAN_POLICIES = ("propagate", "raise")
+_EMPTY = np.empty(0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# validation
+
+
+def _ignore_value(ignore_index):
+    if ignore_index is None:
+        return None
+    try:
+        return operator.index(ignore_index)
+    except TypeError:
+        pass
+    if isinstance(ignore_index, (float, np.floating)) and math.isfinite(ignore_index):
+        return float(ignore_index)
+    raise TypeError(f"ignore_index: expected None, an int or a finite float; got {ignore_index!r}")
+
+
+def _unit_targets(target, x, ignore, name="target"):
+    """Targets of x's shape, cast to x's dtype, every value in [0, 1] or equal to `ignore`."""
+    t = np.asarray(target)
+    if t.dtype.kind not in "fiub":
+        raise TypeError(f"{name}: expected real values in [0, 1], got dtype {t.dtype}")
+    if t.shape != x.shape:
+        raise ValueError(f"{name}: expected the input's shape {x.shape}; got {t.shape}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        tc = np.ascontiguousarray(t, dtype=x.dtype)
+        ok = (tc >= 0) & (tc <= 1)
+        if ignore is not None:
+            ok |= tc == ignore
+    bad = _first_bad(~ok, tc.shape)
+    if bad is not None:
+        k, where = bad
+        also = f" or equal ignore_index={ignore}" if ignore is not None else ""
+        raise ValueError(f"{name}: values must be in [0, 1]{also}; found {tc.ravel()[k].item()!r} at index {where}")
+    return tc
+
+
+def _check_probabilities(x, name="input"):
+    with np.errstate(invalid="ignore"):
+        bad = _first_bad((x < 0) | (x > 1), x.shape)
+    if bad is not None:
+        k, where = bad
+        raise ValueError(f"{name}: probabilities must be in [0, 1] (NaN propagates); found {x.ravel()[k].item()!r} "
+                         f"at index {where}")
+
+
+class _Bcast:
+    """A weight broadcast to the input, addressed by the kernel as base[(i // div) % mod]."""
+
+    def __init__(self, base, div, mod):
+        self.base, self.div, self.mod = base, div, mod
+
+
+def _broadcast_weight(weight, shape, name):
+    if weight is None:
+        return None
+    w = np.asarray(weight)
+    if w.dtype.kind not in "fiu":
+        raise TypeError(f"{name}: expected real weights, got dtype {w.dtype}")
+    try:
+        ok = np.broadcast_shapes(w.shape, shape) == tuple(shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}: shape {w.shape} does not broadcast to the input's shape {tuple(shape)}")
+    w = np.asarray(w, dtype=np.float64)
+    bad = _first_bad(~np.isfinite(w) | (w < 0), w.shape)
+    if bad is not None:
+        k, where = bad
+        raise ValueError(f"{name}: weights must be finite and >= 0; found {w.ravel()[k].item()!r} at index {where}")
+    wb = np.broadcast_to(w, shape)
+    n = int(np.prod(shape))
+    # axes along which the weight really varies; a contiguous run of them is a (div, mod) pattern
+    live = [i for i, (s, st) in enumerate(zip(shape, wb.strides)) if s > 1 and st != 0]
+    if not live:
+        return _Bcast(np.ascontiguousarray(wb.reshape(-1)[:1] if n else w.reshape(-1)[:1]), 1, 1)
+    lo, hi = live[0], live[-1]
+    gaps = [i for i in range(lo, hi + 1) if shape[i] > 1 and wb.strides[i] == 0]
+    if gaps:
+        return _Bcast(np.ascontiguousarray(wb).reshape(-1), 1, n)
+    sub = wb[tuple(slice(None) if lo <= i <= hi else 0 for i in range(len(shape)))]
+    return _Bcast(np.ascontiguousarray(sub).reshape(-1), int(np.prod(shape[hi + 1:])),
+                  int(np.prod(shape[lo:hi + 1])))
+
+
+def _check_nan_policy(nan_policy, x, name="input"):
+    _check_choice(nan_policy, _NAN_POLICIES, "nan_policy")
+    if nan_policy == "raise":
+        bad = _first_bad(np.isnan(x), x.shape)
+        if bad is not None:
+            raise ValueError(f"{name}: NaN at index {bad[1]} (nan_policy='raise')")
+
+
+def _check_eps(eps):
+    return None if eps is None else _check_real(eps, "eps", 0.0, 0.5)
+
+
+def _check_log_clamp(log_clamp):
+    if log_clamp is None:
+        return None
+    try:
+        v = float(log_clamp)
+    except (TypeError, ValueError):
+        raise TypeError(f"log_clamp: expected None or a real number, got {log_clamp!r}") from None
+    if not (math.isfinite(v) and v <= 0):
+        raise ValueError(f"log_clamp: must be finite and <= 0 (torch's BCELoss uses -100.0); got {log_clamp!r}")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------------
+# the elementwise problem
+
+
+class _Elementwise:
+    """A validated elementwise loss call (BCE with logits, focal, BCE from probabilities).
+
+    Carries the attributes the shared out=/inplace helpers of xentfast.api expect (x_orig, axis, rows,
+    batch_shape): the last axis stands in for the class axis, so the gradient buffer logic is the
+    softmax family's, unchanged.  0-d inputs are handled as shape (1,) and reshaped back.
+    """
+
+    def __init__(self, op, input, target, *, weight=None, pos_weight=None, reduction="mean", ignore_index=None,
+                 empty_mean="nan", nan_policy="propagate", n_threads=None, inplace=False, what="logits",
+                 alpha=0.25, gamma=2.0, eps=None, log_clamp=None):
+        self.op = op
+        x = _as_float_input(input, writeable=inplace, what=what)
+        self.scalar = x.ndim == 0
+        self.x_orig = x.reshape(1) if self.scalar else x
+        self.dtype = x.dtype
+        self.shape = x.shape
+        self.reduction = _check_choice(reduction, _REDUCTIONS, "reduction")
+        self.empty_mean = _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
+        self.ignore = _ignore_value(ignore_index)
+        xs = self.x_orig
+        self.axis = xs.ndim - 1
+        self.rows, self.batch_shape, _ = _rows(xs, self.axis)
+        self.flat = self.rows.reshape(-1)
+        self.t = _unit_targets(target, x, self.ignore).reshape(-1)
+        self.w = _broadcast_weight(weight, xs.shape, "weight")
+        self.pw = _broadcast_weight(pos_weight, xs.shape, "pos_weight")
+        self.alpha, self.gamma = alpha, gamma
+        self.eps, self.log_clamp = eps, log_clamp
+        if what == "probabilities":
+            _check_probabilities(x)
+        _check_nan_policy(nan_policy, x)
+        self.n = self.flat.shape[0]
+        self.n_threads = threads_for(n_threads, self.n)
+        self.kept = self.n if self.ignore is None else int(np.count_nonzero(self.t != self.ignore))
+
+    def upstream(self, grad_output):
+        """(per-element factor array or None, scalar factor) for the gradient of (loss * grad_output).sum()."""
+        if self.reduction == "none":
+            if grad_output is None:
+                return None, 1.0
+            g = np.asarray(grad_output)
+            if g.dtype.kind not in "fiu":
+                raise TypeError(f"grad_output: expected real values, got dtype {g.dtype}")
+            if g.shape != self.shape:
+                raise ValueError(f"grad_output: expected the loss's shape {self.shape} (reduction='none'); "
+                                 f"got {g.shape}")
+            return np.ascontiguousarray(g.reshape(-1), dtype=np.float64), 1.0
+        g = 1.0
+        if grad_output is not None:
+            ga = np.asarray(grad_output)
+            if ga.shape != ():
+                raise ValueError(
+                    f"grad_output: expected a scalar for reduction={self.reduction!r}; got shape {ga.shape}")
+            if ga.dtype.kind not in "fiu":
+                raise TypeError(f"grad_output: expected a real scalar, got dtype {ga.dtype}")
+            g = float(ga)
+        if self.reduction == "sum":
+            return None, g
+        # nothing averaged: the mean is a constant (NaN or 0 by empty_mean), its gradient 0
+        return None, (g / self.kept if self.kept else 0.0)
+
+    def run(self, grad=None, grad_output=None, want_loss=True, loss_k=0.0):
+        """Element losses (double for reductions, input dtype for 'none'; times 2**loss_k) and the gradient
+        into `grad`."""
+        g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
+        keep_double = self.reduction != "none"
+        loss_d = np.empty(self.n if (want_loss and keep_double) else 0, dtype=np.float64)
+        loss_o = np.empty(self.n if (want_loss and not keep_double) else 0, dtype=self.dtype)
+        gflat = grad.reshape(-1) if grad is not None else np.empty(0, dtype=self.dtype)
+        w, pw = self.w, self.pw
+        clip = self.eps is not None
+        clamp = self.log_clamp is not None
+        _binary.elementwise(
+            self.op, self.flat, self.t,
+            w.base if w else _EMPTY, w.div if w else 1, w.mod if w else 1,
+            pw.base if pw else _EMPTY, pw.div if pw else 1, pw.mod if pw else 1,
+            g_rows if g_rows is not None else _EMPTY, scale,
+            self.ignore is not None, float(self.ignore) if self.ignore is not None else 0.0,
+            float(self.alpha), float(self.gamma), clip, self.eps if clip else 0.0, clamp,
+            self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads,
+            w is not None, pw is not None, g_rows is not None, want_loss and keep_double,
+            want_loss and not keep_double, grad is not None, loss_k)
+        return loss_d if keep_double else loss_o
+
+    def reduce(self, losses):
+        if self.reduction == "none":
+            return losses.reshape(self.shape)
+        if _tiny_terms(losses):
+            return _reduce_scaled(self.run(loss_k=_TINY_K), self.reduction, self.kept, self.empty_mean, self.dtype)
+        hi, lo = _xent.dd_sum(losses)
+        if self.reduction == "sum":
+            total = hi + lo
+        else:
+            if self.kept == 0:
+                return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
+            total = hi / self.kept + lo / self.kept
+            if hi == np.inf:
+                total = self._mean_beyond_overflow(losses)
+        with np.errstate(over="ignore"):
+            return self.dtype.type(total)
+
+    def _mean_beyond_overflow(self, losses):
+        """float64 only: the sum of the element losses beyond DBL_MAX while the mean may not be.
+
+        Finite losses: their sum is taken scaled by 2^-64 (exact for every loss that matters next to such
+        a sum).  Infinite ones are either exact (x = +-inf, p = 0 < y: the mean is +inf) or weighted
+        losses that overflowed on their own (w q |x| > DBL_MAX); the losses are linear in the weight, so
+        the kernel runs again with every weight times 2^-64 and the mean is scaled back.  A focal loss
+        never exceeds its |x| (alpha_t, u^g <= 1): its infinite losses are exact."""
+        if np.isfinite(losses).all():
+            hi, lo = _xent.dd_sum(losses * 2.0**-64)
+            with np.errstate(over="ignore"):
+                return (hi / self.kept + lo / self.kept) * 2.0**64
+        if self.op == _binary.OP_FOCAL:
+            return np.inf
+        if self.w:
+            # weights below 2^-900 stay as they are: scaled they could underflow to 0 and turn an infinite
+            # loss (p = 0 < y, x = -+inf) into 0, and unscaled they are negligible next to such a sum
+            base = np.where(self.w.base >= 2.0**-900, self.w.base * 2.0**-64, self.w.base)
+            scaled = _Bcast(base, self.w.div, self.w.mod)
+        else:
+            scaled = _Bcast(np.array([2.0**-64]), 1, 1)
+        saved, self.w = self.w, scaled
+        try:
+            losses = self.run()
+        finally:
+            self.w = saved
+        if np.isinf(losses).any():
+            return np.inf            # an element whose exact loss is infinite
+        hi, lo = _xent.dd_sum(losses)
+        with np.errstate(over="ignore"):
+            return (hi / self.kept + lo / self.kept) * 2.0**64
+
+    # --- the three entry points ---
+
+    def forward(self):
+        return self.reduce(self.run())
+
+    def backward(self, grad_output):
+        buf, dest = _grad_target(self, None, False)
+        self.run(grad=buf, grad_output=grad_output, want_loss=False)
+        g = _finish_grad(self, buf, dest)
+        return g.reshape(()) if self.scalar else g
+
+    def with_grad(self, input, grad_output, out, inplace):
+        # a 0-d problem runs as shape (1,): a 0-d out= buffer is viewed the same way
+        out1 = out.reshape(1) if (self.scalar and isinstance(out, np.ndarray) and out.shape == ()) else out
+        buf, dest = _grad_target(self, out1, inplace)
+        loss = self.reduce(self.run(grad=buf, grad_output=grad_output))
+        g = _finish_grad(self, buf, dest)
+        if out is not None:
+            return loss, out
+        if inplace:
+            return loss, input
+        return loss, (g.reshape(()) if self.scalar else g)
+
+
+_TINY_K = 600.0
+
+
+def _tiny_terms(losses):
+    """True when every reduced term is below 2^-969 (and one is not 0): each was rounded onto (or near)
+    the subnormal grid, and a sum of n of them, or their sum divided by a subnormal denominator, would
+    carry up to n/2 of those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact)."""
+    if not losses.size:
+        return False
+    m = float(np.max(np.abs(losses)))
+    return 0.0 < m < 2.0**-969
+
+
+def _reduce_scaled(losses, reduction, den, empty_mean, dtype):
+    """The reduction of losses that came times 2^600: sum or mean first, the unscaling last (its one
+    rounding is the only one that can land on the subnormal grid)."""
+    hi, lo = _xent.dd_sum(losses)
+    if reduction == "sum":
+        total = hi + lo
+    else:
+        if den == 0:
+            return dtype.type(np.nan if empty_mean == "nan" else 0.0)
+        total = hi / den + lo / den
+    return dtype.type(total * 2.0**-_TINY_K)
+
+
+def _elementwise(op, input, target, inplace=False, **kw):
+    return _Elementwise(op, input, target, inplace=inplace, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------
+# BCE with logits
+
+_BCE_LOGITS_PARAMS = """
+    input : array_like of float32 or float64
+        Logits, any shape (0-d included).
+    target : array_like
+        Targets in [0, 1] (soft targets allowed), the input's shape; cast to the input's dtype.
+    weight : array_like, optional
+        Element weights, finite and >= 0, broadcast to the input (torch's ``weight``).
+    pos_weight : array_like, optional
+        Weights of the positive term, finite and >= 0, broadcast to the input; a shape ``(C,)`` vector
+        lines up with the last axis (torch's ``pos_weight``).
+    reduction : {'none', 'mean', 'sum'}, default 'mean'
+        'mean' divides the sum by the number of elements that are not ignored (torch: by all elements;
+        weights are not part of the denominator, as in torch).
+    ignore_index : int or float, optional
+        Elements whose target equals it contribute 0 loss and 0 gradient, whatever their logit holds
+        (even NaN), and are left out of the mean's denominator (Paddle's option).  Default: none.
+    empty_mean : {'nan', 'zero'}, default 'nan'
+        'mean' with nothing to average (every element ignored, or an empty input): NaN (torch's mean of
+        nothing) or 0.  The gradient is 0 in both cases.
+    nan_policy : {'propagate', 'raise'}, default 'propagate'
+        'raise': ValueError naming the first NaN logit.
+    n_threads : int, optional
+        OpenMP threads; None means all available.  Results are bitwise identical for every value."""
+
+_BCE_LOGITS_NOTES = """
+    With ``q`` = pos_weight and ``w`` = weight (1 when absent), per element::
+
+        loss   = w [(1 - y) softplus(x) + q y softplus(-x)]
+        d/dx   = w [(1 - y) sigmoid(x) - q y sigmoid(-x)]
+
+    the form without cancellation (torch evaluates ``(1-y) x - (1 + (q-1) y) log_sigmoid(x)`` and
+    ``(1 + (q-1) y) sigmoid(x) - q y``, both of which cancel in a tail: the loss of ``y = 0, x = -40`` is
+    4.25e-18, not 0; the gradient of ``y = 1, x = 20`` in float32 is -2.06e-09, not 0).  One exponential
+    ``e = exp(-|x|)`` per element gives both softplus values and both sigmoids; no ``max(x, 0)`` or
+    ``|x|`` is differentiated, so ``x = +-0`` needs no subgradient convention (Paddle's and TensorFlow's
+    bugs at 0) and the gradient is the exact derivative for every ``pos_weight``.
+
+    Special values: ``x = +inf`` gives loss ``+inf`` unless ``y = 1`` (then 0), gradient ``w (1 - y)``;
+    ``x = -inf`` mirrors it; a NaN logit gives NaN loss and gradient; a term whose coefficient
+    (weight, pos_weight, target mass) is 0 contributes exactly 0 even where its softplus is infinite.
+
+    Deliberate differences from torch: ``ignore_index`` and ``empty_mean`` are extras (Paddle has
+    ``ignore_index`` with mean over the kept elements, which is what xentfast does); targets outside
+    [0, 1] are rejected (torch computes a loss that can be negative); weights must be >= 0.
+    Differences from Paddle's ``sigmoid_cross_entropy_with_logits``: ``pos_weight`` has torch's meaning
+    (Paddle before PR #65859 weighted only the log term); the gradient at ``x = 0`` is ``1/2 - y`` for
+    ``q = 1`` (Paddle's CPU kernel gives ``-1/2 - y``)."""
+
+_BOUND_BCE = """
+    Per element, reduction='none': loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same,
+    relative, for targets in {0, 1}, and in units of ulp(w (|(1-y) sigmoid(x)| + |q y sigmoid(-x)|)) for
+    soft targets.  'mean' / 'sum' <= 4 ULP; gradients of 'mean' / 'sum' or with an element-wise
+    ``grad_output``: one more ULP (the upstream factor's rounding).  Measured against
+    ``xentfast.reference``; the README lists the measured maxima."""
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, pos_weight=None, reduction="mean", *,
+                                     ignore_index=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
+    return _elementwise(_binary.OP_BCE_LOGITS, input, target, weight=weight, pos_weight=pos_weight,
+                        reduction=reduction, ignore_index=ignore_index, empty_mean=empty_mean,
+                        nan_policy=nan_policy, n_threads=n_threads).forward()
+
+
+def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, pos_weight=None,
+                                              reduction="mean", *, ignore_index=None, empty_mean="nan",
+                                              nan_policy="propagate", n_threads=None):
+    return _elementwise(_binary.OP_BCE_LOGITS, input, target, weight=weight, pos_weight=pos_weight,
+                        reduction=reduction, ignore_index=ignore_index, empty_mean=empty_mean,
+                        nan_policy=nan_policy, n_threads=n_threads).backward(grad_output)
+
+
+def binary_cross_entropy_with_logits_with_grad(input, target, weight=None, pos_weight=None, reduction="mean", *,
+                                               ignore_index=None, empty_mean="nan", nan_policy="propagate",
+                                               grad_output=None, out=None, inplace=False, n_threads=None):
+    return _elementwise(_binary.OP_BCE_LOGITS, input, target, inplace=inplace, weight=weight,
+                        pos_weight=pos_weight, reduction=reduction, ignore_index=ignore_index,
+                        empty_mean=empty_mean, nan_policy=nan_policy,
+                        n_threads=n_threads).with_grad(input, grad_output, out, inplace)
+
+
+binary_cross_entropy_with_logits.__doc__ = f"""Sigmoid (binary) cross-entropy from logits, torch semantics.
+
+    Parameters
+    ----------{_BCE_LOGITS_PARAMS}
+
+    Returns
+    -------
+    loss : ndarray of the input's shape and dtype for reduction='none', else a NumPy scalar
+
+    Error bound
+    -----------{_BOUND_BCE}
+
+    Notes
+    -----{_BCE_LOGITS_NOTES}
+
+    Examples
+    --------
+    >>> import numpy as np, xentfast as xf
+    >>> x = np.array([-40.0, 0.0, 20.0]); y = np.array([0.0, 1.0, 1.0])
+    >>> xf.binary_cross_entropy_with_logits(x, y, reduction="none")          # doctest: +SKIP
+    array([4.24835426e-18, 6.93147181e-01, 2.06115362e-09])
+    """
+
+binary_cross_entropy_with_logits_backward.__doc__ = f"""Gradient of :func:`binary_cross_entropy_with_logits`.
+
+    Returns d/d input of ``(binary_cross_entropy_with_logits(...) * grad_output).sum()``.
+
+    Parameters
+    ----------
+    grad_output : array_like or scalar
+        Upstream gradient: the input's shape for reduction='none', a scalar otherwise.{_BCE_LOGITS_PARAMS}
+
+    Returns
+    -------
+    dinput : ndarray of the input's shape and dtype
+
+    Error bound
+    -----------{_BOUND_BCE}
+
+    Notes
+    -----{_BCE_LOGITS_NOTES}
+    """
+
+binary_cross_entropy_with_logits_with_grad.__doc__ = f"""Loss and gradient of BCE with logits in one pass.
+
+    Returns ``(loss, dinput)``, bitwise equal to what :func:`binary_cross_entropy_with_logits` and
+    :func:`binary_cross_entropy_with_logits_backward` return separately.
+
+    Parameters
+    ----------{_BCE_LOGITS_PARAMS}
+    grad_output : array_like or scalar, optional
+        As in the backward function (default 1).
+    out : ndarray, optional
+        Buffer of the input's shape and dtype for the gradient (must not overlap the input).
+    inplace : bool, default False
+        Write the gradient into ``input`` (a writeable ndarray).
+
+    Returns
+    -------
+    loss, dinput
+
+    Error bound
+    -----------{_BOUND_BCE}
+
+    Notes
+    -----{_BCE_LOGITS_NOTES}
+    """
+
+
+# ---------------------------------------------------------------------------------------------------
+# focal loss
+
+def _check_focal(alpha, gamma):
+    a = _check_real(alpha, "alpha")
+    if a > 1:
+        raise ValueError(f"alpha: must be in [0, 1], or negative to switch the weighting off; got {alpha!r}")
+    g = _check_real(gamma, "gamma", 0.0)
+    return a, g
+
+
+_FOCAL_PARAMS = """
+    input : array_like of float32 or float64
+        Logits, any shape.
+    target : array_like
+        Targets in [0, 1], the input's shape; cast to the input's dtype.
+    alpha : float <= 1, default 0.25
+        Weight of the positive class, ``alpha_t = alpha y + (1 - alpha)(1 - y)``; negative switches the
+        weighting off (``alpha_t = 1``), as in torchvision.
+    gamma : float >= 0, default 2.0
+        Focusing exponent.
+    reduction : {'none', 'mean', 'sum'}, default 'none'
+        torchvision's default is 'none'; 'mean' divides by the number of kept elements.
+    ignore_index : int or float, optional
+        As in :func:`binary_cross_entropy_with_logits` (an extra; torchvision has none).
+    empty_mean, nan_policy, n_threads
+        As in :func:`binary_cross_entropy_with_logits`."""
+
+_FOCAL_NOTES = """
+    torchvision's definition, per element, with ``p = sigmoid(x)``, ``p_t = p y + (1 - p)(1 - y)``::
+
+        loss = alpha_t ce (1 - p_t)**gamma,    ce = (1 - y) softplus(x) + y softplus(-x)
+
+    evaluated as ``u = 1 - p_t = ((1-y) + y e)/(1 + e)`` (x >= 0) or ``((1-y) e + y)/(1 + e)`` (x < 0), a
+    sum of non-negative terms, and ``u**gamma = exp(gamma log u)`` with ``log u`` a double-double
+    (``log u = -softplus(+-x)`` exactly for y in {0, 1}).  The plain formula ``(1 - p_t)**gamma`` cancels
+    (``1 - p_t`` with ``p_t`` near 1) and underflows on the confident side long before the loss does;
+    here the confident side is computed in log space and scaled, and stays accurate down to the
+    subnormal range.  The gradient is the exact derivative::
+
+        d/dx = alpha_t u**gamma [(1 - y) sigmoid(x) - y sigmoid(-x) + gamma ce W (1 - 2y)],
+        W = sigmoid(x) sigmoid(-x) / u
+
+    ``gamma = 0`` gives the weighted BCE with logits (``0**0 = 1``).  Special values as BCE with logits;
+    ``x = +-inf`` on the confident side gives loss 0 and gradient 0.
+
+    Deliberate differences from torchvision: ``alpha`` above 1 is rejected (it makes ``alpha_t``
+    negative); ``ignore_index``, ``empty_mean`` and the backward functions are extras (torchvision relies
+    on autograd through the plain formula, whose gradient is 0 wherever ``1 - p_t`` rounds to 0)."""
+
+_BOUND_FOCAL = """
+    Per element: loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same, relative, for targets in
+    {0, 1}, and in units of ulp(alpha_t u**gamma (u + gamma ce W |1 - 2y|)) for soft targets.
+    'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one more ULP."""
+
+
+def sigmoid_focal_loss(input, target, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
+                       empty_mean="nan", nan_policy="propagate", n_threads=None):
+    a, g = _check_focal(alpha, gamma)
+    return _elementwise(_binary.OP_FOCAL, input, target, alpha=a, gamma=g, reduction=reduction,
+                        ignore_index=ignore_index, empty_mean=empty_mean, nan_policy=nan_policy,
+                        n_threads=n_threads).forward()
+
+
+def sigmoid_focal_loss_backward(grad_output, input, target, alpha=0.25, gamma=2.0, reduction="none", *,
+                                ignore_index=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
+    a, g = _check_focal(alpha, gamma)
+    return _elementwise(_binary.OP_FOCAL, input, target, alpha=a, gamma=g, reduction=reduction,
+                        ignore_index=ignore_index, empty_mean=empty_mean, nan_policy=nan_policy,
+                        n_threads=n_threads).backward(grad_output)
+
+
+def sigmoid_focal_loss_with_grad(input, target, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
+                                 empty_mean="nan", nan_policy="propagate", grad_output=None, out=None,
+                                 inplace=False, n_threads=None):
+    a, g = _check_focal(alpha, gamma)
+    return _elementwise(_binary.OP_FOCAL, input, target, inplace=inplace, alpha=a, gamma=g,
+                        reduction=reduction, ignore_index=ignore_index, empty_mean=empty_mean,
+                        nan_policy=nan_policy, n_threads=n_threads).with_grad(input, grad_output, out, inplace)
+
+
+sigmoid_focal_loss.__doc__ = f"""Sigmoid focal loss (Lin et al. 2017) with torchvision's semantics.
+
+    Parameters
+    ----------{_FOCAL_PARAMS}
+
+    Returns
+    -------
+    loss : ndarray of the input's shape and dtype for reduction='none', else a NumPy scalar
+
+    Error bound
+    -----------{_BOUND_FOCAL}
+
+    Notes
+    -----{_FOCAL_NOTES}
+    """
+
+sigmoid_focal_loss_backward.__doc__ = f"""Gradient of :func:`sigmoid_focal_loss` with respect to ``input``.
+
+    Parameters
+    ----------
+    grad_output : array_like or scalar
+        Upstream gradient: the input's shape for reduction='none', a scalar otherwise.{_FOCAL_PARAMS}
+
+    Returns
+    -------
+    dinput : ndarray of the input's shape and dtype
+
+    Error bound
+    -----------{_BOUND_FOCAL}
+
+    Notes
+    -----{_FOCAL_NOTES}
+    """
+
+sigmoid_focal_loss_with_grad.__doc__ = f"""Focal loss and its gradient in one pass (same bits as separately).
+
+    Parameters
+    ----------{_FOCAL_PARAMS}
+    grad_output, out, inplace
+        As in :func:`binary_cross_entropy_with_logits_with_grad`.
+
+    Returns
+    -------
+    loss, dinput
+
+    Error bound
+    -----------{_BOUND_FOCAL}
+
+    Notes
+    -----{_FOCAL_NOTES}
+    """
+
+
+# ---------------------------------------------------------------------------------------------------
+# BCE from probabilities
+
+def _prob_modes(eps, log_clamp):
+    e = _check_eps(eps)
+    c = _check_log_clamp(log_clamp)
+    if e is not None and c is not None:
+        raise ValueError(f"eps and log_clamp: pick one convention (got eps={eps!r}, log_clamp={log_clamp!r})")
+    return e, c
+
+
+_BCE_PROB_PARAMS = """
+    input : array_like of float32 or float64
+        Probabilities in [0, 1] (NaN propagates), any shape.
+    target : array_like
+        Targets in [0, 1], the input's shape; cast to the input's dtype.
+    weight : array_like, optional
+        Element weights, finite and >= 0, broadcast to the input.
+    reduction : {'none', 'mean', 'sum'}, default 'mean'
+        'mean' divides by the number of elements (torch).
+    eps : float in [0, 0.5], optional
+        Keras's convention: clip ``p`` to ``[eps, 1 - eps]`` (as real numbers) before taking logs; the
+        gradient is the exact gradient of that clipped function, 0 where ``p`` was clipped.
+    log_clamp : float <= 0, optional
+        torch's ``BCELoss`` convention: each log is replaced by ``max(log, log_clamp)``; torch uses
+        -100.  The gradient is the exact gradient of the clamped function (0 where clamped).
+    empty_mean, nan_policy, n_threads
+        As in :func:`binary_cross_entropy_with_logits`."""
+
+_BCE_PROB_NOTES = """
+    One formula in every mode::
+
+        loss = w [-y log p_c - (1 - y) log(1 - p_c)],    d/dp = w [(1 - y)/(1 - p) - y/p]
+
+    with ``p_c = p`` by default, ``-log 0 = +inf`` and the gradient to match (``-inf`` at ``p = 0 < y``,
+    ``+inf`` at ``p = 1 > y``), ``0 * inf = 0`` for a term whose mass is 0.  ``log(1 - p)`` is
+    ``log1p(-p)`` (no ``1 - p`` rounding) and ``1 - p`` in the gradient is carried exactly.
+
+    Which to call: if you have the logits, call :func:`binary_cross_entropy_with_logits`; ``sigmoid``
+    loses everything below ``p = 2^-53`` near 1 and no clipping gets it back (README, "Logits or
+    probabilities?").
+
+    Deliberate differences: torch's ``BCELoss`` clamps the log at -100 in its forward and its backward
+    uses ``w (p - y) / max(p (1 - p), 1e-12)``, which is not the derivative of its forward where the
+    clamp or the 1e-12 bites; ``log_clamp=-100`` reproduces its forward and gives the derivative of that
+    forward.  Keras clips to ``[eps, 1 - eps]`` with ``1 - eps`` rounded to the tensor's dtype (float32:
+    ``1 - 1e-7`` is ``1 - 1.19e-7``) and its ``binary_crossentropy`` then adds ``eps`` inside the logs
+    again (keras#15249); xentfast clips once, with exact bounds."""
+
+_BOUND_BCE_PROB = """
+    Per element: loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same, relative, for targets in
+    {0, 1}, and in units of ulp(w ((1-y)/(1-p) + y/p)) for soft targets.  'mean' / 'sum' <= 4 ULP;
+    gradients of reductions or with ``grad_output``: one more ULP."""
+
+
+def binary_cross_entropy(input, target, weight=None, reduction="mean", *, eps=None, log_clamp=None,
+                         empty_mean="nan", nan_policy="propagate", n_threads=None):
+    e, c = _prob_modes(eps, log_clamp)
+    return _elementwise(_binary.OP_BCE_PROB, input, target, weight=weight, reduction=reduction,
+                        empty_mean=empty_mean, nan_policy=nan_policy, n_threads=n_threads, what="probabilities",
+                        eps=e, log_clamp=c).forward()
+
+
+def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduction="mean", *, eps=None,
+                                  log_clamp=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
+    e, c = _prob_modes(eps, log_clamp)
+    return _elementwise(_binary.OP_BCE_PROB, input, target, weight=weight, reduction=reduction,
+                        empty_mean=empty_mean, nan_policy=nan_policy, n_threads=n_threads, what="probabilities",
+                        eps=e, log_clamp=c).backward(grad_output)
+
+
+def binary_cross_entropy_with_grad(input, target, weight=None, reduction="mean", *, eps=None, log_clamp=None,
+                                   empty_mean="nan", nan_policy="propagate", grad_output=None, out=None,
+                                   inplace=False, n_threads=None):
+    e, c = _prob_modes(eps, log_clamp)
+    return _elementwise(_binary.OP_BCE_PROB, input, target, inplace=inplace, weight=weight, reduction=reduction,
+                        empty_mean=empty_mean, nan_policy=nan_policy, n_threads=n_threads, what="probabilities",
+                        eps=e, log_clamp=c).with_grad(input, grad_output, out, inplace)
+
+
+binary_cross_entropy.__doc__ = f"""Binary cross-entropy from probabilities (torch's ``binary_cross_entropy``).
+
+    Parameters
+    ----------{_BCE_PROB_PARAMS}
+
+    Returns
+    -------
+    loss : ndarray of the input's shape and dtype for reduction='none', else a NumPy scalar
+
+    Error bound
+    -----------{_BOUND_BCE_PROB}
+
+    Notes
+    -----{_BCE_PROB_NOTES}
+    """
+
+binary_cross_entropy_backward.__doc__ = f"""Gradient of :func:`binary_cross_entropy` with respect to ``input``.
+
+    Parameters
+    ----------
+    grad_output : array_like or scalar
+        Upstream gradient: the input's shape for reduction='none', a scalar otherwise.{_BCE_PROB_PARAMS}
+
+    Returns
+    -------
+    dinput : ndarray of the input's shape and dtype
+
+    Error bound
+    -----------{_BOUND_BCE_PROB}
+
+    Notes
+    -----{_BCE_PROB_NOTES}
+    """
+
+binary_cross_entropy_with_grad.__doc__ = f"""BCE from probabilities and its gradient in one pass.
+
+    Parameters
+    ----------{_BCE_PROB_PARAMS}
+    grad_output, out, inplace
+        As in :func:`binary_cross_entropy_with_logits_with_grad`.
+
+    Returns
+    -------
+    loss, dinput
+
+    Error bound
+    -----------{_BOUND_BCE_PROB}
+
+    Notes
+    -----{_BCE_PROB_NOTES}
+    """
+
+
+# ---------------------------------------------------------------------------------------------------
+# cross-entropy from class probabilities
+
+
+class _ProbsProblem(_api._Problem):
+    """A validated cross_entropy_from_probs call.
+
+    Reuses the softmax family's problem object for torch's mean denominator and the upstream factor;
+    the input check, the kernel and the reduction are its own (the softmax kernel's row-loss scaling for
+    `mean` does not apply here: a row loss is at most w_y * 745).
+    """
+
+    def __init__(self, input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy,
+                 n_threads, inplace=False):
+        x = _as_float_input(input, writeable=inplace, what="probabilities")
+        if x.ndim == 0:
+            raise ValueError("input: expected at least 1 dimension (the class axis), got a 0-d array")
+        self.x_orig = x
+        self.dtype = x.dtype
+        self.axis = _class_axis(axis, x.ndim)
+        self.reduction = _check_choice(reduction, _REDUCTIONS, "reduction")
+        self.empty_mean = _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
+        self.eps = 0.0
+        self.z = 0.0
+        self.clip_eps = _check_eps(eps)
+        try:
+            self.ignore_index = operator.index(ignore_index)
+        except TypeError:
+            raise TypeError(f"ignore_index: expected an int, got {ignore_index!r}") from None
+        self.rows, self.batch_shape, self.C = _rows(x, self.axis)
+        if self.C == 0:
+            raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
+        self.y, self.t = _split_target(target, x, self.axis, self.batch_shape, self.C, self.ignore_index)
+        self.w = _class_weights(weight, self.C)
+        _check_probabilities(x)
+        _check_nan_policy(nan_policy, x)
+        self.N = self.rows.shape[0]
+        self.n_threads = threads_for(n_threads, self.N * self.C)
+
+    def _kernel(self, w, rs, scale, loss, grad, loss_k=0.0):
+        y = self.y if self.y is not None else np.empty(0, dtype=np.int64)
+        t = self.t if self.t is not None else np.empty((0, 0), dtype=self.dtype)
+        g = grad if grad is not None else np.empty((0, 0), dtype=self.dtype)
+        clip = self.clip_eps is not None
+        _binary.ce_probs(self.rows, y, t, w if w is not None else _EMPTY, self.ignore_index,
+                         rs if rs is not None else _EMPTY, scale, clip, self.clip_eps if clip else 0.0, loss, g,
+                         self.n_threads, self.y is not None, self.t is not None, w is not None, rs is not None,
+                         grad is not None, loss_k)
+
+    def run(self, grad=None, grad_output=None):
+        loss = np.empty(self.N, dtype=np.float64)
+        row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
+        if grad is not None and not math.isfinite(scale) and self.y is not None and self.denominator() > 0:
+            # 'mean' over subnormal class weights: grad_output / sum(w_y) overflows although every
+            # w_y / sum(w_y) <= 1; fold the denominator into the weights for the gradient instead
+            den = self.denominator()
+            g = 1.0 if grad_output is None else float(np.asarray(grad_output))
+            w = self.w if self.w is not None else np.ones(self.C)
+            self._kernel(w / den, None, g, np.empty(self.N), grad)
+            self._kernel(self.w, None, 1.0, loss, None)
+        else:
+            self._kernel(self.w, row_scale, scale, loss, grad)
+        if grad is not None and self.reduction == "mean" and self.denominator() == 0:
+            # nothing averaged: the mean is a constant, its gradient 0 even on NaN rows (softmax policy)
+            grad[...] = 0
+        return loss
+
+    def loss_scale(self):
+        return 0
+
+    def reduce(self, row_losses):
+        if self.reduction == "none":
+            with np.errstate(over="ignore"):
+                return row_losses.astype(self.dtype).reshape(self.batch_shape)
+        if _tiny_terms(row_losses):
+            scaled = np.empty(self.N, dtype=np.float64)
+            self._kernel(self.w, None, 1.0, scaled, None, _TINY_K)
+            den = self.denominator() if self.reduction == "mean" else 1.0
+            return _reduce_scaled(scaled, self.reduction, den, self.empty_mean, self.dtype)
+        hi, lo = _xent.dd_sum(row_losses)
+        if self.reduction == "sum":
+            total = hi + lo
+        else:
+            den = self.denominator()
+            if den == 0:
+                return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
+            total = hi / den + lo / den
+        with np.errstate(over="ignore"):
+            return self.dtype.type(total)
+
+
+_CE_PROBS_PARAMS = """
+    input : array_like of float32 or float64
+        Class probabilities in [0, 1] (NaN propagates); the class axis is ``axis``.  Rows need not sum
+        to 1 (no renormalisation; Keras divides by the row sum first).
+    target : array_like
+        Integer class indices (the input's shape without ``axis``) or class probabilities (the input's
+        shape, cast to its dtype).
+    weight : array_like, shape (C,), optional
+        Class weights, finite and >= 0.
+    ignore_index : int, default -100
+        Index targets equal to it contribute 0 and leave the mean (as in torch's ``nll_loss``).
+    reduction : {'none', 'mean', 'sum'}, default 'mean'
+        'mean' divides by the sum of the target classes' weights over kept rows (index targets) or by
+        the number of rows (probability targets), as torch does.
+    axis : int, default -1
+        The class axis.
+    eps : float in [0, 0.5], optional
+        Keras's ``categorical_crossentropy``: clip ``p`` to ``[eps, 1 - eps]`` first; the gradient is 0
+        where clipped.
+    empty_mean : {'nan', 'zero'}, default 'nan'
+        As in :func:`xentfast.cross_entropy`.
+    nan_policy : {'propagate', 'raise'}, default 'propagate'
+        A NaN anywhere in a row makes that row's loss and gradient NaN; 'raise' raises instead.
+    n_threads : int, optional
+        OpenMP threads (rows are the parallel unit); results are identical for every value."""
+
+_CE_PROBS_NOTES = """
+    Per row: ``loss = -sum_c q_c log p_c`` with ``q_c = w_y [c = y]`` (index targets, torch's
+    ``nll_loss(log p, y)``) or ``q_c = w_c t_c`` (probability targets); ``d/dp_j = -q_j / p_j``.  The
+    sum runs over non-negative terms with TwoSum compensation; ``-log 0 = +inf`` (gradient ``-inf``)
+    where ``q > 0``, and ``0 * inf = 0`` where ``q = 0``.
+
+    Which to call: from logits, :func:`xentfast.cross_entropy` is exact where ``log(softmax(x))`` is
+    not (a float32 softmax underflows to 0 once a logit gap passes ~104, and ``p_y`` near 1 has lost the
+    digits of ``1 - p_y``); see the README, "Logits or probabilities?".
+
+    Deliberate differences: torch's ``nll_loss`` takes log-probabilities (this takes probabilities);
+    Keras renormalises rows and clips with ``1 - eps`` rounded to float32."""
+
+_BOUND_CE_PROBS = """
+    Per row: loss <= 2 ULP (float32), <= 4 ULP (float64); every gradient entry the same, relative (no
+    entry is a difference).  'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one
+    more ULP."""
+
+
+def cross_entropy_from_probs(input, target, weight=None, ignore_index=-100, reduction="mean", *, axis=-1,
+                             eps=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
+    p = _ProbsProblem(input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy, n_threads)
+    return p.reduce(p.run())
+
+
+def cross_entropy_from_probs_backward(grad_output, input, target, weight=None, ignore_index=-100,
+                                      reduction="mean", *, axis=-1, eps=None, empty_mean="nan",
+                                      nan_policy="propagate", n_threads=None):
+    p = _ProbsProblem(input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy, n_threads)
+    buf, dest = _grad_target(p, None, False)
+    p.run(grad=buf, grad_output=grad_output)
+    return _finish_grad(p, buf, dest)
+
+
+def cross_entropy_from_probs_with_grad(input, target, weight=None, ignore_index=-100, reduction="mean", *,
+                                       axis=-1, eps=None, empty_mean="nan", nan_policy="propagate",
+                                       grad_output=None, out=None, inplace=False, n_threads=None):
+    p = _ProbsProblem(input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy, n_threads,
+                      inplace=inplace)
+    buf, dest = _grad_target(p, out, inplace)
+    losses = p.run(grad=buf, grad_output=grad_output)
+    return p.reduce(losses), _finish_grad(p, buf, dest)
+
+
+cross_entropy_from_probs.__doc__ = f"""Cross-entropy from class probabilities (torch's ``nll_loss`` of ``log p``).
+
+    Parameters
+    ----------{_CE_PROBS_PARAMS}
+
+    Returns
+    -------
+    loss : ndarray (the input's shape without ``axis``) for reduction='none', else a NumPy scalar
+
+    Error bound
+    -----------{_BOUND_CE_PROBS}
+
+    Notes
+    -----{_CE_PROBS_NOTES}
+    """
+
+cross_entropy_from_probs_backward.__doc__ = f"""Gradient of :func:`cross_entropy_from_probs` w.r.t. ``input``.
+
+    Parameters
+    ----------
+    grad_output : array_like or scalar
+        Upstream gradient: the loss's shape for reduction='none', a scalar otherwise.{_CE_PROBS_PARAMS}
+
+    Returns
+    -------
+    dinput : ndarray of the input's shape and dtype
+
+    Error bound
+    -----------{_BOUND_CE_PROBS}
+
+    Notes
+    -----{_CE_PROBS_NOTES}
+    """
+
+cross_entropy_from_probs_with_grad.__doc__ = f"""Cross-entropy from probabilities and its gradient in one pass.
+
+    Parameters
+    ----------{_CE_PROBS_PARAMS}
+    grad_output, out, inplace
+        As in :func:`xentfast.cross_entropy_with_grad`.
+
+    Returns
+    -------
+    loss, dinput
+
+    Error bound
+    -----------{_BOUND_CE_PROBS}
+
+    Notes
+    -----{_CE_PROBS_NOTES}
+    """

@@ -1,0 +1,586 @@
+"""BCE with logits and the sigmoid focal loss: the accuracy contract against the mpmath reference on
+adversarial inputs, the founding cases pinned, torch/torchvision semantics on ordinary inputs,
+determinism, layouts and bad input.
+
+Bounds (README): per element loss <= 2 ULP (float32) / <= 4 ULP (float64); gradient the same, relative for
+targets in {0, 1} and in ulps of the sum of the magnitudes of the cancelling terms for soft targets (the
+reference's `scale`, which equals |gradient| when one term is 0, so it is used throughout); mean/sum
+<= 4 ULP; gradients of reductions or with a grad_output array one more ULP.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+import xentfast as xf
+from xentfast import reference as ref
+from xentfast.testing import assert_ulp_close, binary_logits, binary_targets, binary_xent_cases
+
+DTYPES = [np.float32, np.float64]
+BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
+REDUCED_BOUND = 4.0
+ids = lambda d: np.dtype(d).name  # noqa: E731
+
+
+def _kw(case):
+    return dict(weight=case.weight, pos_weight=case.pos_weight, ignore_index=case.ignore_index)
+
+
+# ---- the contract, BCE with logits -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_bce_logits_elements_within_bound(dtype, data):
+    case = data.draw(binary_xent_cases(dtype))
+    x, t, kw = case.logits, case.target, _kw(case)
+    bound = BOUND[np.dtype(dtype)]
+    inputs = {"x": x, "target": t, "weight": case.weight, "pos_weight": case.pos_weight}
+    inputs = {k: v for k, v in inputs.items() if v is not None}
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction="none", **kw)
+    assert loss.dtype == dtype and grad.dtype == dtype and loss.shape == x.shape
+    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(x, t, reduction="none", **kw), bound,
+                     inputs=inputs, err_msg=f"loss, {kw}")
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(x, t, reduction="none", return_scale=True, **kw)
+    assert_ulp_close(grad, exact, bound, scale=scale, inputs=inputs, err_msg=f"gradient, {kw}")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_bce_logits_reductions_within_bound(dtype, reduction, data):
+    case = data.draw(binary_xent_cases(dtype, max_size=24))
+    x, t, kw = case.logits, case.target, _kw(case)
+    g = data.draw(st.sampled_from([1.0, 0.5, 3.0]))
+    empty_mean = data.draw(st.sampled_from(["nan", "zero"]))
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction, grad_output=g,
+                                                                empty_mean=empty_mean, **kw)
+    want = ref.binary_cross_entropy_with_logits(x, t, reduction=reduction, empty_mean=empty_mean, **kw)
+    assert_ulp_close(np.asarray(loss), want, REDUCED_BOUND, dtype=dtype, inputs={"x": x, "target": t})
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(x, t, reduction=reduction, grad_output=g,
+                                                             return_scale=True, **kw)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"x": x, "target": t})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_bce_logits_grad_output_per_element(dtype, data):
+    case = data.draw(binary_xent_cases(dtype, max_size=24))
+    x, t, kw = case.logits, case.target, _kw(case)
+    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.size), np.full(x.size, 0.25)])).reshape(x.shape)
+    grad = xf.binary_cross_entropy_with_logits_backward(g.astype(dtype), x, t, reduction="none", **kw)
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(x, t, reduction="none", grad_output=g.astype(dtype),
+                                                             return_scale=True, **kw)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"x": x, "target": t})
+
+
+# ---- the contract, focal loss ------------------------------------------------------------------------
+
+FOCAL_PARAMS = st.tuples(st.sampled_from([0.25, 0.25, -1.0, 0.0, 1.0, 0.5, 0.8]),
+                         st.sampled_from([2.0, 2.0, 0.0, 0.5, 1.0, 3.7, 5.0]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_focal_elements_within_bound(dtype, data):
+    x = data.draw(binary_logits(dtype))
+    t = data.draw(binary_targets(x.shape, dtype))
+    alpha, gamma = data.draw(FOCAL_PARAMS)
+    note(f"alpha={alpha}, gamma={gamma}")
+    bound = BOUND[np.dtype(dtype)]
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, alpha, gamma)
+    assert_ulp_close(loss, ref.sigmoid_focal_loss(x, t, alpha, gamma), bound, inputs={"x": x, "target": t},
+                     err_msg=f"focal loss alpha={alpha} gamma={gamma}")
+    exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, return_scale=True)
+    assert_ulp_close(grad, exact, bound, scale=scale, inputs={"x": x, "target": t},
+                     err_msg=f"focal gradient alpha={alpha} gamma={gamma}")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_focal_reductions_within_bound(dtype, reduction, data):
+    x = data.draw(binary_logits(dtype, max_size=24))
+    t = data.draw(binary_targets(x.shape, dtype))
+    alpha, gamma = data.draw(FOCAL_PARAMS)
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, alpha, gamma, reduction=reduction, grad_output=3.0)
+    assert_ulp_close(np.asarray(loss), ref.sigmoid_focal_loss(x, t, alpha, gamma, reduction=reduction),
+                     REDUCED_BOUND, dtype=dtype, inputs={"x": x, "target": t})
+    exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, reduction=reduction, grad_output=3.0,
+                                               return_scale=True)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"x": x, "target": t})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_focal_gamma_zero_is_weighted_bce(dtype):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(200) * 6).astype(dtype)
+    t = rng.random(200).astype(dtype)
+    t[::3] = np.round(t[::3])
+    alpha = 0.3
+    alpha_t = alpha * t.astype(np.float64) + (1 - alpha) * (1 - t.astype(np.float64))
+    focal = xf.sigmoid_focal_loss(x, t, alpha=alpha, gamma=0.0)
+    bce = ref.binary_cross_entropy_with_logits(x, t, weight=alpha_t, reduction="none")
+    # the weight alpha_t is rounded here and exact inside the focal loss: one more rounding of slack
+    assert_ulp_close(focal, bce, BOUND[np.dtype(dtype)] + 1, inputs={"x": x, "t": t})
+    # without alpha: BCE with logits itself (evaluated differently, in log space, so held to the bound
+    # rather than to BCE's bits)
+    plain = xf.sigmoid_focal_loss_with_grad(x, t, alpha=-1.0, gamma=0.0)
+    assert_ulp_close(plain[0], ref.binary_cross_entropy_with_logits(x, t, reduction="none"), BOUND[np.dtype(dtype)])
+    _, scale = ref.binary_cross_entropy_with_logits_grad(x, t, reduction="none", return_scale=True)
+    assert_ulp_close(plain[1], ref.binary_cross_entropy_with_logits_grad(x, t, reduction="none"),
+                     BOUND[np.dtype(dtype)], scale=scale)
+
+
+# ---- the founding cases and the documented special values ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("zero", [0.0, -0.0])
+def test_gradient_at_zero_has_no_kink_convention(dtype, zero):
+    # Paddle's CPU grad kernel gives -y - 1/2 at x = 0 (anchors b.3-5), TF's weighted form 1 - y: the
+    # derivative is (1 - y)/2 - q y/2 for every pos_weight q
+    y = np.array([0.0, 0.3, 0.5, 1.0, 1.0, 0.3], dtype=dtype)
+    q = np.array([1.0, 1.0, 1.0, 1.0, 3.0, 0.25], dtype=dtype)
+    x = np.full(6, zero, dtype=dtype)
+    loss, g = xf.binary_cross_entropy_with_logits_with_grad(x, y, pos_weight=q, reduction="none")
+    want = (1 - y.astype(np.float64)) / 2 - q * y.astype(np.float64) / 2
+    assert_ulp_close(g, want.astype(object), BOUND[np.dtype(dtype)])
+    assert g[0] == 0.5 and g[3] == -0.5 and g[4] == -1.5
+    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(x, y, pos_weight=q, reduction="none"), 1.0)
+
+
+def test_paddle_pos_weight_forward_example():
+    # Paddle PR #65859: logit -14.91, y = 1, pos_weight = 3 must give 44.73 (Paddle gave 14.913)
+    loss = xf.binary_cross_entropy_with_logits(np.array([-14.91]), np.array([1.0]), pos_weight=np.array([3.0]))
+    assert abs(loss - 44.73) < 1e-4
+
+
+@pytest.mark.parametrize("x, y, dtype, want", [
+    (-40.0, 0.0, np.float64, 4.248354255291589e-18),    # pytorch#195529: torch's forward gives 0
+    (-40.0, 0.0, np.float32, 4.248354255291589e-18),
+    (30.0, 1.0, np.float32, 9.357622968840175e-14),
+], ids=["f64-x=-40", "f32-x=-40", "f32-x=30"])
+def test_confident_correct_loss_is_not_zero(x, y, dtype, want):
+    loss = xf.binary_cross_entropy_with_logits(np.array([x], dtype=dtype), np.array([y], dtype=dtype),
+                                               reduction="none")
+    assert loss[0] > 0
+    assert_ulp_close(loss, np.array([want], dtype=object), 1.0)
+
+
+@pytest.mark.parametrize("x, dtype", [(20.0, np.float32), (37.43, np.float64), (700.0, np.float64),
+                                      (80.0, np.float32)])
+def test_saturated_gradient_is_not_zero(x, dtype):
+    # torch's l sigmoid(x) - q y is sigmoid(x) - 1 = 0 there (pytorch#195677); the exact value is
+    # -sigmoid(-x), representable
+    xs, ys = np.array([x], dtype=dtype), np.array([1.0], dtype=dtype)
+    g = xf.binary_cross_entropy_with_logits_backward(np.ones(1, dtype), xs, ys, reduction="none")
+    assert g[0] < 0
+    assert_ulp_close(g, ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none"), BOUND[np.dtype(dtype)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_special_values(dtype):
+    inf, nan = np.inf, np.nan
+    x = np.array([inf, inf, -inf, -inf, nan, -120.0, 1e30, -1e30], dtype=dtype)
+    y = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5], dtype=dtype)
+    loss, g = xf.binary_cross_entropy_with_logits_with_grad(x, y, pos_weight=np.ones(8), reduction="none")
+    assert loss[0] == inf and loss[1] == 0 and loss[2] == 0 and loss[3] == inf
+    assert list(g[:4]) == [1.0, 0.0, 0.0, -1.0]
+    assert np.isnan(loss[4]) and np.isnan(g[4])
+    assert loss[5] == 120.0
+    assert loss[6] == dtype(1e30) and g[6] == 1.0
+    assert loss[7] == dtype(0.5e30) and g[7] == -0.5
+    # a zero coefficient beats an infinite softplus: no 0 * inf = NaN
+    z = xf.binary_cross_entropy_with_logits(np.array([-inf, inf], dtype=dtype), np.array([1.0, 0.0], dtype=dtype),
+                                            weight=np.array([0.0, 0.0]), reduction="none")
+    assert list(z) == [0.0, 0.0]
+    q0 = xf.binary_cross_entropy_with_logits(np.array([-inf], dtype=dtype), np.array([1.0], dtype=dtype),
+                                             pos_weight=np.array([0.0]), reduction="none")
+    assert q0[0] == 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_focal_special_values(dtype):
+    inf, nan = np.inf, np.nan
+    x = np.array([inf, inf, -inf, -inf, nan, 0.0, 800.0], dtype=dtype)
+    y = np.array([0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=dtype)
+    loss, g = xf.sigmoid_focal_loss_with_grad(x, y)
+    assert loss[0] == inf and loss[1] == 0 and loss[2] == 0 and loss[3] == inf
+    assert g[1] == 0 and g[2] == 0 and np.isfinite(g[[0, 3]]).all()
+    assert np.isnan(loss[4]) and np.isnan(g[4])
+    # x = 0, y = 1: alpha log(2) / 4 and -alpha (1/2 + gamma log(2)/2) / 4
+    assert_ulp_close(loss[5:6], ref.sigmoid_focal_loss(x[5:6], y[5:6]), BOUND[np.dtype(dtype)])
+    assert_ulp_close(g[5:6], ref.sigmoid_focal_loss_grad(x[5:6], y[5:6]), BOUND[np.dtype(dtype)])
+    assert loss[6] == 0 and g[6] <= 0
+
+
+def test_focal_confident_side_stays_accurate_where_the_plain_formula_underflows():
+    # (1 - p_t)**gamma with p_t = sigmoid(x) rounds to 0 in float64 once x > 37; the loss is ~e^{-3x}
+    x = np.array([40.0, 100.0, 200.0, 240.0])
+    y = np.ones(4)
+    loss, g = xf.sigmoid_focal_loss_with_grad(x, y)
+    assert (loss > 0).all() and (g < 0).all()
+    assert_ulp_close(loss, ref.sigmoid_focal_loss(x, y), 4.0)
+    assert_ulp_close(g, ref.sigmoid_focal_loss_grad(x, y), 4.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_ignore_index_and_empty_mean(dtype):
+    x = np.array([[np.nan, 1.0], [np.inf, -2.0]], dtype=dtype)
+    t = np.array([[-100, 1.0], [-100, 0.0]], dtype=dtype)
+    loss, g = xf.binary_cross_entropy_with_logits_with_grad(x, t, ignore_index=-100, reduction="none")
+    assert loss[0, 0] == 0 and loss[1, 0] == 0 and g[0, 0] == 0 and g[1, 0] == 0
+    mean = xf.binary_cross_entropy_with_logits(x, t, ignore_index=-100)
+    assert_ulp_close(np.asarray(mean), ref.binary_cross_entropy_with_logits(x, t, ignore_index=-100), 4, dtype=dtype)
+    all_ignored = np.full((2, 2), -1.0, dtype=dtype)
+    assert np.isnan(xf.binary_cross_entropy_with_logits(x, all_ignored, ignore_index=-1))
+    assert xf.binary_cross_entropy_with_logits(x, all_ignored, ignore_index=-1, empty_mean="zero") == 0
+    for policy in ("nan", "zero"):
+        _, g = xf.binary_cross_entropy_with_logits_with_grad(x, all_ignored, ignore_index=-1, empty_mean=policy)
+        assert (g == 0).all()
+    assert np.isnan(xf.binary_cross_entropy_with_logits(np.zeros(0, dtype), np.zeros(0, dtype)))
+    assert xf.binary_cross_entropy_with_logits(np.zeros(0, dtype), np.zeros(0, dtype), reduction="sum") == 0
+
+
+def test_mean_is_the_mean_of_none():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((300, 7)) * 5
+    t = rng.random((300, 7))
+    rows = xf.binary_cross_entropy_with_logits(x, t, reduction="none")
+    assert xf.binary_cross_entropy_with_logits(x, t) == pytest.approx(rows.mean(), rel=1e-15)
+
+
+# ---- weights broadcast like torch --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wshape", [(), (5,), (4, 1), (1, 5), (4, 5), (3, 4, 1), (3, 1, 5)], ids=str)
+def test_weight_broadcasting_patterns(wshape):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 4, 5))
+    t = rng.random((3, 4, 5))
+    w = rng.random(wshape) + 0.5
+    wb = np.broadcast_to(w, x.shape)
+    got = xf.binary_cross_entropy_with_logits_with_grad(x, t, weight=w, pos_weight=w, reduction="none")
+    full = xf.binary_cross_entropy_with_logits_with_grad(x, t, weight=np.ascontiguousarray(wb),
+                                                         pos_weight=np.ascontiguousarray(wb), reduction="none")
+    assert np.array_equal(got[0], full[0]) and np.array_equal(got[1], full[1])
+
+
+# ---- torch / torchvision semantics on ordinary inputs ------------------------------------------------
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weights", ["none", "weight-C", "weight-N1", "pos_weight-C", "both-full"])
+@pytest.mark.parametrize("targets", ["hard", "soft"])
+def test_bce_logits_agrees_with_torch(reduction, weights, targets):
+    torch = _torch()
+    rng = np.random.default_rng(abs(hash((reduction, weights, targets))) % 2**32)
+    x = rng.standard_normal((9, 5)) * 3
+    t = rng.random((9, 5))
+    if targets == "hard":
+        t = np.round(t)
+    kw = {}
+    if weights == "weight-C":
+        kw["weight"] = rng.random(5) + 0.1
+    elif weights == "weight-N1":
+        kw["weight"] = rng.random((9, 1)) + 0.1
+    elif weights == "pos_weight-C":
+        kw["pos_weight"] = rng.random(5) * 4
+    elif weights == "both-full":
+        kw["weight"] = rng.random((9, 5))
+        kw["pos_weight"] = rng.random((9, 5)) * 4
+    xt = torch.tensor(x, requires_grad=True)
+    tk = {k: torch.tensor(v) for k, v in kw.items()}
+    want = torch.nn.functional.binary_cross_entropy_with_logits(xt, torch.tensor(t), reduction=reduction, **tk)
+    want.sum().backward()
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction, **kw)
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def _torchvision_formula(torch, x, t, alpha, gamma, reduction):
+    """torchvision.ops.sigmoid_focal_loss, written out (torchvision is not a test dependency)."""
+    p = torch.sigmoid(x)
+    ce = torch.nn.functional.binary_cross_entropy_with_logits(x, t, reduction="none")
+    p_t = p * t + (1 - p) * (1 - t)
+    loss = ce * ((1 - p_t) ** gamma)
+    if alpha >= 0:
+        loss = (alpha * t + (1 - alpha) * (1 - t)) * loss
+    return {"none": loss, "mean": loss.mean(), "sum": loss.sum()}[reduction]
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("alpha, gamma", [(0.25, 2.0), (-1.0, 2.0), (0.6, 0.0), (0.25, 0.5), (0.9, 3.0)])
+def test_focal_agrees_with_torchvision_semantics(reduction, alpha, gamma):
+    torch = _torch()
+    rng = np.random.default_rng(abs(int(alpha * 100 + gamma * 10)) + len(reduction))
+    x = rng.standard_normal((8, 6)) * 3
+    t = rng.random((8, 6))
+    t[::2] = np.round(t[::2])
+    xt = torch.tensor(x, requires_grad=True)
+    want = _torchvision_formula(torch, xt, torch.tensor(t), alpha, gamma, reduction)
+    want.sum().backward()
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, alpha, gamma, reduction=reduction)
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-10, atol=1e-14)
+    try:
+        from torchvision.ops import sigmoid_focal_loss as tv_focal
+    except ImportError:
+        return  # torchvision is optional: the formula above is its definition
+    tv = tv_focal(torch.tensor(x), torch.tensor(t), alpha=alpha, gamma=gamma, reduction=reduction)
+    np.testing.assert_allclose(loss, tv.numpy(), rtol=1e-12, atol=1e-15)
+
+
+# ---- determinism, fused vs separate, layouts ---------------------------------------------------------
+
+THREADS = [1, 2, 3, 8]
+
+
+def _big_problem(dtype, n=200_004, seed=4):
+    # > 8 * 16384 elements, so threads_for really starts 8 threads; 200004 = 195 * 1024 + 324 leaves a
+    # partial block
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 8).astype(dtype)
+    x[::97] = 0.0
+    x[::1001] = 40.0
+    t = rng.random(n).astype(dtype)
+    t[::2] = np.round(t[::2])
+    t[::13] = -1
+    return x.reshape(-1, 7), t.reshape(-1, 7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("which", ["bce", "focal"])
+def test_thread_count_does_not_change_bits(dtype, which):
+    x, t = _big_problem(dtype)
+    if which == "bce":
+        w = np.random.default_rng(5).random(7)          # broadcast along the last axis
+        q = np.random.default_rng(6).random((x.shape[0], 1)) * 3
+
+        def f(nt, red):
+            return xf.binary_cross_entropy_with_logits_with_grad(x, t, weight=w, pos_weight=q, reduction=red,
+                                                                 ignore_index=-1, n_threads=nt)
+    else:
+        tt = np.where(t < 0, 0, t).astype(dtype)
+
+        def f(nt, red):
+            return xf.sigmoid_focal_loss_with_grad(x, tt, reduction=red, n_threads=nt)
+    for red in ("none", "mean"):
+        base = f(1, red)
+        for nt in THREADS[1:]:
+            loss, grad = f(nt, red)
+            assert np.array_equal(loss, base[0], equal_nan=True)
+            assert np.array_equal(grad, base[1], equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_fused_equals_separate(dtype):
+    x, t = _big_problem(dtype, n=40_005)
+    w = np.random.default_rng(6).random(x.shape)
+    for red in ("none", "mean", "sum"):
+        kw = dict(weight=w, pos_weight=np.float64(0.7), ignore_index=-1, reduction=red)
+        loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, **kw)
+        assert np.array_equal(loss, xf.binary_cross_entropy_with_logits(x, t, **kw), equal_nan=True)
+        go = np.ones(x.shape, dtype) if red == "none" else 1.0
+        assert np.array_equal(grad, xf.binary_cross_entropy_with_logits_backward(go, x, t, **kw), equal_nan=True)
+        tt = np.where(t < 0, 0, t).astype(dtype)
+        loss, grad = xf.sigmoid_focal_loss_with_grad(x, tt, reduction=red)
+        assert np.array_equal(loss, xf.sigmoid_focal_loss(x, tt, reduction=red), equal_nan=True)
+        assert np.array_equal(grad, xf.sigmoid_focal_loss_backward(go, x, tt, reduction=red), equal_nan=True)
+
+
+def test_layouts_out_inplace_and_scalars():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 5))
+    t = rng.random((6, 5))
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t)
+    fortran = np.asfortranarray(x)
+    assert np.array_equal(xf.binary_cross_entropy_with_logits_with_grad(fortran, t)[1], grad)
+    strided = np.repeat(x, 2, axis=1)[:, ::2]
+    assert np.array_equal(xf.binary_cross_entropy_with_logits_with_grad(strided, t)[1], grad)
+    out = np.empty_like(x)
+    l2, g2 = xf.binary_cross_entropy_with_logits_with_grad(x, t, out=out)
+    assert g2 is out and np.array_equal(out, grad) and l2 == loss
+    xi = x.copy()
+    l3, g3 = xf.binary_cross_entropy_with_logits_with_grad(xi, t, inplace=True)
+    assert g3 is xi and np.array_equal(xi, grad) and l3 == loss
+    xf_ = np.asfortranarray(x.copy())
+    _, g4 = xf.binary_cross_entropy_with_logits_with_grad(xf_, t, inplace=True)
+    assert g4 is xf_ and np.array_equal(xf_, grad)
+    # 0-d input: a 0-d loss and gradient
+    l0, g0 = xf.binary_cross_entropy_with_logits_with_grad(np.float32(2.0), np.float32(1.0), reduction="none")
+    assert l0.shape == () and g0.shape == () and g0.dtype == np.float32
+    assert xf.sigmoid_focal_loss_backward(1.0, np.float64(0.0), 1.0).shape == ()
+    ro = x.copy()
+    ro.flags.writeable = False
+    assert np.array_equal(xf.binary_cross_entropy_with_logits_with_grad(ro, t)[1], grad)
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+
+X = np.zeros((3, 4))
+T = np.full((3, 4), 0.5)
+
+
+def raises(exc, *words):
+    import re
+    return pytest.raises(exc, match=".*".join(re.escape(w) for w in words))
+
+
+@pytest.mark.parametrize("f", [
+    pytest.param(lambda *a, **k: xf.binary_cross_entropy_with_logits(*a, **k), id="bce"),
+    pytest.param(lambda *a, **k: xf.binary_cross_entropy_with_logits_with_grad(*a, **k), id="bce-fused"),
+    pytest.param(lambda *a, **k: xf.sigmoid_focal_loss(*a, **k), id="focal"),
+    pytest.param(lambda *a, **k: xf.sigmoid_focal_loss_backward(1.0, *a, **{"reduction": "sum", **k}),
+                 id="focal-bwd"),
+])
+class TestBadInput:
+    def test_integer_logits(self, f):
+        with raises(TypeError, "input", "int64", "floating point"):
+            f(np.zeros((3, 4), dtype=np.int64), T)
+
+    def test_target_shape(self, f):
+        with raises(ValueError, "target", "(3, 4)", "(4, 3)"):
+            f(X, np.zeros((4, 3)))
+
+    @pytest.mark.parametrize("bad", [1.5, -0.25, np.nan])
+    def test_target_out_of_range(self, f, bad):
+        t = T.copy()
+        t[2, 1] = bad
+        with raises(ValueError, "target", "[0, 1]", "at index [2, 1]"):
+            f(X, t)
+
+    def test_target_dtype(self, f):
+        with raises(TypeError, "target", "dtype"):
+            f(X, np.full((3, 4), "a"))
+
+    def test_reduction(self, f):
+        with raises(ValueError, "reduction", "'avg'"):
+            f(X, T, reduction="avg")
+
+    def test_threads(self, f):
+        with raises(ValueError, "n_threads"):
+            f(X, T, n_threads=0)
+
+    def test_nan_policy_raise(self, f):
+        x = X.copy()
+        x[1, 3] = np.nan
+        with raises(ValueError, "input", "NaN", "[1, 3]"):
+            f(x, T, nan_policy="raise")
+
+    def test_ignore_index_type(self, f):
+        with raises(TypeError, "ignore_index"):
+            f(X, T, ignore_index="x")
+
+
+class TestBadBCEArguments:
+    def test_weight_not_broadcastable(self):
+        with raises(ValueError, "weight", "(3,)", "(3, 4)"):
+            xf.binary_cross_entropy_with_logits(X, T, weight=np.ones(3))
+
+    @pytest.mark.parametrize("bad", [-1.0, np.inf, np.nan])
+    def test_weight_values(self, bad):
+        w = np.ones(4)
+        w[2] = bad
+        with raises(ValueError, "weight", "finite and >= 0", "at index [2]"):
+            xf.binary_cross_entropy_with_logits(X, T, weight=w)
+        with raises(ValueError, "pos_weight", "at index [2]"):
+            xf.binary_cross_entropy_with_logits(X, T, pos_weight=w)
+
+    def test_pos_weight_not_broadcastable(self):
+        with raises(ValueError, "pos_weight", "(5,)"):
+            xf.binary_cross_entropy_with_logits(X, T, pos_weight=np.ones(5))
+
+    def test_target_equal_to_ignore_index_is_accepted(self):
+        t = T.copy()
+        t[0, 0] = -100
+        with raises(ValueError, "target", "or equal ignore_index=-1", "found -100.0"):
+            xf.binary_cross_entropy_with_logits(X, t, ignore_index=-1)
+        assert np.isfinite(xf.binary_cross_entropy_with_logits(X, t, ignore_index=-100))
+
+    def test_grad_output_shape(self):
+        with raises(ValueError, "grad_output", "(3, 4)", "(3,)"):
+            xf.binary_cross_entropy_with_logits_backward(np.ones(3), X, T, reduction="none")
+        with raises(ValueError, "grad_output", "scalar"):
+            xf.binary_cross_entropy_with_logits_backward(np.ones(3), X, T)
+
+    def test_out_and_inplace(self):
+        with raises(ValueError, "out", "(3, 4)"):
+            xf.binary_cross_entropy_with_logits_with_grad(X, T, out=np.empty((4, 3)))
+        x = X.copy()
+        with raises(ValueError, "out", "overlaps input"):
+            xf.binary_cross_entropy_with_logits_with_grad(x, T, out=x)
+        ro = X.copy()
+        ro.flags.writeable = False
+        with raises(ValueError, "input", "read-only"):
+            xf.binary_cross_entropy_with_logits_with_grad(ro, T, inplace=True)
+
+    @pytest.mark.parametrize("alpha, gamma, word", [(1.5, 2.0, "alpha"), (0.25, -1.0, "gamma"),
+                                                    (np.nan, 2.0, "alpha"), (0.25, np.inf, "gamma")])
+    def test_focal_parameters(self, alpha, gamma, word):
+        with raises(ValueError, word):
+            xf.sigmoid_focal_loss(X, T, alpha=alpha, gamma=gamma)
+
+
+# ---- failures found by the adversarial search, pinned --------------------------------------------------
+
+DBL_MAX = np.finfo(np.float64).max
+
+
+@pytest.mark.parametrize("x, y, w, q, reduction", [
+    # w q |x| overflows as an intermediate; the loss is DBL_MAX
+    ([-DBL_MAX], [0.5], None, 2.0, "none"),
+    # element losses beyond DBL_MAX, mean DBL_MAX + log 2
+    ([-DBL_MAX, 0.0], [1.0, 1.0], None, 2.0, "mean"),
+    # a subnormal pos_weight times a weight: w q rounded on the subnormal grid cost 4.3 ULP
+    ([-14.0, 0.0], [1.0, 0.0], 0.001, 2.22507386e-313, "none"),
+    ([30.0, -700.0], [0.0, 1e-310], 5e-324, 7.0, "none"),
+], ids=["overflowing-intermediate", "mean-beyond-overflow", "subnormal-pos_weight", "subnormal-weight"])
+def test_pinned_bce_cases(x, y, w, q, reduction):
+    x, y = np.array(x), np.array(y)
+    kw = dict(weight=None if w is None else np.array(w), pos_weight=np.array(q), reduction=reduction)
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, y, **kw)
+    assert_ulp_close(np.asarray(loss), ref.binary_cross_entropy_with_logits(x, y, **kw), 4.0, dtype=np.float64)
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(x, y, return_scale=True, **kw)
+    assert_ulp_close(grad, exact, 5.0, scale=scale)
+
+
+def test_pinned_focal_underflowing_power():
+    # soft target 9.4e-126 at x = -1e300: u^gamma ~ 1e-464 underflows, ce ~ 1e174, the loss ~1e-289 does not
+    x = np.array([-1e300, -DBL_MAX])
+    t = np.array([9.429257360324929e-126, 1.929795235811671e-163])
+    for alpha, gamma in ((0.6, 3.7), (0.25, 2.0)):
+        loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, alpha, gamma)
+        assert_ulp_close(loss, ref.sigmoid_focal_loss(x, t, alpha, gamma), 4.0)
+        exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, return_scale=True)
+        assert_ulp_close(grad, exact, 4.0, scale=scale)
+
+
+def test_pinned_focal_mean_beyond_overflow():
+    # each loss is 0.75 DBL_MAX, their sum overflows, their mean does not
+    x = np.array([DBL_MAX, DBL_MAX])
+    t = np.zeros(2)
+    assert_ulp_close(np.asarray(xf.sigmoid_focal_loss(x, t, reduction="mean")),
+                     ref.sigmoid_focal_loss(x, t, reduction="mean"), 4.0, dtype=np.float64)
+    assert xf.sigmoid_focal_loss(np.array([np.inf, 1.0]), t, reduction="mean") == np.inf
+
+
+@pytest.mark.parametrize("which", ["bce", "focal"])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_pinned_reductions_of_subnormal_terms(which, reduction):
+    # every element loss is subnormal; summed as rounded doubles they would carry n/2 ULP
+    x = np.linspace(739.0, 741.0, 16) if which == "focal" else -np.linspace(739.0, 741.0, 16)
+    y = np.ones(16) if which == "focal" else np.zeros(16)
+    if which == "bce":
+        got = xf.binary_cross_entropy_with_logits(x, y, weight=np.full(16, 7.0), reduction=reduction)
+        want = ref.binary_cross_entropy_with_logits(x, y, weight=np.full(16, 7.0), reduction=reduction)
+    else:
+        got = xf.sigmoid_focal_loss(x / 3, y, gamma=2.0, reduction=reduction)
+        want = ref.sigmoid_focal_loss(x / 3, y, gamma=2.0, reduction=reduction)
+    assert 0 < got < np.finfo(np.float64).smallest_normal
+    assert_ulp_close(np.asarray(got), want, 1.0, dtype=np.float64)

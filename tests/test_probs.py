@@ -1,0 +1,435 @@
+"""Losses from probabilities: binary_cross_entropy (exact, Keras eps clipping, torch's log clamp) and
+cross_entropy_from_probs, against the mpmath reference, torch, and the Keras founding case.
+
+Bounds as the rest of the package: per element / row <= 2 ULP (float32), <= 4 ULP (float64), soft-target
+BCE gradients in ulps of w((1-y)/(1-p) + y/p); reductions <= 4 ULP, their gradients one more ULP.
+"""
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+import xentfast as xf
+from xentfast import reference as ref
+from xentfast.testing import (assert_ulp_close, binary_targets, class_weights, element_weights, index_targets,
+                              prob_targets, unit_probabilities)
+
+DTYPES = [np.float32, np.float64]
+BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
+ids = lambda d: np.dtype(d).name  # noqa: E731
+MODES = st.sampled_from([dict(), dict(), dict(eps=1e-7), dict(eps=0.1), dict(eps=0.0), dict(log_clamp=-100.0),
+                         dict(log_clamp=-5.0)])
+
+
+@st.composite
+def bce_prob_cases(draw, dtype, max_side=10):
+    from hypothesis.extra import numpy as hnp
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=max_side))
+    p = draw(unit_probabilities(shape, dtype))
+    if draw(st.integers(0, 4)) == 0 and p.size:
+        p.reshape(-1)[draw(st.integers(0, p.size - 1))] = np.nan
+    t = draw(binary_targets(shape, dtype))
+    w = draw(element_weights(shape, dtype))
+    return p, t, w, draw(MODES)
+
+
+# ---- binary_cross_entropy ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_bce_probs_elements_within_bound(dtype, data):
+    p, t, w, mode = data.draw(bce_prob_cases(dtype))
+    note(f"mode={mode}")
+    bound = BOUND[np.dtype(dtype)]
+    loss, grad = xf.binary_cross_entropy_with_grad(p, t, w, reduction="none", **mode)
+    assert loss.dtype == dtype and grad.dtype == dtype
+    inputs = {"p": p, "target": t} if w is None else {"p": p, "target": t, "weight": w}
+    assert_ulp_close(loss, ref.binary_cross_entropy(p, t, w, reduction="none", **mode), bound, inputs=inputs,
+                     err_msg=f"loss {mode}")
+    exact, scale = ref.binary_cross_entropy_grad(p, t, w, reduction="none", return_scale=True, **mode)
+    assert_ulp_close(grad, exact, bound, scale=scale, inputs=inputs, err_msg=f"gradient {mode}")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_bce_probs_reductions_within_bound(dtype, reduction, data):
+    p, t, w, mode = data.draw(bce_prob_cases(dtype, max_side=6))
+    loss, grad = xf.binary_cross_entropy_with_grad(p, t, w, reduction=reduction, grad_output=0.5, **mode)
+    assert_ulp_close(np.asarray(loss), ref.binary_cross_entropy(p, t, w, reduction=reduction, **mode), 4.0,
+                     dtype=dtype, inputs={"p": p, "target": t})
+    exact, scale = ref.binary_cross_entropy_grad(p, t, w, reduction=reduction, grad_output=0.5, return_scale=True,
+                                                 **mode)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"p": p, "target": t})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_bce_probs_modes_at_the_edges(dtype):
+    p = np.array([0.0, 0.0, 1.0, 1.0, 1e-30, 0.5], dtype=dtype)
+    y = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], dtype=dtype)
+    loss, g = xf.binary_cross_entropy_with_grad(p, y, reduction="none")
+    assert list(loss[:4]) == [np.inf, 0.0, np.inf, 0.0]
+    assert g[0] == -np.inf and g[1] == 1 and g[2] == np.inf and g[3] == -1   # -log 0 = inf, gradient to match
+    # torch's BCELoss: the log is clamped at -100, its derivative is 0 there
+    loss, g = xf.binary_cross_entropy_with_grad(p, y, reduction="none", log_clamp=-100.0)
+    assert loss[0] == 100 and loss[2] == 100 and g[0] == 0 and g[2] == 0
+    assert_ulp_close(loss[4:5], np.array([ref.binary_cross_entropy(p[4:5], y[4:5], reduction="none",
+                                                                   log_clamp=-100.0)[0]], dtype=object), 1)
+    # Keras: p clipped to [eps, 1 - eps] (exact bounds), derivative 0 where clipped
+    loss, g = xf.binary_cross_entropy_with_grad(p, y, reduction="none", eps=1e-7)
+    assert loss[0] == dtype(-np.log(1e-7)) and loss[2] == dtype(-np.log(1e-7))
+    assert loss[1] == dtype(-np.log1p(-1e-7)) and g[0] == 0 and g[2] == 0
+    assert g[5] == -2.0
+
+
+# ---- cross_entropy_from_probs ------------------------------------------------------------------------
+
+
+@st.composite
+def ce_prob_cases(draw, dtype):
+    rows = draw(st.integers(1, 6))
+    C = draw(st.sampled_from([1, 2, 3, 5, 8]))
+    p = draw(unit_probabilities((rows, C), dtype))
+    if draw(st.booleans()):
+        p = (p / np.maximum(p.sum(axis=1, keepdims=True), 1e-300)).astype(dtype)   # some rows normalised
+    if draw(st.integers(0, 5)) == 0:
+        p[draw(st.integers(0, rows - 1)), draw(st.integers(0, C - 1))] = np.nan
+    if draw(st.booleans()):
+        t = draw(prob_targets((rows, C), dtype))
+    else:
+        t = draw(index_targets(C, rows, ignore_index=-100, argmax_of=p))
+    w = draw(st.one_of(st.none(), class_weights(C, dtype)))
+    eps = draw(st.sampled_from([None, None, 1e-7, 0.1]))
+    return p, t, w, eps
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_ce_probs_rows_within_bound(dtype, data):
+    p, t, w, eps = data.draw(ce_prob_cases(dtype))
+    bound = BOUND[np.dtype(dtype)]
+    loss, grad = xf.cross_entropy_from_probs_with_grad(p, t, w, reduction="none", eps=eps)
+    inputs = {"p": p, "target": t}
+    assert_ulp_close(loss, ref.cross_entropy_from_probs(p, t, w, reduction="none", eps=eps), bound, inputs=inputs,
+                     err_msg=f"eps={eps}")
+    assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, t, w, reduction="none", eps=eps), bound,
+                     inputs=inputs, err_msg=f"eps={eps}")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_ce_probs_reductions_within_bound(dtype, reduction, data):
+    p, t, w, eps = data.draw(ce_prob_cases(dtype))
+    empty_mean = data.draw(st.sampled_from(["nan", "zero"]))
+    loss, grad = xf.cross_entropy_from_probs_with_grad(p, t, w, reduction=reduction, eps=eps, grad_output=3.0,
+                                                       empty_mean=empty_mean)
+    assert_ulp_close(np.asarray(loss), ref.cross_entropy_from_probs(p, t, w, reduction=reduction, eps=eps,
+                                                                    empty_mean=empty_mean),
+                     4.0, dtype=dtype, inputs={"p": p, "target": t})
+    assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, t, w, reduction=reduction, eps=eps, grad_output=3.0,
+                                                             empty_mean=empty_mean),
+                     BOUND[np.dtype(dtype)] + 1, inputs={"p": p, "target": t})
+
+
+def test_ce_probs_special_values():
+    p = np.array([[0.0, 1.0, 0.0], [0.5, np.nan, 0.5], [0.2, 0.3, 0.5]])
+    loss, g = xf.cross_entropy_from_probs_with_grad(p, np.array([0, 2, -100]), reduction="none")
+    assert loss[0] == np.inf and g[0, 0] == -np.inf and g[0, 1] == 0 and g[0, 2] == 0
+    assert np.isnan(loss[1]) and np.isnan(g[1]).all()          # a NaN row is NaN, as in the softmax family
+    assert loss[2] == 0 and (g[2] == 0).all()                   # ignored
+    # a class without target mass contributes 0 even at p = 0
+    t = np.array([[0.0, 1.0, 0.0]])
+    assert xf.cross_entropy_from_probs(p[:1], t, reduction="none")[0] == 0
+
+
+# ---- the Keras founding case: one formula, one answer ---------------------------------------------------
+
+
+def _philox4x32_10(counter, key):
+    m = 0xFFFFFFFF
+    c, k = list(counter), list(key)
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k[0]) & m, p1 & m, ((p0 >> 32) ^ c[3] ^ k[1]) & m, p0 & m]
+        k = [(k[0] + 0x9E3779B9) & m, (k[1] + 0xBB67AE85) & m]
+    return c
+
+
+def tf_random_uniform_after_set_seed_0(maxvals):
+    """The float32 logits of `tf.random.set_seed(0); tf.random.uniform([4], 0, maxval)` (eager), called once
+    per maxval in order: TF seeds each eager op with random.Random(global seed).randint(0, 2**31 - 1)
+    (context._internal_operation_seed), runs Philox4x32-10 with key (global seed, 0) and counter
+    (0, 0, op seed, 0), keeps 23 random mantissa bits of [1, 2) minus 1, and scales by maxval in float32."""
+    rng = random.Random(0)
+    out = []
+    for maxval in maxvals:
+        op_seed = rng.randint(0, 2**31 - 1) % (2**31 - 1)
+        bits = _philox4x32_10([0, 0, op_seed, 0], [0, 0])
+        u = np.array([(b & 0x7FFFFF) | (127 << 23) for b in bits], dtype=np.uint32).view(np.float32) - np.float32(1)
+        out.append((u * np.float32(maxval)).astype(np.float32))
+    return out
+
+
+def test_keras_case_reproduced():
+    # the StackOverflow answer in shared/seeds/003: y = [1, 0, 0, 0], logits uniform in [0, 1), [0, 10),
+    # [0, 100); TF printed 1.50469065, 3.47569656, 68.0106506 from logits and 16.1180954 from clipped
+    # probabilities (graph mode with the Softmax op hidden)
+    x1, x10, x100 = tf_random_uniform_after_set_seed_0([1, 10, 100])
+    y = np.array([0])
+    from_logits = [xf.cross_entropy(x[None], y) for x in (x1, x10, x100)]
+    assert from_logits[0] == np.float32(1.50469065)
+    assert from_logits[2] == np.float32(68.0106506)
+    # TF's 3.47569656 is 1 ULP below the exact value; xentfast returns the correctly rounded one
+    assert_ulp_close(np.asarray(from_logits[1]), ref.cross_entropy(x10[None], y), 0.5)
+    assert abs(int(np.float32(3.47569656).view(np.int32)) - int(from_logits[1].view(np.int32))) == 1
+    assert_ulp_close(np.asarray(from_logits[2]), ref.cross_entropy(x100[None], y), 0.5)
+
+    p = xf.softmax(x100[None])             # float32 probabilities; p_y = 2.9e-30 is still representable
+    keras_clip = xf.cross_entropy_from_probs(p, y, eps=1e-7)
+    assert keras_clip == np.float32(16.1180954) == np.float32(-np.log(1e-7))
+    # one formula: from the same probabilities without clipping, the logits' answer (p_y rounded to float32
+    # costs 2^-24 relative in p, 6e-8 absolute in the loss: below one float32 ULP of 68)
+    exact_from_p = xf.cross_entropy_from_probs(p, y)
+    assert abs(int(exact_from_p.view(np.int32)) - int(from_logits[2].view(np.int32))) <= 1
+    # and the gradient of the clipped loss is 0: training from clipped probabilities stalls here
+    assert (xf.cross_entropy_from_probs_backward(1.0, p, y, eps=1e-7) == 0).all()
+
+
+# ---- torch semantics on ordinary inputs ----------------------------------------------------------------
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", ["none", "C", "full"])
+@pytest.mark.parametrize("targets", ["hard", "soft"])
+def test_bce_probs_agrees_with_torch(reduction, weighted, targets):
+    torch = _torch()
+    rng = np.random.default_rng(len(reduction) * 7 + len(weighted) * 3 + len(targets))
+    p = rng.uniform(0.01, 0.99, (7, 5))
+    t = rng.random((7, 5))
+    if targets == "hard":
+        t = np.round(t)
+    w = {"none": None, "C": rng.random(5) + 0.1, "full": rng.random((7, 5))}[weighted]
+    pt = torch.tensor(p, requires_grad=True)
+    want = torch.nn.functional.binary_cross_entropy(pt, torch.tensor(t), weight=None if w is None else torch.tensor(w),
+                                                    reduction=reduction)
+    want.sum().backward()
+    for mode in (dict(), dict(log_clamp=-100.0)):
+        loss, grad = xf.binary_cross_entropy_with_grad(p, t, w, reduction=reduction, **mode)
+        np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(grad, pt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_torch_log_clamp_forward_matches_and_gradient_is_the_derivative():
+    torch = _torch()
+    p = np.array([0.0, 1e-50, 1.0, 1 - 1e-16, 0.3])
+    y = np.array([1.0, 1.0, 0.0, 0.0, 1.0])
+    pt = torch.tensor(p, requires_grad=True)
+    want = torch.nn.functional.binary_cross_entropy(pt, torch.tensor(y), reduction="none")
+    want.sum().backward()
+    loss, grad = xf.binary_cross_entropy_with_grad(p, y, reduction="none", log_clamp=-100.0)
+    np.testing.assert_array_equal(loss, want.detach().numpy())
+    # torch's backward, (p - y)/max(p(1-p), 1e-12), is not the derivative of its clamped forward
+    assert grad[1] == 0 and pt.grad.numpy()[1] != 0
+    np.testing.assert_allclose(grad[4], pt.grad.numpy()[4], rtol=1e-15)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("layout", ["2d", "ncd"])
+def test_ce_probs_agrees_with_nll_loss_of_log(reduction, weighted, layout):
+    torch = _torch()
+    rng = np.random.default_rng(len(reduction) + 10 * weighted + 100 * len(layout))
+    C = 6
+    shape = (9, C) if layout == "2d" else (4, C, 3)
+    logits = rng.standard_normal(shape) * 2
+    p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    batch = tuple(s for i, s in enumerate(shape) if i != 1)
+    y = rng.integers(0, C, size=batch)
+    y.reshape(-1)[::4] = -100
+    w = rng.random(C) + 0.1 if weighted else None
+    pt = torch.tensor(p, requires_grad=True)
+    want = torch.nn.functional.nll_loss(torch.log(pt), torch.tensor(y), weight=None if w is None else torch.tensor(w),
+                                        reduction=reduction)
+    want.sum().backward()
+    loss, grad = xf.cross_entropy_from_probs_with_grad(p, y, w, reduction=reduction, axis=1)
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(grad, pt.grad.numpy(), rtol=1e-12, atol=1e-15)
+    # probability targets: torch's cross_entropy formula applied to log p
+    t = rng.random(shape)
+    t /= t.sum(axis=1, keepdims=True)
+    ww = torch.ones(C, dtype=torch.float64) if w is None else torch.tensor(w)
+    per = -(ww.reshape((1, C) + (1,) * (len(shape) - 2)) * torch.tensor(t) * torch.log(torch.tensor(p))).sum(1)
+    want_p = {"none": per, "mean": per.mean(), "sum": per.sum()}[reduction]
+    np.testing.assert_allclose(xf.cross_entropy_from_probs(p, t, w, reduction=reduction, axis=1),
+                               want_p.numpy(), rtol=1e-13, atol=1e-15)
+
+
+# ---- determinism, fused vs separate ----------------------------------------------------------------------
+
+THREADS = [1, 2, 3, 8]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_thread_count_does_not_change_bits(dtype):
+    rng = np.random.default_rng(9)
+    p = rng.random((3000, 70)).astype(dtype)       # 210000 elements: 8 threads really start
+    p[::7, ::3] = 0.0
+    t = rng.random((3000, 70)).astype(dtype)
+    y = rng.integers(0, 70, 3000)
+    y[::11] = -100
+    w = rng.random(70) + 0.2
+    calls = [
+        lambda nt, red: xf.binary_cross_entropy_with_grad(p, t, w, reduction=red, eps=1e-7, n_threads=nt),
+        lambda nt, red: xf.binary_cross_entropy_with_grad(p, t, reduction=red, log_clamp=-100.0, n_threads=nt),
+        lambda nt, red: xf.cross_entropy_from_probs_with_grad(p, y, w, reduction=red, n_threads=nt),
+        lambda nt, red: xf.cross_entropy_from_probs_with_grad(p, t, w, reduction=red, eps=0.01, n_threads=nt),
+    ]
+    for f in calls:
+        for red in ("none", "mean"):
+            base = f(1, red)
+            for nt in THREADS[1:]:
+                loss, grad = f(nt, red)
+                assert np.array_equal(loss, base[0], equal_nan=True)
+                assert np.array_equal(grad, base[1], equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_fused_equals_separate(dtype):
+    rng = np.random.default_rng(10)
+    p = rng.random((64, 33)).astype(dtype)
+    p[3, 4] = 0.0
+    t = rng.random((64, 33)).astype(dtype)
+    y = rng.integers(0, 33, 64)
+    for red in ("none", "mean", "sum"):
+        go = np.ones(p.shape, dtype) if red == "none" else 1.0
+        loss, grad = xf.binary_cross_entropy_with_grad(p, t, reduction=red)
+        assert np.array_equal(loss, xf.binary_cross_entropy(p, t, reduction=red), equal_nan=True)
+        assert np.array_equal(grad, xf.binary_cross_entropy_backward(go, p, t, reduction=red), equal_nan=True)
+        go = np.ones(64, dtype) if red == "none" else 1.0
+        loss, grad = xf.cross_entropy_from_probs_with_grad(p, y, reduction=red)
+        assert np.array_equal(loss, xf.cross_entropy_from_probs(p, y, reduction=red), equal_nan=True)
+        assert np.array_equal(grad, xf.cross_entropy_from_probs_backward(go, p, y, reduction=red), equal_nan=True)
+    pi = p.copy()
+    _, g = xf.cross_entropy_from_probs_with_grad(pi, y, inplace=True)
+    assert g is pi and np.array_equal(pi, xf.cross_entropy_from_probs_backward(1.0, p, y))
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------
+
+P = np.full((3, 4), 0.25)
+T = np.full((3, 4), 0.5)
+
+
+def raises(exc, *words):
+    import re
+    return pytest.raises(exc, match=".*".join(re.escape(w) for w in words))
+
+
+class TestBadInput:
+    @pytest.mark.parametrize("bad", [1.5, -0.25, -np.inf])
+    def test_probability_out_of_range(self, bad):
+        p = P.copy()
+        p[1, 2] = bad
+        with raises(ValueError, "input", "probabilities must be in [0, 1]", "at index [1, 2]"):
+            xf.binary_cross_entropy(p, T)
+        with raises(ValueError, "input", "probabilities", "[1, 2]"):
+            xf.cross_entropy_from_probs(p, np.array([0, 1, 2]))
+
+    def test_integer_probabilities(self):
+        with raises(TypeError, "input", "probabilities", "int64"):
+            xf.binary_cross_entropy(np.zeros((3, 4), dtype=np.int64), T)
+
+    @pytest.mark.parametrize("eps", [-0.1, 0.6, np.nan])
+    def test_eps(self, eps):
+        with raises(ValueError, "eps"):
+            xf.binary_cross_entropy(P, T, eps=eps)
+        with raises(ValueError, "eps"):
+            xf.cross_entropy_from_probs(P, np.array([0, 1, 2]), eps=eps)
+
+    @pytest.mark.parametrize("c", [1.0, np.nan, -np.inf])
+    def test_log_clamp(self, c):
+        with raises(ValueError, "log_clamp", "-100"):
+            xf.binary_cross_entropy(P, T, log_clamp=c)
+
+    def test_eps_and_log_clamp(self):
+        with raises(ValueError, "eps and log_clamp"):
+            xf.binary_cross_entropy(P, T, eps=1e-7, log_clamp=-100.0)
+
+    def test_target_range_and_shape(self):
+        t = T.copy()
+        t[0, 3] = 2.0
+        with raises(ValueError, "target", "[0, 1]", "found 2.0 at index [0, 3]"):
+            xf.binary_cross_entropy(P, t)
+        with raises(ValueError, "target", "(3, 4)"):
+            xf.binary_cross_entropy(P, T[:2])
+
+    def test_ce_probs_target_and_weight(self):
+        with raises(ValueError, "target", "[0, 4)", "found 7 at index [1]"):
+            xf.cross_entropy_from_probs(P, np.array([0, 7, 1]))
+        with raises(ValueError, "weight", "(4,)"):
+            xf.cross_entropy_from_probs(P, np.array([0, 1, 1]), weight=np.ones(3))
+        with raises(ValueError, "input", "0-d"):
+            xf.cross_entropy_from_probs(np.float64(0.5), np.int64(0))
+
+    def test_weight(self):
+        with raises(ValueError, "weight", "finite and >= 0", "at index [1]"):
+            xf.binary_cross_entropy(P, T, weight=np.array([1.0, -1.0, 1.0, 1.0]))
+
+    def test_nan_policy(self):
+        p = P.copy()
+        p[2, 0] = np.nan
+        with raises(ValueError, "input", "NaN", "[2, 0]"):
+            xf.binary_cross_entropy(p, T, nan_policy="raise")
+        with raises(ValueError, "input", "NaN", "[2, 0]"):
+            xf.cross_entropy_from_probs(p, np.array([0, 1, 2]), nan_policy="raise")
+
+
+# ---- failures found by the adversarial search, pinned --------------------------------------------------
+
+
+@pytest.mark.parametrize("p, t, w, reduction", [
+    ([1e-30, 0.0], [1.0, 0.0], 5e-324, "none"),        # subnormal weight over a tiny p: all bits kept
+    ([0.875], [0.75], 2.22507386e-313, "none"),
+    ([0.0], [1.0], 5e-324, "mean"),                     # inf times a subnormal weight is still inf
+], ids=["subnormal-weight-tiny-p", "subnormal-weight", "inf-loss-subnormal-weight"])
+def test_pinned_bce_prob_cases(p, t, w, reduction):
+    p, t = np.array(p), np.array(t)
+    kw = dict(weight=np.array(w), reduction=reduction)
+    loss, grad = xf.binary_cross_entropy_with_grad(p, t, grad_output=None if reduction == "none" else 0.5, **kw)
+    assert_ulp_close(np.asarray(loss), ref.binary_cross_entropy(p, t, **kw), 4.0, dtype=np.float64)
+    exact, scale = ref.binary_cross_entropy_grad(p, t, return_scale=True,
+                                                 grad_output=None if reduction == "none" else 0.5, **kw)
+    assert_ulp_close(grad, exact, 5.0, scale=scale)
+
+
+def test_pinned_ce_probs_mean_over_subnormal_weights():
+    # grad_output / sum(w_y) overflows, every w_y / sum(w_y) <= 1: the gradient is -3 / p_y, finite
+    p = np.array([[1.0, 0.0]])
+    y = np.array([0])
+    w = np.array([2.22507386e-311, 2.22507386e-311])
+    loss, grad = xf.cross_entropy_from_probs_with_grad(p, y, w, grad_output=3.0)
+    assert loss == 0.0 and grad[0, 0] == -3.0 and grad[0, 1] == 0.0
+    assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, y, w, grad_output=3.0), 5.0)
+
+
+@pytest.mark.parametrize("case", ["bce-sum-subnormal-terms", "ce-mean-subnormal-denominator"])
+def test_pinned_reductions_of_subnormal_terms(case):
+    # each term rounded onto the subnormal grid: ten of them summed (4.0015 ULP), or one divided by a
+    # subnormal denominator (6.2 ULP) -- the reduction now reruns with the terms scaled by 2^600
+    if case == "bce-sum-subnormal-terms":
+        p, t, w = np.zeros((2, 5)), np.zeros((2, 5)), np.array(2.22507386e-313)
+        got = xf.binary_cross_entropy(p, t, w, reduction="sum", eps=1e-7)
+        want = ref.binary_cross_entropy(p, t, w, reduction="sum", eps=1e-7)
+    else:
+        p, y, w = np.array([[0.0]]), np.array([0]), np.array([2.22507386e-311])
+        got = xf.cross_entropy_from_probs(p, y, w, eps=1e-7)
+        want = ref.cross_entropy_from_probs(p, y, w, eps=1e-7)
+    assert_ulp_close(np.asarray(got), want, 1.0, dtype=np.float64)
