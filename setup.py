@@ -7,7 +7,7 @@ Flags, and why:
   -fno-math-errno          libm calls may be treated as pure
   -fno-trapping-math       lets gcc if-convert the selects in the math header (nothing vectorizes without it);
                            it does not change any result
-  never -ffast-math/-Ofast: they reassociate sums and assume no inf/NaN, which breaks the accuracy contract
+  never fast-math or O-fast: they reassociate sums and assume no inf/NaN, which breaks the accuracy contract
   no -march=native:        the wheel must run on any x86-64
 
 OpenMP: probed by compiling a tiny program with -fopenmp.  Without it the build falls back to a serial
