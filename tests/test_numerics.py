@@ -130,3 +130,16 @@ def test_special_values():
     assert np.array_equal(_scalar.log1pexp(np.array([-inf, inf])), [0.0, inf])
     assert np.array_equal(_scalar.sigmoid(np.array([-inf, inf, 0.0, -0.0])), [0.0, 1.0, 0.5, 0.5])
     assert _scalar.exp_shifted(-inf, 3.0) == 0.0
+
+
+@given(st.floats(min_value=-80.0, max_value=12.0, **F64))
+@example(0.0)
+@example(-80.0)
+@example(-0.5 * np.log(2))
+def test_dd_exp_is_double_double_accurate(x):
+    # the exact-logsumexp path needs exp to ~2^-100 relative, far beyond a double's 2^-53
+    eh, el = _scalar.dd_exp(x)
+    with mpmath.workdps(DPS):
+        exact = mpmath.exp(mpmath.mpf(x))
+        rel = abs((mpmath.mpf(eh) + mpmath.mpf(el)) - exact) / exact
+    assert rel < mpmath.mpf(2) ** -100, (x, float(rel))

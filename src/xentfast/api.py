@@ -489,9 +489,9 @@ def logsumexp(input, axis=-1, *, n_threads=None):
 
     Error bound
     -----------
-    <= 2 ULP (float32), <= 4 ULP (float64).  One exception, float64 only: where ``max x`` and ``log S``
-    cancel (``|lse| < |max x|``, which needs ``max x`` in ``[-log C, 0)``) the float64 bound is 4 ULP of
-    ``max x``, not of the (smaller) result; a relative bound there needs double-double exponentials.
+    <= 2 ULP (float32), <= 4 ULP (float64).  Float64 rows where ``max x`` and ``log S`` cancel
+    (``|lse| < |max x| / 2``, which needs ``max x`` in ``[-log C, 0)``) are recomputed in double-double
+    (about 100x the cost of an ordinary row) so that the bound stays relative to the small result.
     """
     return _softmax_family(input, axis, n_threads, 0)
 

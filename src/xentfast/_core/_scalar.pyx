@@ -11,6 +11,7 @@ cdef extern from "xentfast/numerics.h" nogil:
     double xf_sigmoid(double x)
     double xf_exp_shifted(double x, double m)
     double xf_neg_log_prob(double x, double m, double log_s)
+    void xf_dd_exp(double hi, double lo, double *eh, double *el)
 
 
 ctypedef double (*unary_fn)(double) noexcept nogil
@@ -75,3 +76,10 @@ def neg_log_prob(x, m, log_s):
     x, m, log_s = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (x, m, log_s)))
     return np.array([xf_neg_log_prob(a, b, c) for a, b, c in zip(x.ravel(), m.ravel(), log_s.ravel())]
                     ).reshape(x.shape)
+
+
+def dd_exp(double hi, double lo=0.0):
+    """exp(hi + lo) as a double-double (hi, lo): the exact-logsumexp path's exponential."""
+    cdef double eh, el
+    xf_dd_exp(hi, lo, &eh, &el)
+    return eh, el

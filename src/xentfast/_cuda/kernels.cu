@@ -74,6 +74,14 @@ XF_HD double xf_cu_load(double v) { return v; }
 XF_HD void xf_cu_store(float *p, double v) { *p = (float)v; }
 XF_HD void xf_cu_store(double *p, double v) { *p = v; }
 
+/* the row's logsumexp output: float64 rows where m and log S cancel take the exact path
+ * (xentfast/softmax_row.h), as the CPU does; float rows keep job->lse */
+XF_HD double xf_cu_exact_lse(const xf_rowjob *job, const float *, long long) { return job->lse; }
+XF_HD double xf_cu_exact_lse(const xf_rowjob *job, const double *x, long long C)
+{
+    return xf_rowjob_exact_lse_f64(job, x, C);
+}
+
 /* exp(x - m) as the CPU's storage type sees it (softmax_rows.h xf_exp_minus, instantiated per type) */
 XF_HD double xf_cu_exp_minus(float x, double m) { return xf_exp_minus_f32(x, m); }
 XF_HD double xf_cu_exp_minus(double x, double m) { return xf_exp_minus_f64(x, m); }
@@ -520,7 +528,7 @@ XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse
         const int ok = (job->status == XF_ROW_OK);
         if (tid == 0 && lse) {
             /* the limits: all -inf sums to 0 (lse -inf), +inf gives +inf, NaN stays NaN */
-            lse[row] = ok ? job->lse : (job->has_nan ? XF_NAN : job->m);
+            lse[row] = ok ? xf_cu_exact_lse(job, xrow, C) : (job->has_nan ? XF_NAN : job->m);
         }
         if (mode == 0) {
             return;

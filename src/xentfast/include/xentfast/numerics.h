@@ -52,6 +52,73 @@ XF_HD void xf_acc_add(double *acc, double *err, double v)
     *err += (s - s == 0.0) ? e : 0.0;
 }
 
+/* ---- double-double arithmetic for rare exact paths (about 2^-104 relative) ----------------------- */
+
+/* p + e == a * b exactly (Dekker; Veltkamp split, since no fma may be assumed).  Finite inputs with
+ * |a * b| well inside the normal range. */
+XF_HD void xf_two_prod(double a, double b, double *p, double *e)
+{
+    const double split = 134217729.0; /* 2^27 + 1 */
+    double ca = split * a, cb = split * b;
+    double ah = ca - (ca - a), al = a - ah;
+    double bh = cb - (cb - b), bl = b - bh;
+    *p = a * b;
+    *e = ((ah * bh - *p) + ah * bl + al * bh) + al * bl;
+}
+
+XF_HD void xf_dd_mul(double ah, double al, double bh, double bl, double *h, double *l)
+{
+    double p, e;
+    xf_two_prod(ah, bh, &p, &e);
+    e += ah * bl + al * bh;
+    *h = p + e;
+    *l = e - (*h - p);
+}
+
+/* exp(hi + lo) as a double-double, for hi in [-80, 12] (the exact-logsumexp path needs no more):
+ * n = round(x / ln 2), r = x - n ln 2 with ln 2 in three parts (n * LN2_A exact), then Taylor to r^23
+ * in double-double (0.347^24 / 24! < 2^-112) and an exact scaling by 2^n. */
+XF_HD void xf_dd_exp(double hi, double lo, double *eh, double *el)
+{
+    static const double inv_fact[22][2] = {
+        {0x1.5555555555555p-3, 0x1.5555555555555p-57},   {0x1.5555555555555p-5, 0x1.5555555555555p-59},
+        {0x1.1111111111111p-7, 0x1.1111111111111p-63},   {0x1.6c16c16c16c17p-10, -0x1.f49f49f49f49fp-65},
+        {0x1.a01a01a01a01ap-13, 0x1.a01a01a01a01ap-73},  {0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-76},
+        {0x1.71de3a556c734p-19, -0x1.c154f8ddc6c00p-73}, {0x1.27e4fb7789f5cp-22, 0x1.cbbc05b4fa99ap-76},
+        {0x1.ae64567f544e4p-26, -0x1.c062e06d1f209p-80}, {0x1.1eed8eff8d898p-29, -0x1.2aec959e14c06p-83},
+        {0x1.6124613a86d09p-33, 0x1.f28e0cc748ebep-87},  {0x1.93974a8c07c9dp-37, 0x1.05d6f8a2efd1fp-92},
+        {0x1.ae7f3e733b81fp-41, 0x1.1d8656b0ee8cbp-97},  {0x1.ae7f3e733b81fp-45, 0x1.1d8656b0ee8cbp-101},
+        {0x1.952c77030ad4ap-49, 0x1.ac981465ddc6cp-103}, {0x1.6827863b97d97p-53, 0x1.eec01221a8b0bp-107},
+        {0x1.2f49b46814157p-57, 0x1.2650f61dbdcb4p-112}, {0x1.e542ba4020225p-62, 0x1.ea72b4afe3c2fp-120},
+        {0x1.71b8ef6dcf572p-66, -0x1.d043ae40c4647p-120}, {0x1.0ce396db7f853p-70, -0x1.aebcdbd20331cp-124},
+        {0x1.761b41316381ap-75, -0x1.3423c7d91404fp-130}, {0x1.f2cf01972f578p-80, -0x1.9ada5fcc1ab14p-135},
+    }; /* 1/3! .. 1/24! */
+    double t = hi * XF_MATH_LOG2E + XF_MATH_SHIFTER;
+    double n = t - XF_MATH_SHIFTER;
+    double rh, rl, ph, pl, e1, e2;
+    /* r = (hi - n A) + (lo - n B - n C); n A is exact (A has 32 bits), hi - n A exact (Sterbenz) */
+    xf_two_prod(-n, 0x1.a39ef35793c76p-33, &ph, &pl);
+    xf_two_sum(hi - n * 0x1.62e42feep-1, ph, &rh, &e1);
+    e2 = e1 + pl + lo - n * 0x1.cc01f97b57a08p-87;
+    xf_two_sum(rh, e2, &rh, &rl);
+    int k;
+    ph = inv_fact[21][0];
+    pl = inv_fact[21][1];
+    for (k = 20; k >= 0; k--) { /* p = p * r + 1/(k+3)! */
+        xf_dd_mul(ph, pl, rh, rl, &ph, &pl);
+        xf_dd_add(&ph, &pl, inv_fact[k][0], inv_fact[k][1]);
+    }
+    xf_dd_mul(ph, pl, rh, rl, &ph, &pl); /* p = p * r + 1/2 */
+    xf_dd_add(&ph, &pl, 0.5, 0.0);
+    xf_dd_mul(ph, pl, rh, rl, &ph, &pl); /* p = p * r + 1 */
+    xf_dd_add(&ph, &pl, 1.0, 0.0);
+    xf_dd_mul(ph, pl, rh, rl, &ph, &pl); /* p = p * r + 1 */
+    xf_dd_add(&ph, &pl, 1.0, 0.0);
+    double scale = xf_double_from_bits((xf_bits_from_double(t) + 1023ULL) << 52); /* 2^n, n in [-117, 18] */
+    *eh = ph * scale;
+    *el = pl * scale;
+}
+
 /* ---- softmax pieces --------------------------------------------------------------------------------
  * Row notation: m = max_j x_j (finite), S = sum_j exp(x_j - m) = 1 + s, where s sums every term except
  * the one at the (first) argmax.  Keeping s apart from the exact 1 is the whole trick:

@@ -293,6 +293,36 @@ XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
     return (job->coef * (e_y / job->S - 1.0)) * job->coef_mult;
 }
 
+/* logsumexp of a float64 row where m and log S cancel (|lse| < |m| / 2, possible only for m in
+ * [-log C, 0)): there the double sum S (each term good to 0.62 ULP) and log S leave an error of a few
+ * ULP of m, not of the much smaller result.  This rare path redoes the row in double-double: S from
+ * double-double exponentials (terms below e^-80 are under 2^-115 of S), log S by one Newton step from
+ * the double log (log S = L0 + log1p(S e^-L0 - 1)), then m + log S rounded once.  Other rows return
+ * job->lse unchanged. */
+XF_HD double xf_rowjob_exact_lse_f64(const xf_rowjob *job, const double *x, long long C)
+{
+    if (job->status != XF_ROW_OK || !(xf_fabs(job->lse) < 0.5 * xf_fabs(job->m))) {
+        return job->lse;
+    }
+    double sh = 0.0, sl = 0.0, eh, el, d, d_err, t, t_err;
+    long long j;
+    for (j = 0; j < C; j++) {
+        xf_two_sum(x[j], -job->m, &d, &d_err);
+        if (d >= -80.0) {
+            xf_dd_exp(d, d_err, &eh, &el);
+            xf_dd_add(&sh, &sl, eh, el);
+        }
+    }
+    double L0 = xf_log(sh);
+    xf_dd_exp(-L0, 0.0, &eh, &el);
+    xf_dd_mul(sh, sl, eh, el, &t, &t_err); /* S e^-L0 = 1 + tiny */
+    double u = (t - 1.0) + t_err;            /* t - 1 is exact (Sterbenz) */
+    double corr = u - 0.5 * u * u;           /* log1p(u), |u| < 2^-50 */
+    double lh, ll;
+    xf_two_sum(job->m, L0, &lh, &ll);
+    return lh + (ll + corr);
+}
+
 /* exp(x_j - m) per storage type: exact shift and the 0.62-ULP exponential for double; for float the
  * double difference (error 2^-53 |x - m|, far below float32's grain) and the 2^-32 exponential, since
  * every use rounds to float32 or lands in a double sum of float32-accurate terms. */
