@@ -489,9 +489,11 @@ def logsumexp(input, axis=-1, *, n_threads=None):
 
     Error bound
     -----------
-    <= 2 ULP (float32), <= 4 ULP (float64).  Float64 rows where ``max x`` and ``log S`` cancel
-    (``|lse| < |max x| / 2``, which needs ``max x`` in ``[-log C, 0)``) are recomputed in double-double
-    (about 100x the cost of an ordinary row) so that the bound stays relative to the small result.
+    <= 2 ULP (float32), <= 4 ULP (float64), except where ``max x`` and ``log S`` cancel
+    (``|lse| < |max x|``, which needs ``max x`` in ``[-log C, 0)``): there 4 ULP of ``max x``.  Float64
+    rows with ``|lse| < |max x| / 2`` are recomputed in double-double (about 100x an ordinary row),
+    which keeps the relative bound unless the cancellation reaches ~50 bits (e.g. C equal logits
+    ``-log C``); a relative bound everywhere is open.
     """
     return _softmax_family(input, axis, n_threads, 0)
 
