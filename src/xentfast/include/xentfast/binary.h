@@ -29,7 +29,7 @@
  *     roundings plus one final rounding (the adversarial tests found each of these).
  * (d) 1 - y and 1 - alpha are carried exactly as a double-double (TwoSum): fl(1 - y) alone would cost
  *     half an ULP for every y < 1/2.  The focal loss also keeps exp and log unrounded (double-double):
- *     see xf_bin_exp_hilo and the focal section.
+ *     see xf_exp_kernel_hilo and the focal section.
  * Not vectorized yet: gcc does not if-convert the mixed int/double masks of the normalised products,
  * so the element loops run scalar (follow-up; the arithmetic would not change).
  * (e) Zero coefficients win over infinities and NaN-free values: a term whose coefficient (weight,
@@ -170,92 +170,13 @@ XF_HD double xf_bin_mul_div(double k1, double k2, double y, double p)
     return ((k1 == 0.0) | (k2 == 0.0) | (y == 0.0)) ? 0.0 : out;
 }
 
-/* ---- exp and log as unrounded double-doubles ----------------------------------------------------------
- * The focal loss raises u = 1 - p_t to the power gamma as exp(gamma log u); an error of delta in log u is a
- * relative error gamma*delta in u^gamma.  With log u = -softplus(+-x) = -(max + log1p(e)) that delta is
- * ~0.6 ULP of log 2 per rounded exp/log1p, times gamma + 1 in the gradient: the float64 bound of 4 ULP
- * would not hold near x = 0.  These two functions are xf_exp_kernel and xf_log_kernel (xf_math.h) with
- * the final addition left unrounded: the high part is bit-identical to the library function, the low part
- * carries what the final rounding dropped (~0.1 ULP accurate).
- * TODO(numerics.h owner): they belong next to the kernels they copy, as the *_dd2 variants; moved there,
- * these would be one-line wrappers. */
-XF_HD double xf_bin_exp_hilo(double hi, double lo, double *out_lo)
-{
-    double xc = hi > 709.8 ? 709.8 : hi;
-    xc = xc < -745.2 ? -745.2 : xc;
-    lo = xc == hi ? lo : 0.0;
-
-    double t = xc * XF_MATH_LOG2E + XF_MATH_SHIFTER;
-    double nd = t - XF_MATH_SHIFTER;
-    double rhi = xc - nd * XF_MATH_LN2_HI;
-    double rlo = lo - nd * XF_MATH_LN2_LO;
-    double r = rhi + rlo;
-    double dr = (rhi - r) + rlo;
-
-    double p = 0x1.6124613a86d09p-33;
-    p = p * r + 0x1.1eed8eff8d898p-29;
-    p = p * r + 0x1.ae64567f544e4p-26;
-    p = p * r + 0x1.27e4fb7789f5cp-22;
-    p = p * r + 0x1.71de3a556c734p-19;
-    p = p * r + 0x1.a01a01a01a01ap-16;
-    p = p * r + 0x1.a01a01a01a01ap-13;
-    p = p * r + 0x1.6c16c16c16c17p-10;
-    p = p * r + 0x1.1111111111111p-7;
-    p = p * r + 0x1.5555555555555p-5;
-    p = p * r + 0x1.5555555555555p-3;
-    p = p * r + 0.5;
-    p = p * (r * r);
-
-    double s = 1.0 + r;
-    double e = (1.0 - s) + r;
-    double corr = e + ((dr + r * dr) + p);
-    double y = s + corr;
-    double yl = (s - y) + corr; /* |s| >= |corr|: Fast2Sum */
-
-    unsigned long long tb = xf_bits_from_double(t);
-    unsigned long long t1b = xf_bits_from_double(nd * 0.5 + XF_MATH_SHIFTER);
-    double sc1 = xf_pow2_from_low_bits(t1b + 1023ULL);
-    double sc2 = xf_pow2_from_low_bits(tb - t1b + 1023ULL);
-    *out_lo = (yl * sc1) * sc2;
-    return y * sc1 * sc2;
-}
-
-/* log(2^k (1 + f)) + c as hi + *lo (see xf_log_kernel for the method and the exactness of each step). */
-XF_HD double xf_bin_log_kernel_hilo(double dk, double f, double c, double *out_lo)
-{
-    double fh = xf_double_from_bits(xf_bits_from_double(f) & 0xfffffffff8000000ULL);
-    double fl = f - fh;
-    double hh = 0.5 * (fh * fh);
-    double hl = 0.5 * (fl * (f + fh));
-    double hfsq = hh + hl;
-
-    double s = f / (2.0 + f);
-    double z = s * s;
-    double w = z * z;
-    double t1 = w * (0x1.999999997fa04p-2 + w * (0x1.c71c51d8e78afp-3 + w * 0x1.39a09d078c69fp-3));
-    double t2 = z * (0x1.5555555555593p-1 + w * (0x1.2492494229359p-2
-                + w * (0x1.7466496cb03dep-3 + w * 0x1.2f112df3e5244p-3)));
-    double R = t2 + t1;
-    double small = (s * (hfsq + R) - hl) + (dk * XF_MATH_LN2_LO + c);
-
-    double v1 = f - hh;
-    double e1 = (f - v1) - hh;
-    double a = dk * XF_MATH_LN2_HI;
-    double v2 = a + v1;
-    double e2 = v1 - (v2 - a);
-    double cc = e2 + (e1 + small);
-    double hi2, lo2;
-    xf_two_sum(v2, cc, &hi2, &lo2); /* hi2 = v2 + cc rounded, the value xf_log_kernel returns */
-    *out_lo = lo2;
-    return hi2;
-}
 
 /* log v as hi + *lo for finite v > 0 (subnormals scaled by 2^54 first, as xf_log does). */
 XF_HD double xf_bin_log_hilo(double v, double *out_lo)
 {
     int sub = v < 0x1p-1022;
     unsigned long long ix = xf_log_shifted_bits(sub ? v * 0x1p54 : v);
-    return xf_bin_log_kernel_hilo(xf_log_k(ix) - (sub ? 54.0 : 0.0), xf_log_f(ix), 0.0, out_lo);
+    return xf_log_kernel_hilo(xf_log_k(ix) - (sub ? 54.0 : 0.0), xf_log_f(ix), 0.0, out_lo);
 }
 
 /* exp(g (lh + ll) + (mh + ml)): the product by g is exact (two_prod), the sum renormalised, so the
@@ -317,7 +238,7 @@ XF_HD xf_bin_logit xf_bin_logit_pieces(double x)
     xf_two_sum(-a, XF_BIN_SCALE_K * XF_MATH_LN2_HI, &h, &lo);
     lo = (h - h == 0.0) ? lo : 0.0; /* a = inf: the EFT's inf - inf */
     r.a = a;
-    r.e_s = xf_bin_exp_hilo(h, lo + XF_BIN_SCALE_K * XF_MATH_LN2_LO, &r.e_s_lo);
+    r.e_s = xf_exp_kernel_hilo(h, lo + XF_BIN_SCALE_K * XF_MATH_LN2_LO, &r.e_s_lo);
     r.e_s_lo = (r.e_s_lo - r.e_s_lo == 0.0) ? r.e_s_lo : 0.0;
     r.e = r.e_s * XF_BIN_UNSCALE;
     r.e_lo = r.e_s_lo * XF_BIN_UNSCALE;
@@ -327,7 +248,7 @@ XF_HD xf_bin_logit xf_bin_logit_pieces(double x)
     r.d = dh;
     unsigned long long ix = xf_log_shifted_bits(dh);
     double kl;
-    double kh = xf_bin_log_kernel_hilo(xf_log_k(ix), xf_log_f(ix), 0.0, &kl);
+    double kh = xf_log_kernel_hilo(xf_log_k(ix), xf_log_f(ix), 0.0, &kl);
     double c = dl / dh;
     xf_two_sum(kh, (c - 0.5 * (c * c)) + kl, &r.l, &r.l_lo);
     int tiny = r.e < 0x1p-60;

@@ -57,7 +57,7 @@ XF_HD double xf_pow2_from_low_bits(unsigned long long kbits)
  *     result is produced by the last multiplication (gradual underflow, no flush).  That result is
  *     rounded twice, to 53 bits and then to the subnormal grid, hence up to 0.75 subnormal ULP there.
  * NaN propagates through r; the scale factors may be garbage for it but NaN times anything is NaN. */
-XF_HD double xf_exp_kernel(double hi, double lo)
+XF_HD double xf_exp_kernel_hilo(double hi, double lo, double *out_lo)
 {
     double xc = hi > 709.8 ? 709.8 : hi;
     xc = xc < -745.2 ? -745.2 : xc;
@@ -86,13 +86,23 @@ XF_HD double xf_exp_kernel(double hi, double lo)
 
     double s = 1.0 + r;
     double e = (1.0 - s) + r;
-    double y = s + (e + ((dr + r * dr) + p));
+    double corr = e + ((dr + r * dr) + p);
+    double y = s + corr;
 
     unsigned long long tb = xf_bits_from_double(t);
     unsigned long long t1b = xf_bits_from_double(nd * 0.5 + XF_MATH_SHIFTER);
     double sc1 = xf_pow2_from_low_bits(t1b + 1023ULL);
     double sc2 = xf_pow2_from_low_bits(tb - t1b + 1023ULL);
+    /* the final addition's rounding error (Fast2Sum, |s| >= |corr|), for callers that need the result
+     * as a double-double (focal loss); everyone else passes a dummy and the compiler drops it */
+    *out_lo = (((s - y) + corr) * sc1) * sc2;
     return y * sc1 * sc2;
+}
+
+XF_HD double xf_exp_kernel(double hi, double lo)
+{
+    double unused;
+    return xf_exp_kernel_hilo(hi, lo, &unused);
 }
 
 /* exp(x), full range with gradual underflow; exp(-inf) = +0, exp(+inf) = +inf, exp(NaN) = NaN.
@@ -171,7 +181,7 @@ XF_HD double xf_log_f(unsigned long long ix)
  * by hand, since there is no fma), everything else is at most a quarter of the result and is added
  * first as one small correction, so only the very last addition rounds at the result's own scale.
  * Without that split the f^2/2 rounding alone costs up to 0.3 ULP near |f| = 0.4. */
-XF_HD double xf_log_kernel(double dk, double f, double c)
+XF_HD double xf_log_kernel_hilo(double dk, double f, double c, double *out_lo)
 {
     /* f^2/2 = hh + hl with hh exact: fh keeps 26 significant bits of f, so fh * fh needs at most 52. */
     double fh = xf_double_from_bits(xf_bits_from_double(f) & 0xfffffffff8000000ULL);
@@ -197,7 +207,18 @@ XF_HD double xf_log_kernel(double dk, double f, double c)
     double a = dk * XF_MATH_LN2_HI;
     double v2 = a + v1;
     double e2 = v1 - (v2 - a);
-    return v2 + (e2 + (e1 + small));
+    double cc = e2 + (e1 + small);
+    double hi = v2 + cc;
+    /* hi is the rounded result; *out_lo its error (TwoSum), for double-double callers (focal loss) */
+    double b_virtual = hi - v2;
+    *out_lo = (v2 - (hi - b_virtual)) + (cc - b_virtual);
+    return hi;
+}
+
+XF_HD double xf_log_kernel(double dk, double f, double c)
+{
+    double unused;
+    return xf_log_kernel_hilo(dk, f, c, &unused);
 }
 
 /* log(x) for every double: log(+-0) = -inf, log(x < 0) = NaN, log(+inf) = +inf, log(NaN) = NaN.
