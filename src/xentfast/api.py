@@ -141,6 +141,28 @@ def _class_weights(weight, C):
     return w
 
 
+def _upstream_factor(grad_output, reduction, loss_shape):
+    """Validated grad_output: (flat float64 array for reduction='none' or None, scalar factor)."""
+    if reduction == "none":
+        if grad_output is None:
+            return None, 1.0
+        g = np.asarray(grad_output)
+        if g.dtype.kind not in "fiu":
+            raise TypeError(f"grad_output: expected real values, got dtype {g.dtype}")
+        if g.shape != loss_shape:
+            raise ValueError(f"grad_output: expected the loss's shape {loss_shape} (reduction='none'); "
+                             f"got {g.shape}")
+        return np.ascontiguousarray(g.reshape(-1), dtype=np.float64), 1.0
+    if grad_output is None:
+        return None, 1.0
+    ga = np.asarray(grad_output)
+    if ga.shape != ():
+        raise ValueError(f"grad_output: expected a scalar for reduction={reduction!r}; got shape {ga.shape}")
+    if ga.dtype.kind not in "fiu":
+        raise TypeError(f"grad_output: expected a real scalar, got dtype {ga.dtype}")
+    return None, float(ga)
+
+
 def _check_nan_policy(nan_policy, rows, batch_shape, name="input"):
     _check_choice(nan_policy, _NAN_POLICIES, "nan_policy")
     if nan_policy == "raise" and rows.size:
@@ -187,27 +209,9 @@ class _Problem:
 
     def upstream(self, grad_output):
         """(row_scale array or None, scalar scale) for the gradient of (loss * grad_output).sum()."""
-        if self.reduction == "none":
-            shape = self.batch_shape
-            if grad_output is None:
-                return None, 1.0
-            g = np.asarray(grad_output)
-            if g.dtype.kind not in "fiu" or g.dtype.kind == "b":
-                raise TypeError(f"grad_output: expected real values, got dtype {g.dtype}")
-            if g.shape != shape:
-                raise ValueError(f"grad_output: expected the loss's shape {shape} (reduction='none'); got {g.shape}")
-            return np.ascontiguousarray(g.reshape(-1), dtype=np.float64), 1.0
-        g = 1.0
-        if grad_output is not None:
-            ga = np.asarray(grad_output)
-            if ga.shape != ():
-                raise ValueError(
-                    f"grad_output: expected a scalar for reduction={self.reduction!r}; got shape {ga.shape}")
-            if ga.dtype.kind not in "fiu" or ga.dtype.kind == "b":
-                raise TypeError(f"grad_output: expected a real scalar, got dtype {ga.dtype}")
-            g = float(ga)
-        if self.reduction == "sum":
-            return None, g
+        rows, g = _upstream_factor(grad_output, self.reduction, self.batch_shape)
+        if self.reduction != "mean":
+            return rows, g
         den = self.denominator()
         # the mean's gradient is 0 when nothing is averaged (all rows ignored / zero weights): every
         # contributing row is empty, so the loss is a constant whatever empty_mean says

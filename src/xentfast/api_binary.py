@@ -28,6 +28,7 @@ from .api import (
     _grad_target,
     _rows,
     _split_target,
+    _upstream_factor,
 )
 
 __all__ = [
@@ -199,27 +200,9 @@ class _Elementwise:
 
     def upstream(self, grad_output):
         """(per-element factor array or None, scalar factor) for the gradient of (loss * grad_output).sum()."""
-        if self.reduction == "none":
-            if grad_output is None:
-                return None, 1.0
-            g = np.asarray(grad_output)
-            if g.dtype.kind not in "fiu":
-                raise TypeError(f"grad_output: expected real values, got dtype {g.dtype}")
-            if g.shape != self.shape:
-                raise ValueError(f"grad_output: expected the loss's shape {self.shape} (reduction='none'); "
-                                 f"got {g.shape}")
-            return np.ascontiguousarray(g.reshape(-1), dtype=np.float64), 1.0
-        g = 1.0
-        if grad_output is not None:
-            ga = np.asarray(grad_output)
-            if ga.shape != ():
-                raise ValueError(
-                    f"grad_output: expected a scalar for reduction={self.reduction!r}; got shape {ga.shape}")
-            if ga.dtype.kind not in "fiu":
-                raise TypeError(f"grad_output: expected a real scalar, got dtype {ga.dtype}")
-            g = float(ga)
-        if self.reduction == "sum":
-            return None, g
+        rows, g = _upstream_factor(grad_output, self.reduction, self.shape)
+        if self.reduction != "mean":
+            return rows, g
         # nothing averaged: the mean is a constant (NaN or 0 by empty_mean), its gradient 0
         return None, (g / self.kept if self.kept else 0.0)
 
