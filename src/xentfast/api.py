@@ -5,12 +5,14 @@ so a label outside [0, C) would otherwise be an out-of-bounds read.  Errors name
 the offending value.
 """
 
+import functools
 import math
 import operator
 
 import numpy as np
 
-from ._core import _xent
+from . import _backend
+from ._backend import xp as _xp
 from ._threads import threads_for
 
 __all__ = [
@@ -32,8 +34,8 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # validation helpers (reused by every public function; never write a second copy)
 
 
-def _as_logits(input, name="input", writeable=False):
-    x = _as_float_input(input, name=name, writeable=writeable)
+def _as_logits(input, name="input", writeable=False, backend=_backend.CPU):
+    x = _as_float_input(input, name=name, writeable=writeable, backend=backend)
     if x.ndim == 0:
         raise ValueError(f"{name}: expected at least 1 dimension (the class axis), got a 0-d array")
     return x
@@ -51,15 +53,16 @@ def _class_axis(axis, ndim, name="axis"):
 
 def _rows(x, axis):
     """(N, C) C-contiguous view or copy of x with the class axis last; batch shape."""
-    moved = np.moveaxis(x, axis, -1)
+    xp = _xp(x)
+    moved = xp.moveaxis(x, axis, -1)
     batch_shape = moved.shape[:-1]
     C = moved.shape[-1]
-    rows = np.ascontiguousarray(moved.reshape(-1, C) if moved.size or C else moved.reshape(0, C))
+    rows = xp.ascontiguousarray(moved.reshape(-1, C) if moved.size or C else moved.reshape(0, C))
     return rows, batch_shape, C
 
 
 def _restore(rows, batch_shape, axis, ndim):
-    return np.moveaxis(rows.reshape(batch_shape + (rows.shape[-1],)), -1, axis)
+    return _xp(rows).moveaxis(rows.reshape(batch_shape + (rows.shape[-1],)), -1, axis)
 
 
 def _check_choice(value, choices, name):
@@ -84,36 +87,50 @@ def _fmt_index(flat_index, shape):
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
-def _index_targets(target, batch_shape, C, ignore_index):
-    t = np.asarray(target)
+def _bad_labels(t, C, ignore_index):
+    """Mask of labels outside [0, C) that are not ignore_index, on the caller's dtype (before any cast
+    could wrap a huge unsigned value) and on the array's own device."""
+    info = np.iinfo(t.dtype)
+    bad = (t >= C) if info.min == 0 else ((t < 0) | (t >= C))
+    if info.min <= ignore_index <= info.max:
+        bad &= t != ignore_index
+    return bad
+
+
+def _raise_bad_label(t, C, ignore_index):
+    bad = _bad_labels(t, C, ignore_index)
+    k = int(np.flatnonzero(bad.ravel())[0])
+    raise ValueError(
+        f"target: labels must be in [0, {C}) or equal ignore_index={ignore_index}; "
+        f"found {t.ravel()[k]} at index {_fmt_index(k, t.shape)}")
+
+
+def _index_targets(target, batch_shape, C, ignore_index, backend=_backend.CPU, checks=None):
+    checks = checks or backend.checks(immediate=True)
+    t = backend.xp.asarray(target)
     if t.shape != batch_shape:
         raise ValueError(
             f"target: class indices must have the input's shape without the class axis, {batch_shape}; "
             f"got shape {t.shape}")
     if t.size:
-        # range check on the caller's dtype, before any cast could wrap a huge unsigned value
-        bad = ~((t >= 0) & (t < C)) & (t != ignore_index)
-        if bad.any():
-            k = int(np.flatnonzero(bad.ravel())[0])
-            raise ValueError(
-                f"target: labels must be in [0, {C}) or equal ignore_index={ignore_index}; "
-                f"found {t.ravel()[k]} at index {_fmt_index(k, t.shape)}")
-    return np.ascontiguousarray(t.reshape(-1), dtype=np.int64)
+        checks.require(_bad_labels(t, C, ignore_index).any(),
+                       lambda: _raise_bad_label(backend.to_host(t), C, ignore_index))
+    return backend.xp.ascontiguousarray(t.reshape(-1), dtype=np.int64)
 
 
 def _prob_targets(target, x, axis):
-    t = np.asarray(target)
+    t = _xp(x).asarray(target)
     if t.shape != x.shape:
         raise ValueError(f"target: class probabilities must have the input's shape {x.shape}; got {t.shape}")
     rows, _, _ = _rows(t.astype(x.dtype, copy=False), axis)
     return rows
 
 
-def _split_target(target, x, axis, batch_shape, C, ignore_index):
+def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backend.CPU, checks=None):
     """Index targets (int64, flat) or probability targets (rows like x): (y, t) with one of them None."""
-    t = np.asarray(target)
+    t = backend.xp.asarray(target)
     if t.dtype.kind in "iu":
-        return _index_targets(t, batch_shape, C, ignore_index), None
+        return _index_targets(t, batch_shape, C, ignore_index, backend, checks), None
     if t.dtype.kind == "f":
         if t.shape == batch_shape and t.shape != x.shape:
             raise TypeError(
@@ -125,37 +142,50 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index):
     raise TypeError(f"target: expected integer class indices or float probabilities, got dtype {t.dtype}")
 
 
-def _class_weights(weight, C):
+def _bad_weights(w):
+    return ~_xp(w).isfinite(w) | (w < 0)
+
+
+def _raise_bad_weight(w):
+    k = int(np.flatnonzero(_bad_weights(w))[0])
+    raise ValueError(f"weight: class weights must be finite and >= 0; found {w[k].item()!r} at index {k}")
+
+
+def _class_weights(weight, C, backend=_backend.CPU, checks=None):
     if weight is None:
         return None
-    w = np.asarray(weight)
+    checks = checks or backend.checks(immediate=True)
+    w = backend.xp.asarray(weight)
     if w.dtype.kind not in "fiu" or w.dtype.kind == "b":
         raise TypeError(f"weight: expected real class weights, got dtype {w.dtype}")
     if w.shape != (C,):
         raise ValueError(f"weight: expected shape ({C},), one weight per class; got shape {w.shape}")
-    w = np.ascontiguousarray(w, dtype=np.float64)
-    bad = ~np.isfinite(w) | (w < 0)
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"weight: class weights must be finite and >= 0; found {w[k]!r} at index {k}")
+    w = backend.xp.ascontiguousarray(w, dtype=np.float64)
+    checks.require(_bad_weights(w).any(), lambda: _raise_bad_weight(backend.to_host(w)))
     return w
 
 
-def _upstream_factor(grad_output, reduction, loss_shape):
-    """Validated grad_output: (flat float64 array for reduction='none' or None, scalar factor)."""
+def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
+    """Validated grad_output: (flat float64 array for reduction='none' or None, scalar factor).
+
+    A scalar grad_output held in a 0-d device array is read back to the host (one transfer)."""
+    if _backend.is_device_array(grad_output) != (not backend.is_cpu) and (
+            isinstance(grad_output, np.ndarray) or _backend.is_device_array(grad_output)):
+        raise TypeError(f"grad_output: got a {type(grad_output).__module__}.{type(grad_output).__name__} for "
+                        f"inputs held as {backend.name} arrays; pass every array on the same device")
     if reduction == "none":
         if grad_output is None:
             return None, 1.0
-        g = np.asarray(grad_output)
+        g = backend.xp.asarray(grad_output)
         if g.dtype.kind not in "fiu":
             raise TypeError(f"grad_output: expected real values, got dtype {g.dtype}")
         if g.shape != loss_shape:
             raise ValueError(f"grad_output: expected the loss's shape {loss_shape} (reduction='none'); "
                              f"got {g.shape}")
-        return np.ascontiguousarray(g.reshape(-1), dtype=np.float64), 1.0
+        return backend.xp.ascontiguousarray(g.reshape(-1), dtype=np.float64), 1.0
     if grad_output is None:
         return None, 1.0
-    ga = np.asarray(grad_output)
+    ga = backend.xp.asarray(grad_output)
     if ga.shape != ():
         raise ValueError(f"grad_output: expected a scalar for reduction={reduction!r}; got shape {ga.shape}")
     if ga.dtype.kind not in "fiu":
@@ -163,23 +193,32 @@ def _upstream_factor(grad_output, reduction, loss_shape):
     return None, float(ga)
 
 
-def _check_nan_policy(nan_policy, rows, batch_shape, name="input"):
+def _raise_nan_row(rows, batch_shape, name):
+    nan_rows = np.isnan(rows).any(axis=1)
+    r = int(np.flatnonzero(nan_rows)[0])
+    c = int(np.flatnonzero(np.isnan(rows[r]))[0])
+    raise ValueError(f"{name}: NaN logit in row {_fmt_index(r, batch_shape)} at class {c} (nan_policy='raise')")
+
+
+def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_backend.CPU, checks=None):
     _check_choice(nan_policy, _NAN_POLICIES, "nan_policy")
     if nan_policy == "raise" and rows.size:
-        nan_rows = np.isnan(rows).any(axis=1)
-        if nan_rows.any():
-            r = int(np.flatnonzero(nan_rows)[0])
-            c = int(np.flatnonzero(np.isnan(rows[r]))[0])
-            raise ValueError(
-                f"{name}: NaN logit in row {_fmt_index(r, batch_shape)} at class {c} (nan_policy='raise')")
+        checks = checks or backend.checks(immediate=True)
+        checks.require(backend.xp.isnan(rows).any(),
+                       lambda: _raise_nan_row(backend.to_host(rows), batch_shape, name))
 
 
 class _Problem:
     """A validated cross-entropy call: rows, targets, weights and options, ready for the kernel."""
 
     def __init__(self, input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss,
-                 empty_mean, nan_policy, n_threads, inplace=False):
-        self.x_orig = _as_logits(input, writeable=inplace)
+                 empty_mean, nan_policy, n_threads, inplace=False, grad_output=None, out=None):
+        self.backend = _backend.for_call(input=input, target=target, weight=weight, grad_output=grad_output,
+                                         out=out)
+        self.xp = self.backend.xp
+        self.k = self.backend.softmax
+        checks = self.backend.checks()
+        self.x_orig = _as_logits(input, writeable=inplace, backend=self.backend)
         self.dtype = self.x_orig.dtype
         self.axis = _class_axis(axis, self.x_orig.ndim)
         self.reduction = _check_choice(reduction, _REDUCTIONS, "reduction")
@@ -194,22 +233,40 @@ class _Problem:
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
         self.y, self.t = _split_target(target, self.x_orig, self.axis, self.batch_shape, self.C,
-                                       self.ignore_index)
-        self.w = _class_weights(weight, self.C)
-        _check_nan_policy(nan_policy, self.rows, self.batch_shape)
+                                       self.ignore_index, self.backend, checks)
+        self.w = _class_weights(weight, self.C, self.backend, checks)
+        _check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks)
         self.N = self.rows.shape[0]
         self.n_threads = threads_for(n_threads, self.N * self.C)
+        self._finish_checks(checks)
+
+    def _finish_checks(self, checks):
+        """Raise on any failed data check; on the GPU the mean's denominator rides along with the
+        validation flags: one transfer per call (the device sum skips out-of-range labels, so it is safe
+        to run before the flags are read)."""
+        self._den = None
+        if self.backend.is_cpu or self.y is None:
+            checks.fetch()
+        else:
+            self._den, = checks.fetch(self.k.target_weight_sum_device(
+                self.y, self._w_or_empty(), self.ignore_index, self.w is not None, self.C))
+
+    def _w_or_empty(self):
+        return self.w if self.w is not None else self.xp.empty(0)
 
     def denominator(self):
         """torch's `mean` denominator: sum of target weights over kept rows (index), or rows (probabilities)."""
-        if self.y is None:
-            return float(self.N)
-        w = self.w if self.w is not None else np.empty(0)
-        return _xent.target_weight_sum(self.y, w, self.ignore_index, self.w is not None)
+        if self._den is None:
+            if self.y is None:
+                self._den = float(self.N)
+            else:
+                self._den = self.k.target_weight_sum(self.y, self._w_or_empty(), self.ignore_index,
+                                                     self.w is not None, self.C)
+        return self._den
 
     def upstream(self, grad_output):
         """(row_scale array or None, scalar scale) for the gradient of (loss * grad_output).sum()."""
-        rows, g = _upstream_factor(grad_output, self.reduction, self.batch_shape)
+        rows, g = _upstream_factor(grad_output, self.reduction, self.batch_shape, self.backend)
         if self.reduction != "mean":
             return rows, g
         den = self.denominator()
@@ -229,7 +286,8 @@ class _Problem:
         return min(max(math.frexp(den)[1], -1000), 1000)
 
     def run(self, grad=None, grad_output=None):
-        loss = np.empty(self.N, dtype=np.float64)
+        xp = self.xp
+        loss = xp.empty(self.N, dtype=np.float64)
         if self.reduction == "mean" and self.denominator() == 0:
             # nothing is averaged: the loss is the empty_mean constant, whatever the rows hold (even
             # NaN), and the gradient of a constant is 0
@@ -238,12 +296,12 @@ class _Problem:
                 grad.fill(0)
             return loss
         row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
-        y = self.y if self.y is not None else np.empty(0, dtype=np.int64)
-        t = self.t if self.t is not None else np.empty((0, 0), dtype=self.dtype)
-        w = self.w if self.w is not None else np.empty(0)
-        rs = row_scale if row_scale is not None else np.empty(0)
-        g = grad if grad is not None else np.empty((0, 0), dtype=self.dtype)
-        _xent.softmax_xent(self.rows, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
+        y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
+        t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)
+        w = self._w_or_empty()
+        rs = row_scale if row_scale is not None else xp.empty(0)
+        g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
+        self.k.softmax_xent(self.rows, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
                            self.n_threads, self.y is not None, self.t is not None, self.w is not None,
                            row_scale is not None, grad is not None, False, math.ldexp(1.0, -self.loss_scale()))
         return loss
@@ -252,53 +310,66 @@ class _Problem:
         if self.reduction == "none":
             with np.errstate(over="ignore"):  # a double loss beyond float32's range is inf, as it should be
                 return row_losses.astype(self.dtype).reshape(self.batch_shape)
-        hi, lo = _xent.dd_sum(row_losses)
+        hi, lo = self.k.dd_sum(row_losses)
         if self.reduction == "sum":
             total = hi + lo
         else:
             den = self.denominator()
             if den == 0:
-                return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
+                return self.backend.result(np.nan if self.empty_mean == "nan" else 0.0, self.dtype)
             k = self.loss_scale()  # the rows came scaled by 2^-k (run); undo it after dividing
             total = (hi / den + lo / den) * math.ldexp(1.0, k)  # inf if the mean itself overflows
-        with np.errstate(over="ignore"):
-            return self.dtype.type(total)
+        return self.backend.result(total, self.dtype)
 
 
 def _grad_target(problem, out, inplace):
     """The (N, C) C-contiguous buffer the kernel writes the gradient into, and how to hand it back."""
     x = problem.x_orig
+    backend = problem.backend
+    xp = backend.xp
     last_axis_contiguous = problem.axis == x.ndim - 1 and x.flags.c_contiguous
     if inplace:
         if out is not None:
             raise ValueError("out: cannot be combined with inplace=True (the gradient goes into input)")
         if last_axis_contiguous:
             return problem.rows, x
-        return np.empty_like(problem.rows), x
+        return xp.empty_like(problem.rows), x
     if out is not None:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
+        if not backend.owns(out):
+            raise TypeError(f"out: expected a {backend.array_type.__module__}.{backend.array_type.__name__} "
+                            f"(the input's kind), got {type(out).__name__}")
         if out.shape != x.shape or out.dtype != x.dtype:
             raise ValueError(f"out: expected shape {x.shape} and dtype {x.dtype}; got shape {out.shape}, "
                              f"dtype {out.dtype}")
-        if not out.flags.writeable:
+        if not getattr(out.flags, "writeable", True):
             raise ValueError("out: the array is read-only")
-        if np.shares_memory(out, x):
+        if xp.shares_memory(out, x):
             raise ValueError("out: overlaps input; use inplace=True to write the gradient into input")
         if last_axis_contiguous and out.flags.c_contiguous:
             return out.reshape(problem.rows.shape), out
-        return np.empty_like(problem.rows), out
-    return np.empty_like(problem.rows), None
+        return xp.empty_like(problem.rows), out
+    return xp.empty_like(problem.rows), None
 
 
 def _finish_grad(problem, buf, dest):
     """Return the gradient in the input's layout, copying into `dest` when the kernel wrote elsewhere."""
+    xp = problem.backend.xp
     shaped = _restore(buf, problem.batch_shape, problem.axis, problem.x_orig.ndim)
     if dest is None:
-        return np.ascontiguousarray(shaped)
-    if not np.shares_memory(buf, dest):
+        return xp.ascontiguousarray(shaped)
+    if not xp.shares_memory(buf, dest):
         dest[...] = shaped
     return dest
+
+
+def _on_input_device(fn):
+    """Run a public function with the device of its first CuPy argument current (kernels and outputs
+    land there); a no-op for NumPy calls."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with _backend.device_of_call(args, kwargs):
+            return fn(*args, **kwargs)
+    return call
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -358,6 +429,7 @@ _XENT_DOC_NOTES = """
     ``nan_policy`` are extras."""
 
 
+@_on_input_device
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
                   axis=-1, z_loss=0.0, empty_mean="nan", nan_policy="propagate", n_threads=None):
     p = _Problem(input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss, empty_mean,
@@ -392,11 +464,12 @@ cross_entropy.__doc__ = f"""Softmax cross-entropy between logits and targets (to
     """
 
 
+@_on_input_device
 def cross_entropy_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean",
                            label_smoothing=0.0, *, axis=-1, z_loss=0.0, empty_mean="nan",
                            nan_policy="propagate", n_threads=None):
     p = _Problem(input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss, empty_mean,
-                 nan_policy, n_threads)
+                 nan_policy, n_threads, grad_output=grad_output)
     buf, dest = _grad_target(p, None, False)
     p.run(grad=buf, grad_output=grad_output)
     return _finish_grad(p, buf, dest)
@@ -426,12 +499,13 @@ cross_entropy_backward.__doc__ = f"""Gradient of :func:`cross_entropy` with resp
     """
 
 
+@_on_input_device
 def cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduction="mean",
                             label_smoothing=0.0, *, axis=-1, z_loss=0.0, empty_mean="nan",
                             nan_policy="propagate", grad_output=None, out=None, inplace=False,
                             n_threads=None):
     p = _Problem(input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss, empty_mean,
-                 nan_policy, n_threads, inplace=inplace)
+                 nan_policy, n_threads, inplace=inplace, grad_output=grad_output, out=out)
     buf, dest = _grad_target(p, out, inplace)
     losses = p.run(grad=buf, grad_output=grad_output)
     return p.reduce(losses), _finish_grad(p, buf, dest)
@@ -468,22 +542,25 @@ cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
 
 
 def _softmax_family(input, axis, n_threads, mode):
-    x = _as_logits(input)
+    backend = _backend.for_call(input=input)
+    xp = backend.xp
+    x = _as_logits(input, backend=backend)
     ax = _class_axis(axis, x.ndim)
     rows, batch_shape, C = _rows(x, ax)
     nt = threads_for(n_threads, rows.size)
-    lse = np.empty(rows.shape[0], dtype=np.float64)
+    lse = xp.empty(rows.shape[0], dtype=np.float64)
     if mode == 0:
         if C == 0:
-            return np.full(batch_shape, -np.inf, dtype=x.dtype)
-        _xent.softmax_family(rows, np.empty((0, 0), dtype=x.dtype), lse, 0, nt, True)
+            return xp.full(batch_shape, -np.inf, dtype=x.dtype)
+        backend.softmax.softmax_family(rows, xp.empty((0, 0), dtype=x.dtype), lse, 0, nt, True)
         return lse.astype(x.dtype).reshape(batch_shape)
-    out = np.empty_like(rows)
+    out = xp.empty_like(rows)
     if C:
-        _xent.softmax_family(rows, out, lse, mode, nt, False)
-    return np.ascontiguousarray(_restore(out, batch_shape, ax, x.ndim))
+        backend.softmax.softmax_family(rows, out, lse, mode, nt, False)
+    return xp.ascontiguousarray(_restore(out, batch_shape, ax, x.ndim))
 
 
+@_on_input_device
 def logsumexp(input, axis=-1, *, n_threads=None):
     """log(sum(exp(input))) along ``axis``, without overflow.
 
@@ -502,6 +579,7 @@ def logsumexp(input, axis=-1, *, n_threads=None):
     return _softmax_family(input, axis, n_threads, 0)
 
 
+@_on_input_device
 def log_softmax(input, axis=-1, *, n_threads=None):
     """``input - logsumexp(input)`` along ``axis``, evaluated as ``(x - m) - log1p(s)``.
 
@@ -515,6 +593,7 @@ def log_softmax(input, axis=-1, *, n_threads=None):
     return _softmax_family(input, axis, n_threads, 1)
 
 
+@_on_input_device
 def softmax(input, axis=-1, *, n_threads=None):
     """``exp(input - logsumexp(input))`` along ``axis``.
 
@@ -533,14 +612,15 @@ def softmax(input, axis=-1, *, n_threads=None):
 # keep _as_logits, whose messages speak of a class axis
 
 
-def _as_float_input(input, name="input", what="logits", writeable=False):
+def _as_float_input(input, name="input", what="logits", writeable=False, backend=_backend.CPU):
     """A float32/float64 array of any rank (0-d included); messages call the values `what`."""
     if writeable:
-        if not isinstance(input, np.ndarray):
-            raise TypeError(f"{name}: inplace=True needs a NumPy array to write into, got {type(input).__name__}")
-        if not input.flags.writeable:
+        if not backend.owns(input):
+            raise TypeError(f"{name}: inplace=True needs a NumPy or CuPy array to write into, "
+                            f"got {type(input).__name__}")
+        if not getattr(input.flags, "writeable", True):
             raise ValueError(f"{name}: inplace=True on a read-only array; pass a writeable copy or use out=")
-    x = np.asarray(input)
+    x = backend.xp.asarray(input)
     if x.dtype not in _FLOAT_DTYPES:
         hint = ""
         if x.dtype.kind in "iub":

@@ -12,8 +12,10 @@ import operator
 
 import numpy as np
 
+from . import _backend
 from . import api as _api
-from ._core import _binary, _xent
+from ._backend import xp as _xp
+from ._core import _binary
 from ._threads import threads_for
 from .api import (
     _EMPTY_MEAN,
@@ -26,6 +28,7 @@ from .api import (
     _finish_grad,
     _first_bad,
     _grad_target,
+    _on_input_device,
     _rows,
     _split_target,
     _upstream_factor,
@@ -47,7 +50,6 @@ __all__ = [
 ]
 
 _NAN_POLICIES = ("propagate", "raise")
-_EMPTY = np.empty(0)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -66,33 +68,48 @@ def _ignore_value(ignore_index):
     raise TypeError(f"ignore_index: expected None, an int or a finite float; got {ignore_index!r}")
 
 
-def _unit_targets(target, x, ignore, name="target"):
+def _not_unit(tc, ignore):
+    with np.errstate(invalid="ignore"):
+        ok = (tc >= 0) & (tc <= 1)
+        if ignore is not None:
+            ok |= tc == ignore
+    return ~ok
+
+
+def _raise_not_unit(tc, ignore, name):
+    k, where = _first_bad(_not_unit(tc, ignore), tc.shape)
+    also = f" or equal ignore_index={ignore}" if ignore is not None else ""
+    raise ValueError(f"{name}: values must be in [0, 1]{also}; found {tc.ravel()[k].item()!r} at index {where}")
+
+
+def _unit_targets(target, x, ignore, name="target", backend=_backend.CPU, checks=None):
     """Targets of x's shape, cast to x's dtype, every value in [0, 1] or equal to `ignore`."""
-    t = np.asarray(target)
+    checks = checks or backend.checks(immediate=True)
+    t = backend.xp.asarray(target)
     if t.dtype.kind not in "fiub":
         raise TypeError(f"{name}: expected real values in [0, 1], got dtype {t.dtype}")
     if t.shape != x.shape:
         raise ValueError(f"{name}: expected the input's shape {x.shape}; got {t.shape}")
     with np.errstate(over="ignore", invalid="ignore"):
-        tc = np.ascontiguousarray(t, dtype=x.dtype)
-        ok = (tc >= 0) & (tc <= 1)
-        if ignore is not None:
-            ok |= tc == ignore
-    bad = _first_bad(~ok, tc.shape)
-    if bad is not None:
-        k, where = bad
-        also = f" or equal ignore_index={ignore}" if ignore is not None else ""
-        raise ValueError(f"{name}: values must be in [0, 1]{also}; found {tc.ravel()[k].item()!r} at index {where}")
+        tc = backend.xp.ascontiguousarray(t, dtype=x.dtype)
+    checks.require(_not_unit(tc, ignore).any(), lambda: _raise_not_unit(backend.to_host(tc), ignore, name))
     return tc
 
 
-def _check_probabilities(x, name="input"):
+def _not_probability(x):
     with np.errstate(invalid="ignore"):
-        bad = _first_bad((x < 0) | (x > 1), x.shape)
-    if bad is not None:
-        k, where = bad
-        raise ValueError(f"{name}: probabilities must be in [0, 1] (NaN propagates); found {x.ravel()[k].item()!r} "
-                         f"at index {where}")
+        return (x < 0) | (x > 1)
+
+
+def _raise_not_probability(x, name):
+    k, where = _first_bad(_not_probability(x), x.shape)
+    raise ValueError(f"{name}: probabilities must be in [0, 1] (NaN propagates); found {x.ravel()[k].item()!r} "
+                     f"at index {where}")
+
+
+def _check_probabilities(x, name="input", backend=_backend.CPU, checks=None):
+    checks = checks or backend.checks(immediate=True)
+    checks.require(_not_probability(x).any(), lambda: _raise_not_probability(backend.to_host(x), name))
 
 
 class _Bcast:
@@ -102,10 +119,21 @@ class _Bcast:
         self.base, self.div, self.mod = base, div, mod
 
 
-def _broadcast_weight(weight, shape, name):
+def _bad_weight(w):
+    return ~_xp(w).isfinite(w) | (w < 0)
+
+
+def _raise_bad_weight(w, name):
+    k, where = _first_bad(_bad_weight(w), w.shape)
+    raise ValueError(f"{name}: weights must be finite and >= 0; found {w.ravel()[k].item()!r} at index {where}")
+
+
+def _broadcast_weight(weight, shape, name, backend=_backend.CPU, checks=None):
     if weight is None:
         return None
-    w = np.asarray(weight)
+    checks = checks or backend.checks(immediate=True)
+    xp = backend.xp
+    w = xp.asarray(weight)
     if w.dtype.kind not in "fiu":
         raise TypeError(f"{name}: expected real weights, got dtype {w.dtype}")
     try:
@@ -114,32 +142,32 @@ def _broadcast_weight(weight, shape, name):
         ok = False
     if not ok:
         raise ValueError(f"{name}: shape {w.shape} does not broadcast to the input's shape {tuple(shape)}")
-    w = np.asarray(w, dtype=np.float64)
-    bad = _first_bad(~np.isfinite(w) | (w < 0), w.shape)
-    if bad is not None:
-        k, where = bad
-        raise ValueError(f"{name}: weights must be finite and >= 0; found {w.ravel()[k].item()!r} at index {where}")
-    wb = np.broadcast_to(w, shape)
+    w = xp.asarray(w, dtype=np.float64)
+    checks.require(_bad_weight(w).any(), lambda: _raise_bad_weight(backend.to_host(w), name))
+    wb = xp.broadcast_to(w, shape)
     n = int(np.prod(shape))
     # axes along which the weight really varies; a contiguous run of them is a (div, mod) pattern
     live = [i for i, (s, st) in enumerate(zip(shape, wb.strides)) if s > 1 and st != 0]
     if not live:
-        return _Bcast(np.ascontiguousarray(wb.reshape(-1)[:1] if n else w.reshape(-1)[:1]), 1, 1)
+        return _Bcast(xp.ascontiguousarray(wb.reshape(-1)[:1] if n else w.reshape(-1)[:1]), 1, 1)
     lo, hi = live[0], live[-1]
     gaps = [i for i in range(lo, hi + 1) if shape[i] > 1 and wb.strides[i] == 0]
     if gaps:
-        return _Bcast(np.ascontiguousarray(wb).reshape(-1), 1, n)
+        return _Bcast(xp.ascontiguousarray(wb).reshape(-1), 1, n)
     sub = wb[tuple(slice(None) if lo <= i <= hi else 0 for i in range(len(shape)))]
-    return _Bcast(np.ascontiguousarray(sub).reshape(-1), int(np.prod(shape[hi + 1:])),
+    return _Bcast(xp.ascontiguousarray(sub).reshape(-1), int(np.prod(shape[hi + 1:])),
                   int(np.prod(shape[lo:hi + 1])))
 
 
-def _check_nan_policy(nan_policy, x, name="input"):
+def _raise_nan(x, name):
+    raise ValueError(f"{name}: NaN at index {_first_bad(np.isnan(x), x.shape)[1]} (nan_policy='raise')")
+
+
+def _check_nan_policy(nan_policy, x, name="input", backend=_backend.CPU, checks=None):
     _check_choice(nan_policy, _NAN_POLICIES, "nan_policy")
     if nan_policy == "raise":
-        bad = _first_bad(np.isnan(x), x.shape)
-        if bad is not None:
-            raise ValueError(f"{name}: NaN at index {bad[1]} (nan_policy='raise')")
+        checks = checks or backend.checks(immediate=True)
+        checks.require(backend.xp.isnan(x).any(), lambda: _raise_nan(backend.to_host(x), name))
 
 
 def _check_eps(eps):
@@ -174,7 +202,10 @@ class _Elementwise:
                  empty_mean="nan", nan_policy="propagate", n_threads=None, inplace=False, what="logits",
                  alpha=0.25, gamma=2.0, eps=None, log_clamp=None):
         self.op = op
-        x = _as_float_input(input, writeable=inplace, what=what)
+        self.backend = _backend.for_call(input=input, target=target, weight=weight, pos_weight=pos_weight)
+        self.xp = xp = self.backend.xp
+        checks = self.backend.checks()
+        x = _as_float_input(input, writeable=inplace, what=what, backend=self.backend)
         self.scalar = x.ndim == 0
         self.x_orig = x.reshape(1) if self.scalar else x
         self.dtype = x.dtype
@@ -186,21 +217,27 @@ class _Elementwise:
         self.axis = xs.ndim - 1
         self.rows, self.batch_shape, _ = _rows(xs, self.axis)
         self.flat = self.rows.reshape(-1)
-        self.t = _unit_targets(target, x, self.ignore).reshape(-1)
-        self.w = _broadcast_weight(weight, xs.shape, "weight")
-        self.pw = _broadcast_weight(pos_weight, xs.shape, "pos_weight")
+        self.t = _unit_targets(target, x, self.ignore, backend=self.backend, checks=checks).reshape(-1)
+        self.w = _broadcast_weight(weight, xs.shape, "weight", self.backend, checks)
+        self.pw = _broadcast_weight(pos_weight, xs.shape, "pos_weight", self.backend, checks)
         self.alpha, self.gamma = alpha, gamma
         self.eps, self.log_clamp = eps, log_clamp
         if what == "probabilities":
-            _check_probabilities(x)
-        _check_nan_policy(nan_policy, x)
+            _check_probabilities(x, backend=self.backend, checks=checks)
+        _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
         self.n = self.flat.shape[0]
         self.n_threads = threads_for(n_threads, self.n)
-        self.kept = self.n if self.ignore is None else int(np.count_nonzero(self.t != self.ignore))
+        if self.ignore is None:
+            checks.fetch()
+            self.kept = self.n
+        else:
+            # the mean's denominator comes back with the validation flags (xentfast._backend (b))
+            kept, = checks.fetch(xp.count_nonzero(self.t != self.ignore))
+            self.kept = int(kept)
 
     def upstream(self, grad_output):
         """(per-element factor array or None, scalar factor) for the gradient of (loss * grad_output).sum()."""
-        rows, g = _upstream_factor(grad_output, self.reduction, self.shape)
+        rows, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
         if self.reduction != "mean":
             return rows, g
         # nothing averaged: the mean is a constant (NaN or 0 by empty_mean), its gradient 0
@@ -210,18 +247,20 @@ class _Elementwise:
         """Element losses (double for reductions, input dtype for 'none'; times 2**loss_k) and the gradient
         into `grad`."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
+        xp = self.xp
+        empty = xp.empty(0)
         keep_double = self.reduction != "none"
-        loss_d = np.empty(self.n if (want_loss and keep_double) else 0, dtype=np.float64)
-        loss_o = np.empty(self.n if (want_loss and not keep_double) else 0, dtype=self.dtype)
-        gflat = grad.reshape(-1) if grad is not None else np.empty(0, dtype=self.dtype)
+        loss_d = xp.empty(self.n if (want_loss and keep_double) else 0, dtype=np.float64)
+        loss_o = xp.empty(self.n if (want_loss and not keep_double) else 0, dtype=self.dtype)
+        gflat = grad.reshape(-1) if grad is not None else xp.empty(0, dtype=self.dtype)
         w, pw = self.w, self.pw
         clip = self.eps is not None
         clamp = self.log_clamp is not None
-        _binary.elementwise(
+        self.backend.binary.elementwise(
             self.op, self.flat, self.t,
-            w.base if w else _EMPTY, w.div if w else 1, w.mod if w else 1,
-            pw.base if pw else _EMPTY, pw.div if pw else 1, pw.mod if pw else 1,
-            g_rows if g_rows is not None else _EMPTY, scale,
+            w.base if w else empty, w.div if w else 1, w.mod if w else 1,
+            pw.base if pw else empty, pw.div if pw else 1, pw.mod if pw else 1,
+            g_rows if g_rows is not None else empty, scale,
             self.ignore is not None, float(self.ignore) if self.ignore is not None else 0.0,
             float(self.alpha), float(self.gamma), clip, self.eps if clip else 0.0, clamp,
             self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads,
@@ -232,19 +271,20 @@ class _Elementwise:
     def reduce(self, losses):
         if self.reduction == "none":
             return losses.reshape(self.shape)
-        if _tiny_terms(losses):
-            return _reduce_scaled(self.run(loss_k=_TINY_K), self.reduction, self.kept, self.empty_mean, self.dtype)
-        hi, lo = _xent.dd_sum(losses)
+        b = self.backend
+        hi, lo, biggest = _sum_and_max(b, losses)
+        if _tiny_terms(biggest):
+            return _reduce_scaled(b, self.run(loss_k=_TINY_K), self.reduction, self.kept, self.empty_mean,
+                                  self.dtype)
         if self.reduction == "sum":
             total = hi + lo
         else:
             if self.kept == 0:
-                return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
+                return b.result(np.nan if self.empty_mean == "nan" else 0.0, self.dtype)
             total = hi / self.kept + lo / self.kept
             if hi == np.inf:
                 total = self._mean_beyond_overflow(losses)
-        with np.errstate(over="ignore"):
-            return self.dtype.type(total)
+        return b.result(total, self.dtype)
 
     def _mean_beyond_overflow(self, losses):
         """float64 only: the sum of the element losses beyond DBL_MAX while the mean may not be.
@@ -254,8 +294,9 @@ class _Elementwise:
         losses that overflowed on their own (w q |x| > DBL_MAX); the losses are linear in the weight, so
         the kernel runs again with every weight times 2^-64 and the mean is scaled back.  A focal loss
         never exceeds its |x| (alpha_t, u^g <= 1): its infinite losses are exact."""
-        if np.isfinite(losses).all():
-            hi, lo = _xent.dd_sum(losses * 2.0**-64)
+        xp, dd_sum = self.xp, self.backend.softmax.dd_sum
+        if bool(xp.isfinite(losses).all()):
+            hi, lo = dd_sum(losses * 2.0**-64)
             with np.errstate(over="ignore"):
                 return (hi / self.kept + lo / self.kept) * 2.0**64
         if self.op == _binary.OP_FOCAL:
@@ -263,18 +304,18 @@ class _Elementwise:
         if self.w:
             # weights below 2^-900 stay as they are: scaled they could underflow to 0 and turn an infinite
             # loss (p = 0 < y, x = -+inf) into 0, and unscaled they are negligible next to such a sum
-            base = np.where(self.w.base >= 2.0**-900, self.w.base * 2.0**-64, self.w.base)
+            base = xp.where(self.w.base >= 2.0**-900, self.w.base * 2.0**-64, self.w.base)
             scaled = _Bcast(base, self.w.div, self.w.mod)
         else:
-            scaled = _Bcast(np.array([2.0**-64]), 1, 1)
+            scaled = _Bcast(xp.full(1, 2.0**-64), 1, 1)
         saved, self.w = self.w, scaled
         try:
             losses = self.run()
         finally:
             self.w = saved
-        if np.isinf(losses).any():
+        if bool(xp.isinf(losses).any()):
             return np.inf            # an element whose exact loss is infinite
-        hi, lo = _xent.dd_sum(losses)
+        hi, lo = dd_sum(losses)
         with np.errstate(over="ignore"):
             return (hi / self.kept + lo / self.kept) * 2.0**64
 
@@ -291,7 +332,7 @@ class _Elementwise:
 
     def with_grad(self, input, grad_output, out, inplace):
         # a 0-d problem runs as shape (1,): a 0-d out= buffer is viewed the same way
-        out1 = out.reshape(1) if (self.scalar and isinstance(out, np.ndarray) and out.shape == ()) else out
+        out1 = out.reshape(1) if (self.scalar and self.backend.owns(out) and out.shape == ()) else out
         buf, dest = _grad_target(self, out1, inplace)
         loss = self.reduce(self.run(grad=buf, grad_output=grad_output))
         g = _finish_grad(self, buf, dest)
@@ -305,27 +346,39 @@ class _Elementwise:
 _TINY_K = 600.0
 
 
-def _tiny_terms(losses):
+def _sum_and_max(backend, losses):
+    """(hi, lo) of the double-double sum of the losses and max |loss| (0 for none), in one transfer on
+    the GPU.  NaN losses give a NaN sum; the max then only matters through _tiny_terms."""
+    xp = backend.xp
+    if not losses.size:
+        return 0.0, 0.0, 0.0
+    if backend.is_cpu:
+        hi, lo = backend.softmax.dd_sum(losses)
+        return hi, lo, float(np.max(np.abs(losses)))
+    both = xp.concatenate([backend.softmax.dd_sum_device(losses), xp.max(xp.abs(losses)).reshape(1)])
+    hi, lo, biggest = backend.to_host(both).tolist()
+    return hi, lo, biggest
+
+
+def _tiny_terms(biggest):
     """True when every reduced term is below 2^-969 (and one is not 0): each was rounded onto (or near)
     the subnormal grid, and a sum of n of them, or their sum divided by a subnormal denominator, would
-    carry up to n/2 of those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact)."""
-    if not losses.size:
-        return False
-    m = float(np.max(np.abs(losses)))
-    return 0.0 < m < 2.0**-969
+    carry up to n/2 of those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact).
+    `biggest` is max |loss|."""
+    return 0.0 < biggest < 2.0**-969
 
 
-def _reduce_scaled(losses, reduction, den, empty_mean, dtype):
+def _reduce_scaled(backend, losses, reduction, den, empty_mean, dtype):
     """The reduction of losses that came times 2^600: sum or mean first, the unscaling last (its one
     rounding is the only one that can land on the subnormal grid)."""
-    hi, lo = _xent.dd_sum(losses)
+    hi, lo = backend.softmax.dd_sum(losses)
     if reduction == "sum":
         total = hi + lo
     else:
         if den == 0:
-            return dtype.type(np.nan if empty_mean == "nan" else 0.0)
+            return backend.result(np.nan if empty_mean == "nan" else 0.0, dtype)
         total = hi / den + lo / den
-    return dtype.type(total * 2.0**-_TINY_K)
+    return backend.result(total * 2.0**-_TINY_K, dtype)
 
 
 def _elementwise(op, input, target, inplace=False, **kw):
@@ -391,6 +444,7 @@ _BOUND_BCE = """
     ``xentfast.reference``; the README lists the measured maxima."""
 
 
+@_on_input_device
 def binary_cross_entropy_with_logits(input, target, weight=None, pos_weight=None, reduction="mean", *,
                                      ignore_index=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
     return _elementwise(_binary.OP_BCE_LOGITS, input, target, weight=weight, pos_weight=pos_weight,
@@ -398,6 +452,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, pos_weight=None
                         nan_policy=nan_policy, n_threads=n_threads).forward()
 
 
+@_on_input_device
 def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, pos_weight=None,
                                               reduction="mean", *, ignore_index=None, empty_mean="nan",
                                               nan_policy="propagate", n_threads=None):
@@ -406,6 +461,7 @@ def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight
                         nan_policy=nan_policy, n_threads=n_threads).backward(grad_output)
 
 
+@_on_input_device
 def binary_cross_entropy_with_logits_with_grad(input, target, weight=None, pos_weight=None, reduction="mean", *,
                                                ignore_index=None, empty_mean="nan", nan_policy="propagate",
                                                grad_output=None, out=None, inplace=False, n_threads=None):
@@ -540,6 +596,7 @@ _BOUND_FOCAL = """
     'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one more ULP."""
 
 
+@_on_input_device
 def sigmoid_focal_loss(input, target, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
                        empty_mean="nan", nan_policy="propagate", n_threads=None):
     a, g = _check_focal(alpha, gamma)
@@ -548,6 +605,7 @@ def sigmoid_focal_loss(input, target, alpha=0.25, gamma=2.0, reduction="none", *
                         n_threads=n_threads).forward()
 
 
+@_on_input_device
 def sigmoid_focal_loss_backward(grad_output, input, target, alpha=0.25, gamma=2.0, reduction="none", *,
                                 ignore_index=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
     a, g = _check_focal(alpha, gamma)
@@ -556,6 +614,7 @@ def sigmoid_focal_loss_backward(grad_output, input, target, alpha=0.25, gamma=2.
                         n_threads=n_threads).backward(grad_output)
 
 
+@_on_input_device
 def sigmoid_focal_loss_with_grad(input, target, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
                                  empty_mean="nan", nan_policy="propagate", grad_output=None, out=None,
                                  inplace=False, n_threads=None):
@@ -673,6 +732,7 @@ _BOUND_BCE_PROB = """
     gradients of reductions or with ``grad_output``: one more ULP."""
 
 
+@_on_input_device
 def binary_cross_entropy(input, target, weight=None, reduction="mean", *, eps=None, log_clamp=None,
                          empty_mean="nan", nan_policy="propagate", n_threads=None):
     e, c = _prob_modes(eps, log_clamp)
@@ -681,6 +741,7 @@ def binary_cross_entropy(input, target, weight=None, reduction="mean", *, eps=No
                         eps=e, log_clamp=c).forward()
 
 
+@_on_input_device
 def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduction="mean", *, eps=None,
                                   log_clamp=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
     e, c = _prob_modes(eps, log_clamp)
@@ -689,6 +750,7 @@ def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduc
                         eps=e, log_clamp=c).backward(grad_output)
 
 
+@_on_input_device
 def binary_cross_entropy_with_grad(input, target, weight=None, reduction="mean", *, eps=None, log_clamp=None,
                                    empty_mean="nan", nan_policy="propagate", grad_output=None, out=None,
                                    inplace=False, n_threads=None):
@@ -765,7 +827,11 @@ class _ProbsProblem(_api._Problem):
 
     def __init__(self, input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy,
                  n_threads, inplace=False):
-        x = _as_float_input(input, writeable=inplace, what="probabilities")
+        self.backend = _backend.for_call(input=input, target=target, weight=weight)
+        self.xp = self.backend.xp
+        self.k = self.backend.softmax
+        checks = self.backend.checks()
+        x = _as_float_input(input, writeable=inplace, what="probabilities", backend=self.backend)
         if x.ndim == 0:
             raise ValueError("input: expected at least 1 dimension (the class axis), got a 0-d array")
         self.x_orig = x
@@ -783,33 +849,37 @@ class _ProbsProblem(_api._Problem):
         self.rows, self.batch_shape, self.C = _rows(x, self.axis)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
-        self.y, self.t = _split_target(target, x, self.axis, self.batch_shape, self.C, self.ignore_index)
-        self.w = _class_weights(weight, self.C)
-        _check_probabilities(x)
-        _check_nan_policy(nan_policy, x)
+        self.y, self.t = _split_target(target, x, self.axis, self.batch_shape, self.C, self.ignore_index,
+                                       self.backend, checks)
+        self.w = _class_weights(weight, self.C, self.backend, checks)
+        _check_probabilities(x, backend=self.backend, checks=checks)
+        _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
         self.N = self.rows.shape[0]
         self.n_threads = threads_for(n_threads, self.N * self.C)
+        self._finish_checks(checks)
 
     def _kernel(self, w, rs, scale, loss, grad, loss_k=0.0):
-        y = self.y if self.y is not None else np.empty(0, dtype=np.int64)
-        t = self.t if self.t is not None else np.empty((0, 0), dtype=self.dtype)
-        g = grad if grad is not None else np.empty((0, 0), dtype=self.dtype)
+        xp = self.xp
+        y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
+        t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)
+        g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
         clip = self.clip_eps is not None
-        _binary.ce_probs(self.rows, y, t, w if w is not None else _EMPTY, self.ignore_index,
-                         rs if rs is not None else _EMPTY, scale, clip, self.clip_eps if clip else 0.0, loss, g,
+        self.backend.binary.ce_probs(self.rows, y, t, w if w is not None else xp.empty(0), self.ignore_index,
+                         rs if rs is not None else xp.empty(0), scale, clip, self.clip_eps if clip else 0.0, loss, g,
                          self.n_threads, self.y is not None, self.t is not None, w is not None, rs is not None,
                          grad is not None, loss_k)
 
     def run(self, grad=None, grad_output=None):
-        loss = np.empty(self.N, dtype=np.float64)
+        xp = self.xp
+        loss = xp.empty(self.N, dtype=np.float64)
         row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         if grad is not None and not math.isfinite(scale) and self.y is not None and self.denominator() > 0:
             # 'mean' over subnormal class weights: grad_output / sum(w_y) overflows although every
             # w_y / sum(w_y) <= 1; fold the denominator into the weights for the gradient instead
             den = self.denominator()
-            g = 1.0 if grad_output is None else float(np.asarray(grad_output))
-            w = self.w if self.w is not None else np.ones(self.C)
-            self._kernel(w / den, None, g, np.empty(self.N), grad)
+            g = 1.0 if grad_output is None else float(grad_output)
+            w = self.w if self.w is not None else xp.ones(self.C)
+            self._kernel(w / den, None, g, xp.empty(self.N), grad)
             self._kernel(self.w, None, 1.0, loss, None)
         else:
             self._kernel(self.w, row_scale, scale, loss, grad)
@@ -825,21 +895,21 @@ class _ProbsProblem(_api._Problem):
         if self.reduction == "none":
             with np.errstate(over="ignore"):
                 return row_losses.astype(self.dtype).reshape(self.batch_shape)
-        if _tiny_terms(row_losses):
-            scaled = np.empty(self.N, dtype=np.float64)
+        b = self.backend
+        hi, lo, biggest = _sum_and_max(b, row_losses)
+        if _tiny_terms(biggest):
+            scaled = self.xp.empty(self.N, dtype=np.float64)
             self._kernel(self.w, None, 1.0, scaled, None, _TINY_K)
             den = self.denominator() if self.reduction == "mean" else 1.0
-            return _reduce_scaled(scaled, self.reduction, den, self.empty_mean, self.dtype)
-        hi, lo = _xent.dd_sum(row_losses)
+            return _reduce_scaled(b, scaled, self.reduction, den, self.empty_mean, self.dtype)
         if self.reduction == "sum":
             total = hi + lo
         else:
             den = self.denominator()
             if den == 0:
-                return self.dtype.type(np.nan if self.empty_mean == "nan" else 0.0)
+                return b.result(np.nan if self.empty_mean == "nan" else 0.0, self.dtype)
             total = hi / den + lo / den
-        with np.errstate(over="ignore"):
-            return self.dtype.type(total)
+        return b.result(total, self.dtype)
 
 
 _CE_PROBS_PARAMS = """
@@ -887,12 +957,14 @@ _BOUND_CE_PROBS = """
     more ULP."""
 
 
+@_on_input_device
 def cross_entropy_from_probs(input, target, weight=None, ignore_index=-100, reduction="mean", *, axis=-1,
                              eps=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
     p = _ProbsProblem(input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy, n_threads)
     return p.reduce(p.run())
 
 
+@_on_input_device
 def cross_entropy_from_probs_backward(grad_output, input, target, weight=None, ignore_index=-100,
                                       reduction="mean", *, axis=-1, eps=None, empty_mean="nan",
                                       nan_policy="propagate", n_threads=None):
@@ -902,6 +974,7 @@ def cross_entropy_from_probs_backward(grad_output, input, target, weight=None, i
     return _finish_grad(p, buf, dest)
 
 
+@_on_input_device
 def cross_entropy_from_probs_with_grad(input, target, weight=None, ignore_index=-100, reduction="mean", *,
                                        axis=-1, eps=None, empty_mean="nan", nan_policy="propagate",
                                        grad_output=None, out=None, inplace=False, n_threads=None):

@@ -413,13 +413,17 @@ def dd_sum(const double[::1] v):
     return hi, lo
 
 
-def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignore_index, bint has_w):
-    """Sum of w[y_i] over non-ignored rows (torch's `mean` denominator), double-double, rounded."""
+def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignore_index, bint has_w,
+                      long long C):
+    """Sum of w[y_i] over non-ignored rows (torch's `mean` denominator), double-double, rounded.
+
+    Labels outside [0, C) are skipped, never read through: the GPU twin computes this alongside the
+    label check, before the caller has seen whether the labels are valid (xentfast._backend (b))."""
     cdef double hi = 0.0, lo = 0.0
     cdef Py_ssize_t i
     with nogil:
         for i in range(y.shape[0]):
-            if y[i] != ignore_index:
+            if y[i] != ignore_index and 0 <= y[i] < C:
                 xf_dd_add(&hi, &lo, w[y[i]] if has_w else 1.0, 0.0)
     return hi + lo
 
