@@ -89,7 +89,7 @@ def xf_runner(x, y):
         softmax_xent(x, y, e2, e64, -100, 0.0, 0.0, e64, scale, loss, grad, 1, True, False, False, False, True)
 
     def call():
-        den = target_weight_sum(y, e64, -100, False)
+        den = target_weight_sum(y, e64, -100, False, C)
         kernel(1.0 / den)
         hi, lo = dd_sum(loss)
         return cp.asarray(np.float32(hi / den + lo / den))
@@ -149,9 +149,61 @@ def api_time(x, y):
         out = xf.cross_entropy_with_grad(x[:2], y[:2])
         if not isinstance(out[1], cp.ndarray):
             return None
-    except Exception:
+    except Exception as exc:
+        print(f"api on CuPy arrays FAILED: {type(exc).__name__}: {exc}")
         return None
     return timed(lambda: xf.cross_entropy_with_grad(x, y))
+
+
+BINARY_SHAPE = (65536, 1024)
+
+
+def binary_rows(bw):
+    """BCE with logits fused (mean), the public API on CuPy arrays against torch, and CPU bits."""
+    import cupy as cp
+
+    import xentfast as xf
+
+    N, C = BINARY_SHAPE
+    rng = cp.random.default_rng(1)
+    x = rng.standard_normal((N, C), dtype=cp.float32) * 4
+    t = (rng.random((N, C), dtype=cp.float32) > 0.5).astype(cp.float32)
+    must_move = 3 * x.nbytes  # logits and targets read, gradient written
+    out = []
+    for reduction in ("mean", "none"):
+        try:
+            f = lambda: xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction)
+            loss, grad = f()
+            lc, gc = xf.binary_cross_entropy_with_logits_with_grad(cp.asnumpy(x[:64]), cp.asnumpy(t[:64]),
+                                                                   reduction="none")
+            lg, gg = xf.binary_cross_entropy_with_logits_with_grad(x[:64], t[:64], reduction="none")
+            same = (np.array_equal(cp.asnumpy(lg).view(np.int32), lc.view(np.int32))
+                    and np.array_equal(cp.asnumpy(gg).view(np.int32), gc.view(np.int32)))
+            tt = timed(f)
+            out.append((f"api bce_with_logits_with_grad {reduction}", tt, must_move / tt / bw,
+                        "same bits as CPU" if same else "DIFFERS from CPU"))
+        except Exception as exc:
+            out.append((f"api bce_with_logits_with_grad {reduction}", None, None,
+                        f"FAILED: {type(exc).__name__}: {exc}"))
+    try:
+        import torch
+        import torch.nn.functional as F
+
+        xt = torch.as_tensor(x, device="cuda").detach().requires_grad_(True)
+        tt_ = torch.as_tensor(t, device="cuda")
+
+        def step():
+            loss = F.binary_cross_entropy_with_logits(xt, tt_)
+            (g,) = torch.autograd.grad(loss, xt)
+            return g
+
+        ttorch = timed(step)
+        out.append(("torch BCE-with-logits fwd+bwd", ttorch, must_move / ttorch / bw, torch.__version__))
+    except Exception as exc:
+        ttorch = None
+        out.append(("torch BCE-with-logits fwd+bwd", None, None, f"unavailable: {exc}"))
+    return [(N, C, label, tm, frac, (ttorch / tm) if (ttorch and tm) else None, note)
+            for label, tm, frac, note in out]
 
 
 def main():
@@ -207,13 +259,13 @@ def main():
         del x, y
         cp.get_default_memory_pool().free_all_blocks()
 
+    rows += binary_rows(bw)
     print(f"\n{'shape':>14} {'variant':34} {'ms':>8} {'of copy BW':>10} {'x torch':>8}  notes")
     for N, C, label, t, frac, ratio, note in rows:
         ms = f"{t * 1e3:8.3f}" if t else f"{'-':>8}"
         fr = f"{frac * 100:9.1f}%" if frac else f"{'-':>10}"
         rt = f"{ratio:8.2f}" if ratio else f"{'-':>8}"
         print(f"{f'{N}x{C}':>14} {label:34} {ms} {fr} {rt}  {note}")
-    print("\nbinary family at (65536, 1024): no CUDA kernel yet (kernels.cu (h)); not measured")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def _array_module():
             return out
         return call
     names = ["asarray", "ascontiguousarray", "moveaxis", "empty", "empty_like", "full", "zeros", "ones", "isnan",
-             "isfinite", "isinf", "shares_memory", "concatenate", "broadcast_to", "where", "count_nonzero", "max",
+             "isfinite", "isinf", "may_share_memory", "concatenate", "broadcast_to", "where", "count_nonzero", "max",
              "abs"]
     return types.SimpleNamespace(**{n: wrap(n) for n in names})
 

@@ -72,6 +72,14 @@ class Backend:
             v = np.dtype(dtype).type(value)
         return v if self.is_cpu else self.xp.asarray(v)
 
+    def overlaps(self, a, b):
+        """Whether two arrays may share memory.  NumPy answers exactly; on a device only the memory
+        bounds are compared (CuPy's exact test sorts a pointer per element, a full-size job), so
+        interleaved views that never touch count as overlapping there."""
+        if self.is_cpu:
+            return bool(np.shares_memory(a, b))
+        return bool(self.xp.may_share_memory(a, b))
+
     def device(self, a):
         """Context making `a`'s device current (allocations and launches land there)."""
         if self._device_of is None:

@@ -343,7 +343,7 @@ def _grad_target(problem, out, inplace):
                              f"dtype {out.dtype}")
         if not getattr(out.flags, "writeable", True):
             raise ValueError("out: the array is read-only")
-        if xp.shares_memory(out, x):
+        if backend.overlaps(out, x):
             raise ValueError("out: overlaps input; use inplace=True to write the gradient into input")
         if last_axis_contiguous and out.flags.c_contiguous:
             return out.reshape(problem.rows.shape), out
@@ -357,7 +357,7 @@ def _finish_grad(problem, buf, dest):
     shaped = _restore(buf, problem.batch_shape, problem.axis, problem.x_orig.ndim)
     if dest is None:
         return xp.ascontiguousarray(shaped)
-    if not xp.shares_memory(buf, dest):
+    if not problem.backend.overlaps(buf, dest):
         dest[...] = shaped
     return dest
 
