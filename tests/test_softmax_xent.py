@@ -115,6 +115,24 @@ def test_reduced_loss_and_gradient_within_bound(dtype, reduction, data):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_smoothing):
+    # sum(w_y) is subnormal, so grad_output / sum(w_y) overflows, yet each w_y / sum(w_y) <= 1
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 4)).astype(dtype)
+    y = np.array([0, 1, 2, 3, 0])
+    w = np.array([1e-310, 3e-310, 2e-311, 5e-310])
+    kw = dict(weight=w, label_smoothing=label_smoothing)
+    g = 0.5
+    loss, grad = xf.cross_entropy_with_grad(x, y, grad_output=np.asarray(g), **kw)
+    assert loss == xf.cross_entropy(x, y, **kw)
+    assert_ulp_close(np.asarray(loss), ref.cross_entropy(x, y, **kw), REDUCED_BOUND, dtype=dtype)
+    exact, scale = ref.cross_entropy_grad(x, y, grad_output=g, return_scale=True, **kw)
+    for computed in (grad, xf.cross_entropy_backward(np.asarray(g), x, y, **kw)):
+        assert_ulp_close(computed, exact, BOUND[np.dtype(dtype)] + 1, scale=scale if label_smoothing else None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @given(data=st.data())
 def test_grad_output_per_row(dtype, data):
     case = data.draw(softmax_xent_cases(dtype))

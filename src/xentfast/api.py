@@ -296,15 +296,27 @@ class _Problem:
                 grad.fill(0)
             return loss
         row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
+        if grad is not None and self.reduction == "mean" and self.w is not None and not math.isfinite(scale):
+            g = _upstream_factor(grad_output, self.reduction, self.batch_shape, self.backend)[1]
+            if math.isfinite(g):
+                # subnormal class weights: grad_output / sum(w_y) overflows although every
+                # w_y / sum(w_y) <= 1.  Fold the denominator into the weights for the gradient, and take
+                # the losses from a forward pass with the weights as given (the same bits a fused pass
+                # gives them)
+                self._launch(self.w / self.denominator(), None, g, xp.empty(self.N, dtype=np.float64), grad)
+                grad, scale = None, 1.0
+        self._launch(self._w_or_empty(), row_scale, scale, loss, grad)
+        return loss
+
+    def _launch(self, w, row_scale, scale, loss, grad):
+        xp = self.xp
         y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
         t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)
-        w = self._w_or_empty()
         rs = row_scale if row_scale is not None else xp.empty(0)
         g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
         self.k.softmax_xent(self.rows, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
-                           self.n_threads, self.y is not None, self.t is not None, self.w is not None,
-                           row_scale is not None, grad is not None, False, math.ldexp(1.0, -self.loss_scale()))
-        return loss
+                            self.n_threads, self.y is not None, self.t is not None, self.w is not None,
+                            row_scale is not None, grad is not None, False, math.ldexp(1.0, -self.loss_scale()))
 
     def reduce(self, row_losses):
         if self.reduction == "none":
