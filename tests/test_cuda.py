@@ -776,7 +776,7 @@ class BinaryModel:
             f.restype = None
             f.argtypes = [I, P, P, P, LL, LL, P, LL, LL, P, D, I, D, D, D, I, D, I, D, P, P, P, LL, D, I]
             f = getattr(lib, f"xf_model_ce_probs_{s}")
-            f.restype, f.argtypes = None, [P, P, P, P, LL, P, D, I, D, P, P, LL, LL, D, I]
+            f.restype, f.argtypes = None, [P, P, P, P, LL, P, D, I, D, P, P, LL, LL, D, I, I]
         lib.xf_model_dd_sum.restype, lib.xf_model_dd_sum.argtypes = None, [P, LL, I, I, P]
         lib.xf_model_target_weight_sum.restype = D
         lib.xf_model_target_weight_sum.argtypes = [P, P, LL, LL, LL]
@@ -791,13 +791,13 @@ class BinaryModel:
             _ptr(loss_o), _ptr(grad), a.x.size, a.loss_k, order)
         return outs
 
-    def ce_probs(self, a, want_grad=True, inplace=False, order=0):
+    def ce_probs(self, a, want_grad=True, inplace=False, order=0, nt=32):
         args, (loss, grad) = _ce_call(a, want_grad, inplace, np, lambda dt: None, lambda dt: None)
         N, C = a.p.shape
         getattr(self.lib, f"xf_model_ce_probs_{_sfx(a.p.dtype)}")(
             _ptr(args[0]), _ptr(a.y), _ptr(a.t), _ptr(a.w), a.ignore_index, _ptr(a.row_scale), a.scale,
             int(a.eps is not None), a.eps if a.eps is not None else 0.0, _ptr(loss), _ptr(grad), N, C,
-            a.loss_k, order)
+            a.loss_k, nt, order)
         return loss, grad
 
     def dd_sum(self, v, nt=1024, order=0):
@@ -884,12 +884,42 @@ def test_model_ce_probs_gives_the_cpu_bits(binary_model, dtype, data):
     a = _draw_ce_args(data, dtype)
     want_grad = data.draw(st.booleans(), label="grad")
     inplace = want_grad and data.draw(st.booleans(), label="inplace")
-    order = data.draw(st.sampled_from([0, 1, 2]), label="row order")
+    order = data.draw(st.sampled_from([0, 1, 2]), label="row and thread order")
+    nt = data.draw(st.sampled_from([32, 1, 5]), label="team size")  # the kernel's is 32; the bits never depend on it
     lc, gc = cpu_ce_probs(a, want_grad, inplace)
-    lm, gm = binary_model.ce_probs(a, want_grad, inplace, order)
+    lm, gm = binary_model.ce_probs(a, want_grad, inplace, order, nt)
     assert_same_bits(lm, lc, "row losses")
     if want_grad:
         assert_same_bits(gm, gc, "gradient")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_model_ce_probs_long_rows(binary_model, dtype):
+    """Rows over several loss chunks (XF_CU_CE_CHUNK = 256 classes) and a partial last chunk: lane 0's
+    chain adds the chunks' terms in class order, as the CPU's one loop does."""
+    rng = np.random.default_rng(13)
+    for C in (255, 256, 257, 1000, 3 * 256 + 1):
+        N = 5
+        p = rng.random((N, C)).astype(dtype)
+        p /= p.sum(axis=1, keepdims=True)
+        p[1, C // 2] = 0.0
+        p[2, C - 1] = np.nan
+        t = rng.random((N, C)).astype(dtype)
+        t /= t.sum(axis=1, keepdims=True)
+        t[1, C // 2] = 0.0
+        y = rng.integers(0, C, N).astype(np.int64)
+        y[3] = -100
+        w = rng.uniform(0, 2, C)
+        for a in (CeArgs(p, None, t, w, -100, rng.uniform(-1, 1, N), 0.5, None, 0.0),
+                  CeArgs(p, None, t, None, -100, None, 1.0, 1e-7, 600.0),
+                  CeArgs(p, y, None, w, -100, None, 1.0 / 3.0, None, 0.0)):
+            lc, gc = cpu_ce_probs(a)
+            for nt, order in ((32, 1), (7, 2)):
+                lm, gm = binary_model.ce_probs(a, order=order, nt=nt)
+                assert_same_bits(lm, lc, f"row losses, C={C}")
+                assert_same_bits(gm, gc, f"gradient, C={C}")
+            lm, gm = binary_model.ce_probs(a, inplace=True)
+            assert_same_bits(gm, gc, f"inplace gradient, C={C}")
 
 
 # ---- dd_sum: one fixed shape (xentfast/ddsum.h) on every thread count and device
@@ -1232,8 +1262,9 @@ def _check_ce_probs_launch(binary_model, cp, rec, dtype, data):
     _cuda.ce_probs(*args, loss_k=a.loss_k)
     ((source, expr, grid, block, kargs),) = rec.calls
     assert source == "binary.cu" and expr == f"xf_ce_probs_kernel<{_cuda._DTYPES[a.p.dtype]}>"
+    assert block == (_cuda._CE_TEAM * _cuda._CE_ROWS,) and grid[0] * _cuda._CE_ROWS >= min(a.p.shape[0], 4)
     named = _named_args(source, expr, kargs)
-    named.update(order=0)
+    named.update(order=0, nt=_cuda._CE_TEAM)
     _replay(getattr(binary_model.lib, f"xf_model_ce_probs_{_sfx(a.p.dtype)}"), MODEL_TEXT,
             "xf_model_ce_probs_##SFX", named)
     lc, gc = cpu_ce_probs(a, want_grad)

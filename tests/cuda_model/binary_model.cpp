@@ -59,12 +59,19 @@ static void model_elementwise(int op, const T *x, const T *t, const double *w, l
 template <typename T>
 static void model_ce_probs(const T *p, const long long *y, const T *t, const double *w, long long ignore_index,
                            const double *row_scale, double scale, int clip, double eps, double *loss, T *grad,
-                           long long N, long long C, double loss_k, int order)
+                           long long N, long long C, double loss_k, int nt, int order)
 {
     xf_bin_prob_mode m;
     xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0);
+    const xf_cu_host_team team = {nt, order};
+    xf_cu_ce_scratch sc;
     for (long long i : model_order(N, order)) {
-        loss[i] = xf_cu_ce_probs_one_row(p, C, i, y, ignore_index, t, w, row_scale, scale, &m, loss_k, grad);
+        // poison the team's scratch: a step that read what no earlier step of this row wrote shows as NaN
+        for (double &d : sc.term) d = XF_NAN;
+        sc.acc = sc.err = sc.loss = sc.g_y = XF_NAN;
+        for (int &f : sc.nan_part) f = -1;
+        sc.has_nan = -1;
+        xf_cu_ce_probs_row(team, p, C, i, y, ignore_index, t, w, row_scale, scale, &m, loss_k, loss, grad, &sc);
     }
 }
 
@@ -85,10 +92,10 @@ extern "C" {
     void xf_model_ce_probs_##SFX(const T *p, const long long *y, const T *t, const double *w,                 \
                                  long long ignore_index, const double *row_scale, double scale, int clip,     \
                                  double eps, double *loss, T *grad, long long N, long long C, double loss_k,  \
-                                 int order)                                                                   \
+                                 int nt, int order)                                                           \
     {                                                                                                         \
         model_ce_probs<T>(p, y, t, w, ignore_index, row_scale, scale, clip, eps, loss, grad, N, C, loss_k,     \
-                          order);                                                                             \
+                          nt, order);                                                                         \
     }
 XF_MODEL_BIN(f32, float)
 XF_MODEL_BIN(f64, double)

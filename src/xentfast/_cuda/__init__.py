@@ -73,7 +73,9 @@ SOURCES = ("kernels.cu", "binary.cu", "reduce.cu")
 XF_DDSUM_BLOCK = 1024    # elements per dd_sum block (xentfast/ddsum.h)
 _TREE_THREADS = 1024     # XF_CU_TREE_THREADS in reduce.cu
 _ELEM_THREADS = 256      # threads per block of the elementwise kernels
-_ROW_THREADS = 128       # threads per block of the one-thread-per-row kernels
+_ROW_THREADS = 128       # threads per block of the dd_sum block partials (a thread per partial)
+_CE_TEAM = 32            # threads per row of xf_ce_probs_kernel (binary.cu XF_CU_CE_TEAM)
+_CE_ROWS = 4             # rows per CUDA block of xf_ce_probs_kernel (binary.cu XF_CU_CE_ROWS)
 
 # the ops of xentfast._core._binary (binary.cu XF_CU_OP_*)
 OP_BCE_LOGITS = 0
@@ -504,7 +506,7 @@ def ce_probs(p, y, t, w, ignore_index, row_scale, scale, clip, eps, loss, grad, 
     """Row losses (float64, times 2**loss_k) of cross-entropy from class probabilities `p` (N, C) into
     `loss` and, when has_grad, the gradient into `grad` (may be `p`), as ``_binary.ce_probs`` for CuPy
     arrays on the current device and stream.  Index targets `y` must be range-checked (the caller's).
-    A thread per row (binary.cu (d)).  `n_threads` is ignored."""
+    A warp per row (binary.cu (d)).  `n_threads` is ignored."""
     _check(p, "p", ndim=2)
     if p.dtype not in _DTYPES:
         raise TypeError(f"p: expected float32 or float64, got {p.dtype}")
@@ -529,7 +531,7 @@ def ce_probs(p, y, t, w, ignore_index, row_scale, scale, clip, eps, loss, grad, 
         args = (p, y if has_y else _NULL, t if has_t else _NULL, w if has_w else _NULL, np.int64(ignore_index),
                 row_scale if has_row_scale else _NULL, np.float64(scale), np.int32(bool(clip)), np.float64(eps),
                 loss, grad if has_grad else _NULL, np.int64(N), np.int64(C), np.float64(loss_k))
-        mod.kernel(expr)((_flat_grid(N, _ROW_THREADS, dev),), (_ROW_THREADS,), args)
+        mod.kernel(expr)((_flat_grid(N, _CE_ROWS, dev),), (_CE_TEAM * _CE_ROWS,), args)
 
 
 def tree_threads(nb):

@@ -18,12 +18,17 @@
  *     threads on consecutive elements (coalesced).  An element reads x[i] and t[i] before writing
  *     grad[i], so the gradient may overwrite the input (inplace), as on the CPU.  One kernel per
  *     (storage type, op): the op is a template parameter, so each kernel holds one formula.
- * (d) CE from class probabilities: one thread per row runs xf_ce_probs_row_f32/f64 itself (its NaN scan,
- *     its TwoSum-compensated class-order sum, its gradient row).  Correct and bit-exact, but a known slow
- *     path for large C: the row's work is serial and a warp's accesses are C elements apart.  A block
- *     per row (parallel NaN scan and gradient, the sum alone serial) would keep the bits; not written.
+ * (d) CE from class probabilities: a warp per row (a "team" of 32 threads, XF_CU_CE_ROWS rows per CUDA
+ *     block, grid-stride over rows), restating the loop bodies of binary_blocks.h xf_ce_probs_row.  The
+ *     NaN scan is an OR (any order), the gradient is elementwise, and the expensive part of the loss,
+ *     the terms (a log each), are computed by all lanes into a chunk of XF_CU_CE_CHUNK shared doubles;
+ *     lane 0 then adds the chunk in class order with xf_acc_add, as the CPU's single chain does.  So the
+ *     bits are the CPU's, coalesced loads, and only the TwoSum chain (a few flops per class) is serial.
+ *     Steps are separated by __syncwarp (team.step); what crosses a step lives in the team's shared
+ *     scratch.  The gradient step comes after every read of the row, so it may overwrite p (inplace).
  * (e) Host model: with XF_CUDA == 0 (g++) the __global__ wrappers disappear and the per-element and
- *     per-row functions below run on the CPU (tests/cuda_model/binary_model.cpp), in any element order.
+ *     per-row functions below run on the CPU (tests/cuda_model/binary_model.cpp), elements and rows in
+ *     any order, a team's threads one at a time in any order (as kernels.cu (f)).
  * (f) No flush to zero, no contraction (kernels.cu (e)): the #error below refuses a build with FTZ on.
  */
 #include "binary_kernels.h"
@@ -46,16 +51,6 @@ XF_HD void xf_cu_bin_store(double v, int ign, long long j, double *loss_d, float
 XF_HD void xf_cu_bin_store(double v, int ign, long long j, double *loss_d, double *loss_o)
 {
     xf_bin_store_f64(v, ign, j, loss_d, loss_o);
-}
-XF_HD double xf_cu_ce_probs_row(const float *p, long long C, long long y, double w_y, const float *t,
-                                const double *w, double s, const xf_bin_prob_mode *m, double loss_k, float *grad)
-{
-    return xf_ce_probs_row_f32(p, C, y, w_y, t, w, s, m, loss_k, grad);
-}
-XF_HD double xf_cu_ce_probs_row(const double *p, long long C, long long y, double w_y, const double *t,
-                                const double *w, double s, const xf_bin_prob_mode *m, double loss_k, double *grad)
-{
-    return xf_ce_probs_row_f64(p, C, y, w_y, t, w, s, m, loss_k, grad);
 }
 
 /* ---- elementwise -------------------------------------------------------------------------------------- */
@@ -140,25 +135,46 @@ XF_HD void xf_cu_bin_args_init(xf_bin_args *a, long long n, const double *w, lon
 
 /* ---- cross-entropy from class probabilities ----------------------------------------------------------- */
 
-/* Row i (as _binary.pyx: _ce_probs_one_row): returns the row loss; writes the gradient row when grad. */
-template <typename T>
-XF_HD double xf_cu_ce_probs_one_row(const T *p, long long C, long long i, const long long *y, long long ignore_index,
-                                    const T *t, const double *w, const double *row_scale, double scale,
-                                    const xf_bin_prob_mode *m, double loss_k, T *grad)
+#define XF_CU_CE_CHUNK 256 /* terms per chunk of the loss sum (d) */
+#define XF_CU_CE_TEAM 32   /* threads per row: a warp */
+#define XF_CU_CE_ROWS 4    /* rows (teams) per CUDA block */
+
+/* A row team's shared state; nothing in it survives from one row to the next. */
+typedef struct {
+    double term[XF_CU_CE_CHUNK];
+    double acc, err, loss, g_y;
+    int nan_part[XF_CU_CE_TEAM];
+    int has_nan;
+} xf_cu_ce_scratch;
+
+/* Row i: loss[i] and, when grad, the gradient row (as _binary.pyx: _ce_probs_one_row, then
+ * binary_blocks.h: xf_ce_probs_row, by a team of team.nt <= XF_CU_CE_TEAM threads, see (d)). */
+template <typename T, typename Team>
+XF_HD void xf_cu_ce_probs_row(const Team &team, const T *p_all, long long C, long long i, const long long *y,
+                              long long ignore_index, const T *t_all, const double *w, const double *row_scale,
+                              double scale, const xf_bin_prob_mode *m, double loss_k, double *loss, T *grad,
+                              xf_cu_ce_scratch *sc)
 {
+    const int nt = team.nt;
+    const T *p = p_all + i * C;
+    T *gr = grad ? grad + i * C : (T *)0;
     long long yi = -1;
     double w_y = 1.0;
     double s = scale;
-    T *gr = grad ? grad + i * C : (T *)0;
     if (y) {
         yi = y[i];
         if (yi == ignore_index) {
-            if (gr) {
-                for (long long j = 0; j < C; j++) {
-                    gr[j] = (T)0.0;
+            team.step([&](int tid) {
+                if (tid == 0) {
+                    loss[i] = 0.0;
                 }
-            }
-            return 0.0;
+                if (gr) {
+                    for (long long j = tid; j < C; j += nt) {
+                        gr[j] = (T)0.0;
+                    }
+                }
+            });
+            return;
         }
         if (w) {
             w_y = w[yi];
@@ -167,7 +183,83 @@ XF_HD double xf_cu_ce_probs_one_row(const T *p, long long C, long long i, const 
     if (row_scale) {
         s = s * row_scale[i];
     }
-    return xf_cu_ce_probs_row(p + i * C, C, yi, w_y, t ? t + i * C : (const T *)0, w, s, m, loss_k, gr);
+    const T *t = t_all ? t_all + i * C : (const T *)0;
+    /* the NaN scan: an OR, in any order */
+    team.step([&](int tid) {
+        int f = 0;
+        for (long long j = tid; j < C; j += nt) {
+            f |= ((double)p[j] != (double)p[j]);
+        }
+        sc->nan_part[tid] = f;
+    });
+    team.step([&](int tid) {
+        if (tid == 0) {
+            int f = 0;
+            for (int k = 0; k < nt; k++) {
+                f |= sc->nan_part[k];
+            }
+            sc->has_nan = f;
+            sc->acc = 0.0;
+            sc->err = 0.0;
+            if (!f && !t) { /* index target: one term, one gradient entry */
+                double py = (double)p[yi];
+                sc->loss = xf_bin_neg_log_prob_term(py, w_y, 1.0, m, loss_k);
+                sc->g_y = xf_bin_neg_log_prob_grad(py, w_y, 1.0, s, m);
+            }
+        }
+    });
+    if (sc->has_nan) { /* uniform: read by every thread after the step */
+        team.step([&](int tid) {
+            if (tid == 0) {
+                loss[i] = XF_NAN;
+            }
+            if (gr) {
+                for (long long j = tid; j < C; j += nt) {
+                    gr[j] = (T)XF_NAN;
+                }
+            }
+        });
+        return;
+    }
+    if (!t) {
+        team.step([&](int tid) {
+            if (tid == 0) {
+                loss[i] = sc->loss;
+            }
+            if (gr) {
+                for (long long j = tid; j < C; j += nt) {
+                    gr[j] = (j == yi) ? (T)sc->g_y : (T)0.0;
+                }
+            }
+        });
+        return;
+    }
+    for (long long c0 = 0; c0 < C; c0 += XF_CU_CE_CHUNK) {
+        const long long cn = (C - c0 < XF_CU_CE_CHUNK) ? C - c0 : XF_CU_CE_CHUNK;
+        team.step([&](int tid) {
+            for (long long k = tid; k < cn; k += nt) {
+                const long long j = c0 + k;
+                sc->term[k] = xf_bin_neg_log_prob_term((double)p[j], w ? w[j] : 1.0, (double)t[j], m, loss_k);
+            }
+        });
+        team.step([&](int tid) {
+            if (tid == 0) { /* class order, as the CPU's chain */
+                for (long long k = 0; k < cn; k++) {
+                    xf_acc_add(&sc->acc, &sc->err, sc->term[k]);
+                }
+            }
+        });
+    }
+    team.step([&](int tid) {
+        if (tid == 0) {
+            loss[i] = sc->acc + sc->err;
+        }
+        if (gr) {
+            for (long long j = tid; j < C; j += nt) {
+                gr[j] = (T)xf_bin_neg_log_prob_grad((double)p[j], w ? w[j] : 1.0, (double)t[j], s, m);
+            }
+        }
+    });
 }
 
 /* ---- CUDA entry points -------------------------------------------------------------------------------- */
@@ -190,18 +282,34 @@ __global__ void xf_bin_elementwise_kernel(const T *x, const T *t, const double *
     }
 }
 
-/* Row losses (and the gradient) of CE from class probabilities, as _binary.ce_probs: a thread per row
- * (d), grid-stride over rows. */
+struct xf_cu_warp_team {
+    int tid, nt;
+    template <class F>
+    __device__ __forceinline__ void step(F &&f) const
+    {
+        f(tid);
+        __syncwarp();
+    }
+};
+
+/* Row losses (and the gradient) of CE from class probabilities, as _binary.ce_probs: a warp per row (d),
+ * blockDim = XF_CU_CE_TEAM * XF_CU_CE_ROWS, grid-stride over rows. */
 template <typename T>
-__global__ void xf_ce_probs_kernel(const T *p, const long long *y, const T *t, const double *w,
-                                   long long ignore_index, const double *row_scale, double scale, int clip,
-                                   double eps, double *loss, T *grad, long long N, long long C, double loss_k)
+__global__ void __launch_bounds__(XF_CU_CE_TEAM * XF_CU_CE_ROWS)
+xf_ce_probs_kernel(const T *p, const long long *y, const T *t, const double *w, long long ignore_index,
+                   const double *row_scale, double scale, int clip, double eps, double *loss, T *grad, long long N,
+                   long long C, double loss_k)
 {
+    __shared__ xf_cu_ce_scratch scratch[XF_CU_CE_ROWS];
+    const int team_id = (int)threadIdx.x / XF_CU_CE_TEAM;
+    const xf_cu_warp_team team = {(int)threadIdx.x % XF_CU_CE_TEAM, XF_CU_CE_TEAM};
     xf_bin_prob_mode m;
     xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N;
-         i += (long long)gridDim.x * blockDim.x) {
-        loss[i] = xf_cu_ce_probs_one_row(p, C, i, y, ignore_index, t, w, row_scale, scale, &m, loss_k, grad);
+    for (long long i = (long long)blockIdx.x * XF_CU_CE_ROWS + team_id; i < N;
+         i += (long long)gridDim.x * XF_CU_CE_ROWS) {
+        xf_cu_ce_probs_row(team, p, C, i, y, ignore_index, t, w, row_scale, scale, &m, loss_k, loss, grad,
+                           &scratch[team_id]);
+        __syncwarp(); /* the next row's first step rewrites the scratch */
     }
 }
 
