@@ -5,11 +5,12 @@
  *
  * Design
  * (a) One formula.  Every number comes from the functions the CPU kernels use: xentfast/binary.h (the
- *     arithmetic) and _core/binary_kernels.h (xf_bin_args, xf_bin_prob_mode_init, the per-type stores and
- *     xf_ce_probs_row_f32/f64), included unchanged.  What this file restates are the element loop
- *     bodies of binary_blocks.h, one element per call (marked "as binary_blocks.h: <function>"), and the
- *     row driver of _binary.pyx: so the GPU gives the CPU's bits.  tests/test_cuda.py runs this very file
- *     on the CPU (host model, (e)) against xentfast._core._binary.
+ *     arithmetic) and _core/binary_kernels.h (xf_bin_args, xf_bin_prob_mode_init, the per-type stores),
+ *     included unchanged.  What this file restates are the loop bodies of binary_blocks.h (each element
+ *     loop one element per call, the loops of xf_ce_probs_row split over a team, (d); marked "as
+ *     binary_blocks.h: <function>") and the row driver of _binary.pyx: so the GPU gives the CPU's bits.
+ *     tests/test_cuda.py runs this very file on the CPU (host model, (e)) against
+ *     xentfast._core._binary.
  * (b) No gather buffers.  The CPU block functions gather broadcast weights into 8 KiB stack buffers
  *     (wbuf[XF_BIN_BLOCK]); here element i reads w[(i / div) % mod] directly (the value the gather would
  *     have copied; div = 1, mod = n is the full-size weight).  The block functions are never called on
@@ -26,6 +27,8 @@
  *     bits are the CPU's, coalesced loads, and only the TwoSum chain (a few flops per class) is serial.
  *     Steps are separated by __syncwarp (team.step); what crosses a step lives in the team's shared
  *     scratch.  The gradient step comes after every read of the row, so it may overwrite p (inplace).
+ *     What stays slow: the chain is C dependent TwoSum steps per row (for few rows of ~10^5 classes it
+ *     dominates), and a team of 32 idles on rows of a few classes.
  * (e) Host model: with XF_CUDA == 0 (g++) the __global__ wrappers disappear and the per-element and
  *     per-row functions below run on the CPU (tests/cuda_model/binary_model.cpp), elements and rows in
  *     any order, a team's threads one at a time in any order (as kernels.cu (f)).
@@ -147,7 +150,7 @@ typedef struct {
     int has_nan;
 } xf_cu_ce_scratch;
 
-/* Row i: loss[i] and, when grad, the gradient row (as _binary.pyx: _ce_probs_one_row, then
+/* Row i: loss[i] and, when grad, the gradient row (as _binary.pyx: _ce_probs_one_row, then as
  * binary_blocks.h: xf_ce_probs_row, by a team of team.nt <= XF_CU_CE_TEAM threads, see (d)). */
 template <typename T, typename Team>
 XF_HD void xf_cu_ce_probs_row(const Team &team, const T *p_all, long long C, long long i, const long long *y,
