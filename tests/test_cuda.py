@@ -1,18 +1,25 @@
 """The GPU twin (issue 5): compile checks, the host model of the CUDA kernels, and the GPU tests.
 
 Without a GPU
-  (a) nvcc  -- kernels.cu compiles for sm_90 (cubin, and host + device object) with no register spills,
-      and its PTX holds no fused multiply-add (--fmad=false) and no flush-to-zero instruction;
-  (b) NVRTC -- the package's own run-time compile path (xentfast._cuda.build_module_file) builds the
+  (a) nvcc  -- kernels.cu, binary.cu and reduce.cu compile for sm_90 (cubin, and host + device object)
+      with no register spills, and their PTX holds no fused multiply-add (--fmad=false) and no
+      flush-to-zero instruction;
+  (b) NVRTC -- the package's own run-time compile path (xentfast._cuda.build_module_file) builds each
       shipped source for sm_90 with the production options; a -ftz=true build is refused;
   (c) host model -- kernels.cu itself, compiled by g++ and run one "thread" at a time (kernels.cu (f)),
       gives the CPU kernels' bits on the contract's Hypothesis strategies and on long multi-block rows,
       for every block size; the counterfactual tree order (kernels.cu (g)) is measured against it.
+      binary.cu and reduce.cu likewise (tests/cuda_model/binary_model.cpp): every op, option and dtype
+      of xentfast._core._binary, in any element order; dd_sum's fixed tree (xentfast/ddsum.h) against
+      the CPU's (thread-invariant) and against the exact sum;
 With a GPU (marker ``gpu``; conftest skips them visibly without a device)
   (d) the CUDA kernels give the CPU's bits and meet the contract; inplace, streams, shared-memory opt-in,
-      FTZ guard; the public API's dispatch (xfail until api.py routes CuPy arrays to xentfast._cuda).
+      FTZ guard; the binary family and dd_sum; the public API's dispatch (xfail until api.py routes CuPy
+      arrays to xentfast._cuda).
 """
+import contextlib
 import ctypes
+import math
 import os
 import re
 import shutil
@@ -30,13 +37,16 @@ import xentfast
 import xentfast as xf
 from xentfast import _cuda
 from xentfast import reference as ref
-from xentfast._core import _xent
+from xentfast._core import _binary, _xent
 from xentfast._cuda import _nvrtc
-from xentfast.testing import assert_ulp_close, logits, softmax_xent_cases
+from xentfast.testing import (assert_ulp_close, binary_logits, binary_targets, binary_xent_cases, class_weights,
+                              element_weights, index_targets, logits, prob_targets, softmax_xent_cases,
+                              unit_probabilities)
 
 PKG = Path(xentfast.__file__).resolve().parent
 INCLUDES = [PKG / "include", PKG / "_core", PKG / "_cuda"]  # _core: the host model also builds the CPU side
 MODEL_SRC = Path(__file__).resolve().parent / "cuda_model" / "host_model.cpp"
+BINARY_MODEL_SRC = Path(__file__).resolve().parent / "cuda_model" / "binary_model.cpp"
 DTYPES = [np.float32, np.float64]
 BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
 
@@ -49,6 +59,19 @@ template __global__ void xf_softmax_family_kernel<T>(const T *, T *, double *, l
 XF_INST(float)
 XF_INST(double)
 """
+BIN_INSTANTIATE = """#include "binary.cu"
+#include "reduce.cu"
+#define XF_BINST(T, OP) \
+template __global__ void xf_bin_elementwise_kernel<T, OP>(const T *, const T *, const double *, long long, \
+    long long, const double *, long long, long long, const double *, double, int, double, double, double, int, \
+    double, int, double, double *, T *, T *, long long, double);
+#define XF_CINST(T) \
+template __global__ void xf_ce_probs_kernel<T>(const T *, const long long *, const T *, const double *, \
+    long long, const double *, double, int, double, double *, T *, long long, long long, double);
+XF_BINST(float, 0) XF_BINST(float, 1) XF_BINST(float, 2) XF_CINST(float)
+XF_BINST(double, 0) XF_BINST(double, 1) XF_BINST(double, 2) XF_CINST(double)
+"""
+NVCC_UNITS = {"softmax": INSTANTIATE, "binary+reduce": BIN_INSTANTIATE}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -231,9 +254,9 @@ def _nvcc():
     return nvcc
 
 
-def _run_nvcc(args, tmp_path):
+def _run_nvcc(args, tmp_path, unit=INSTANTIATE):
     src = tmp_path / "instantiate.cu"
-    src.write_text(INSTANTIATE)
+    src.write_text(unit)
     cmd = [_nvcc(), "-std=c++17", *[f"-I{d}" for d in INCLUDES], *args, str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
@@ -281,23 +304,41 @@ def test_nvcc_cubin_sm90_no_spills(tmp_path, order):
 
 
 @pytest.mark.nvcc
-def test_nvcc_ptx_has_no_fma_and_no_ftz(tmp_path):
-    _run_nvcc(["--ptx", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k.ptx")], tmp_path)
+def test_nvcc_binary_and_reduce_cubin_sm90_no_spills(tmp_path):
+    log = _run_nvcc(["-cubin", "-arch=sm_90", "--resource-usage", "--fmad=false", "--maxrregcount=128",
+                     "-o", str(tmp_path / "k.cubin")], tmp_path, BIN_INSTANTIATE)
+    usage = parse_ptxas(log)
+    _report("nvcc -cubin -arch=sm_90 (binary.cu, reduce.cu):", usage)
+    assert len([k for k in usage if "xf_bin_elementwise" in k]) == 6, usage
+    assert len([k for k in usage if "xf_ce_probs" in k]) == 2, usage
+    assert len([k for k in usage if "xf_ddsum" in k or "xf_target_weight_sum" in k]) == 3, usage
+    assert all(u[0] is not None for u in usage.values()), log
+    spilling = {k: u for k, u in usage.items() if u[1] or u[2]}
+    assert not spilling, f"register spills: {spilling}"
+    # no 8 KiB gather buffer of the CPU block functions reached a kernel (binary.cu (b))
+    assert not re.search(r"\b([1-9]\d{3,}) bytes stack frame", log), log
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("unit", sorted(NVCC_UNITS))
+def test_nvcc_ptx_has_no_fma_and_no_ftz(tmp_path, unit):
+    _run_nvcc(["--ptx", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k.ptx")], tmp_path, NVCC_UNITS[unit])
     ptx = (tmp_path / "k.ptx").read_text()
     n_fma, n_ftz = len(re.findall(r"\bfma\.rn", ptx)), len(re.findall(r"\.ftz\b", ptx))
-    print(f"\nPTX with --fmad=false: {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
+    print(f"\nPTX ({unit}) with --fmad=false: {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
     assert n_fma == 0 and n_ftz == 0
     # the check has teeth: nvcc's default contracts the same source into fused multiply-adds
-    _run_nvcc(["--ptx", "-arch=sm_90", "-o", str(tmp_path / "k_fmad.ptx")], tmp_path)
+    _run_nvcc(["--ptx", "-arch=sm_90", "-o", str(tmp_path / "k_fmad.ptx")], tmp_path, NVCC_UNITS[unit])
     n_default = len(re.findall(r"\bfma\.rn", (tmp_path / "k_fmad.ptx").read_text()))
-    print(f"PTX with nvcc's default --fmad=true: {n_default} fma.rn")
+    print(f"PTX ({unit}) with nvcc's default --fmad=true: {n_default} fma.rn")
     assert n_default > 0
 
 
 @pytest.mark.nvcc
-def test_nvcc_host_and_device_object(tmp_path):
+@pytest.mark.parametrize("unit", sorted(NVCC_UNITS))
+def test_nvcc_host_and_device_object(tmp_path, unit):
     # a full build runs the host pass too (the __CUDA_ARCH__ pitfall of notes/kernels.md section 3)
-    _run_nvcc(["-c", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k.o")], tmp_path)
+    _run_nvcc(["-c", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k.o")], tmp_path, NVCC_UNITS[unit])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -316,62 +357,87 @@ def kernel_cache(tmp_path, monkeypatch):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("source", _cuda.SOURCES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_nvrtc_builds_the_shipped_kernels(kernel_cache, dtype, monkeypatch):
+def test_nvrtc_builds_the_shipped_kernels(kernel_cache, dtype, source, monkeypatch):
     print(f"\nNVRTC {_nvrtc.version()} from {_nvrtc.library_path()}")
-    path, lowered = _cuda.build_module_file(dtype, 90)
+    path, lowered = _cuda.build_module_file(dtype, 90, source)
     assert path.endswith(".cubin") and os.path.getsize(path) > 0
-    assert set(lowered) == set(_cuda.name_expressions(dtype))
+    assert set(lowered) == set(_cuda.name_expressions(dtype, source))
     assert all(v.startswith("_Z") for v in lowered.values())
     # cached: a second build compiles nothing
     monkeypatch.setattr(_nvrtc, "compile", lambda *a, **k: pytest.fail("recompiled a cached module"))
-    assert _cuda.build_module_file(dtype, 90) == (path, lowered)
+    assert _cuda.build_module_file(dtype, 90, source) == (path, lowered)
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("source", _cuda.SOURCES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_nvrtc_registers_and_no_spills(dtype):
-    code, _ = _cuda.kernel_source()
-    res = _nvrtc.compile(code, "kernels.cu", _cuda.compile_options() + ("-arch=sm_90", "-Xptxas=-v"),
-                         _cuda.name_expressions(dtype))
+def test_nvrtc_registers_and_no_spills(dtype, source):
+    code, _ = _cuda.kernel_source(source)
+    res = _nvrtc.compile(code, source, _cuda.compile_options() + ("-arch=sm_90", "-Xptxas=-v"),
+                         _cuda.name_expressions(dtype, source))
     usage = parse_ptxas(res.log)
-    _report(f"NVRTC {_nvrtc.version()} -arch=sm_90, production options ({np.dtype(dtype).name}):", usage)
+    _report(f"NVRTC {_nvrtc.version()} -arch=sm_90, production options ({source}, {np.dtype(dtype).name}):",
+            usage)
     assert set(usage) == set(res.lowered.values())
     assert not {k: u for k, u in usage.items() if u[1] or u[2]}
 
 
 @needs_nvrtc
-def test_nvrtc_ptx_has_no_fma_and_no_ftz():
-    code, _ = _cuda.kernel_source()
-    names = _cuda.name_expressions(np.float32) + _cuda.name_expressions(np.float64)[:2]
-    ptx = _nvrtc.compile(code, "kernels.cu", _cuda.compile_options() + ("-arch=compute_90",), names,
+@pytest.mark.parametrize("source", _cuda.SOURCES)
+def test_nvrtc_ptx_has_no_fma_and_no_ftz(source):
+    code, _ = _cuda.kernel_source(source)
+    names = tuple(dict.fromkeys(_cuda.name_expressions(np.float32, source) +
+                                _cuda.name_expressions(np.float64, source)))
+    ptx = _nvrtc.compile(code, source, _cuda.compile_options() + ("-arch=compute_90",), names,
                          target="ptx").code.decode()
     n_fma, n_ftz = len(re.findall(r"\bfma\.rn", ptx)), len(re.findall(r"\.ftz\b", ptx))
-    print(f"\nNVRTC PTX: {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
+    print(f"\nNVRTC PTX ({source}): {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
     assert n_fma == 0 and n_ftz == 0
-    assert re.search(r"cvt\.rn\.f32\.f64", ptx) and re.search(r"cvt\.f64\.f32", ptx)  # the checks see them
+    assert re.search(r"\badd\.(rn\.)?f64", ptx)  # the arithmetic is there for the checks to see
+    if source != "reduce.cu":
+        assert re.search(r"cvt\.rn\.f32\.f64", ptx) and re.search(r"cvt\.f64\.f32", ptx)  # the checks see them
 
 
 @needs_nvrtc
-def test_nvrtc_refuses_a_flush_to_zero_build():
+@pytest.mark.parametrize("source", _cuda.SOURCES)
+def test_nvrtc_refuses_a_flush_to_zero_build(source):
     # what cupy.RawModule(code=...) would do: CuPy appends -ftz=true after the caller's options
-    code, _ = _cuda.kernel_source()
+    code, _ = _cuda.kernel_source(source)
     with pytest.raises(_nvrtc.NVRTCError, match="ftz=false"):
-        _nvrtc.compile(code, "kernels.cu", _cuda.compile_options() + ("-arch=compute_90", "-ftz=true"),
-                       _cuda.name_expressions(np.float32)[:1], target="ptx")
+        _nvrtc.compile(code, source, _cuda.compile_options() + ("-arch=compute_90", "-ftz=true"),
+                       _cuda.name_expressions(np.float32, source)[:1], target="ptx")
 
 
-def test_kernel_source_is_keyed_by_every_header(monkeypatch):
-    code, digest = _cuda.kernel_source()
+@pytest.mark.parametrize("source, header", [("kernels.cu", "include/xentfast/numerics.h"),
+                                            ("binary.cu", "_core/binary_blocks.h"),
+                                            ("binary.cu", "include/xentfast/binary.h"),
+                                            ("reduce.cu", "include/xentfast/ddsum.h")])
+def test_kernel_source_is_keyed_by_every_header(monkeypatch, source, header):
+    code, digest = _cuda.kernel_source(source)
     assert code.startswith(f"// sha256={digest}\n") and len(digest) == 64
     names = [n for n, _ in _cuda._headers()]
     for needed in ("include/xentfast/numerics.h", "include/xentfast/xf_math.h", "include/xentfast/config.h",
-                   "include/xentfast/softmax_row.h"):
+                   "include/xentfast/softmax_row.h", "include/xentfast/binary.h", "include/xentfast/ddsum.h",
+                   "_core/binary_kernels.h", "_core/binary_blocks.h"):
         assert needed in names
     real = _cuda._headers()
-    edited = [(n, d + b"\n/* edit */" if n.endswith("numerics.h") else d) for n, d in real]
+    edited = [(n, d + b"\n/* edit */" if n == header else d) for n, d in real]
     monkeypatch.setattr(_cuda, "_headers", lambda: edited)
-    assert _cuda.kernel_source()[1] != digest
+    assert _cuda.kernel_source(source)[1] != digest
+
+
+def test_every_source_includes_only_hashed_headers():
+    """The digest covers the -I directories; a source must not include anything from elsewhere."""
+    names = {n.rsplit("/", 1)[-1] for n, _ in _cuda._headers()} | set(_cuda.SOURCES)
+    for source in _cuda.SOURCES:
+        text = (PKG / "_cuda" / source).read_text()
+        for inc in re.findall(r'#include\s+"([^"]+)"', text):
+            assert inc.rsplit("/", 1)[-1] in names, (source, inc)
+    assert _cuda.kernel_source("binary.cu")[1] != _cuda.kernel_source("reduce.cu")[1]
+    with pytest.raises(ValueError):
+        _cuda.kernel_source("nope.cu")
 
 
 def test_compile_options():
@@ -379,6 +445,7 @@ def test_compile_options():
     for o in ("-std=c++17", "--fmad=false", "-ftz=false"):
         assert o in opts
     assert any(o.startswith("-I") and o.endswith("include") for o in opts)
+    assert any(o.startswith("-I") and o.endswith("_core") for o in opts)  # binary.cu: binary_kernels.h
 
 
 def test_import_needs_neither_cupy_nor_a_gpu():
@@ -531,6 +598,745 @@ def test_tree_order_within_one_ulp_of_the_cpu(tree_model, dtype, data):
     d_grad = ulp_distance(gt, gc)
     note(f"max ulp apart: loss {d_loss.max()}, gradient {d_grad.max()}")
     assert d_loss.max() <= 1 and d_grad.max() <= 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# (c') the host model of binary.cu and reduce.cu, against xentfast._core._binary and _xent.dd_sum
+
+
+class BinArgs(NamedTuple):
+    """One elementwise problem at _binary.elementwise's interface (weights as base[(i // div) % mod])."""
+    op: int
+    x: np.ndarray            # 1-D
+    t: np.ndarray
+    w: np.ndarray | None
+    w_div: int
+    w_mod: int
+    pw: np.ndarray | None
+    pw_div: int
+    pw_mod: int
+    g: np.ndarray | None     # per-element upstream gradient
+    scale: float
+    ignore: float | None
+    alpha: float
+    gamma: float
+    eps: float | None        # clip
+    log_clamp: float | None  # clamp
+    loss_k: float
+
+
+class CeArgs(NamedTuple):
+    """One problem of CE from class probabilities at _binary.ce_probs's interface."""
+    p: np.ndarray            # (N, C)
+    y: np.ndarray | None
+    t: np.ndarray | None
+    w: np.ndarray | None
+    ignore_index: int
+    row_scale: np.ndarray | None
+    scale: float
+    eps: float | None
+    loss_k: float
+
+
+def _bcast(weight, shape):
+    """(base, div, mod) of a weight broadcast to `shape`, as xentfast.api_binary addresses it."""
+    from xentfast.api_binary import _broadcast_weight
+
+    if weight is None:
+        return None, 1, 1
+    b = _broadcast_weight(weight, shape, "weight")
+    return np.ascontiguousarray(b.base, dtype=np.float64), int(b.div), int(b.mod)
+
+
+def _draw_weight(data, shape, dtype, label):
+    """None, a scalar, the last axis, the full shape, or (2-D) one weight per row: div > 1."""
+    w = data.draw(element_weights(shape, dtype), label=label)
+    if len(shape) == 2 and data.draw(st.booleans(), label=f"{label} per row"):
+        w = np.random.default_rng(shape[0]).uniform(0, 3, (shape[0], 1))
+    return _bcast(w, shape)
+
+
+def _draw_bin_args(data, dtype, op):
+    if op == _binary.OP_BCE_PROB:
+        x = data.draw(binary_logits(dtype, allow_nan=False, allow_inf=False), label="shape source")
+        x = data.draw(unit_probabilities(x.shape, dtype), label="p")
+        if x.size and data.draw(st.booleans(), label="a NaN probability"):
+            x.reshape(-1)[data.draw(st.integers(0, x.size - 1))] = np.nan
+        t = data.draw(binary_targets(x.shape, dtype), label="t")
+        ignore = data.draw(st.sampled_from([None, -100.0, 0.0]), label="ignore")
+        if ignore is not None and t.size:
+            mask = np.random.default_rng(t.size).random(t.shape) < 0.3
+            t = np.where(mask, np.asarray(ignore, dtype=dtype), t).astype(dtype)
+        pw = None
+    else:
+        case = data.draw(binary_xent_cases(dtype), label="case")
+        x, t, ignore = case.logits, case.target, case.ignore_index
+        pw = case.pos_weight
+    shape = x.shape
+    w, w_div, w_mod = _draw_weight(data, shape, dtype, "weight")
+    pw, pw_div, pw_mod = _bcast(pw, shape) if op == _binary.OP_BCE_LOGITS else (None, 1, 1)
+    n = x.size
+    g = None
+    if data.draw(st.booleans(), label="upstream array"):
+        g = np.random.default_rng(n + 1).standard_normal(n) * np.exp(np.random.default_rng(n).uniform(-30, 30, n))
+    return BinArgs(
+        op, np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(t, dtype=x.dtype).reshape(-1), w, w_div, w_mod,
+        pw, pw_div, pw_mod, g,
+        data.draw(st.sampled_from([1.0, 0.25, 1.0 / 3.0, -2.0, 1e-300]), label="scale"),
+        None if ignore is None else float(ignore),
+        data.draw(st.sampled_from([0.25, 0.0, 1.0, 0.5, -1.0]), label="alpha"),
+        data.draw(st.sampled_from([2.0, 0.0, 1.0, 0.5, 3.7]), label="gamma"),
+        data.draw(st.sampled_from([None, 1e-7, 1e-12]), label="eps") if op == _binary.OP_BCE_PROB else None,
+        data.draw(st.sampled_from([None, -100.0, -3.5]), label="log_clamp") if op == _binary.OP_BCE_PROB else None,
+        data.draw(st.sampled_from([0.0, 600.0]), label="loss_k"))
+
+
+def _draw_outputs(data):
+    """(want loss_d, want loss_o, want grad), at least one of them."""
+    outs = data.draw(st.sampled_from(["d", "o", "g", "dg", "og", "dog"]), label="outputs")
+    return "d" in outs, "o" in outs, "g" in outs
+
+
+def _bin_call(a, want_d, want_o, want_grad, inplace, xp, empty):
+    """The argument tuple of _binary.elementwise / _cuda.elementwise, and the output arrays."""
+    n = a.x.size
+    x = xp.asarray(a.x)
+    if inplace:
+        x = x.copy()
+    loss_d = xp.full(n, np.nan) if want_d else empty(np.float64)
+    loss_o = xp.full(n, np.nan, dtype=a.x.dtype) if want_o else empty(a.x.dtype)
+    grad = (x if inplace else xp.full(n, np.nan, dtype=a.x.dtype)) if want_grad else empty(a.x.dtype)
+    arr = lambda v: xp.asarray(v) if v is not None else empty(np.float64)  # noqa: E731
+    args = (a.op, x, xp.asarray(a.t), arr(a.w), a.w_div, a.w_mod, arr(a.pw), a.pw_div, a.pw_mod, arr(a.g), a.scale,
+            a.ignore is not None, a.ignore if a.ignore is not None else 0.0, a.alpha, a.gamma, a.eps is not None,
+            a.eps if a.eps is not None else 0.0, a.log_clamp is not None,
+            a.log_clamp if a.log_clamp is not None else 0.0, loss_d, loss_o, grad, 1, a.w is not None,
+            a.pw is not None, a.g is not None, want_d, want_o, want_grad)
+    return args, (loss_d if want_d else None, loss_o if want_o else None, grad if want_grad else None)
+
+
+def cpu_elementwise(a, want_d=True, want_o=False, want_grad=True, inplace=False):
+    args, outs = _bin_call(a, want_d, want_o, want_grad, inplace, np, lambda dt: np.empty(0, dt))
+    _binary.elementwise(*args, loss_k=a.loss_k)
+    return outs
+
+
+def _ce_call(a, want_grad, inplace, xp, empty1, empty2):
+    N, C = a.p.shape
+    p = xp.asarray(a.p).copy() if inplace else xp.asarray(a.p)
+    loss = xp.full(N, np.nan)
+    grad = (p if inplace else xp.full((N, C), np.nan, dtype=a.p.dtype)) if want_grad else empty2(a.p.dtype)
+    args = (p, xp.asarray(a.y) if a.y is not None else empty1(np.int64),
+            xp.asarray(a.t) if a.t is not None else empty2(a.p.dtype),
+            xp.asarray(a.w) if a.w is not None else empty1(np.float64), a.ignore_index,
+            xp.asarray(a.row_scale) if a.row_scale is not None else empty1(np.float64), a.scale,
+            a.eps is not None, a.eps if a.eps is not None else 0.0, loss, grad, 1, a.y is not None,
+            a.t is not None, a.w is not None, a.row_scale is not None, want_grad)
+    return args, (loss, grad if want_grad else None)
+
+
+def cpu_ce_probs(a, want_grad=True, inplace=False):
+    args, outs = _ce_call(a, want_grad, inplace, np, lambda dt: np.empty(0, dt), lambda dt: np.empty((0, 0), dt))
+    _binary.ce_probs(*args, loss_k=a.loss_k)
+    return outs
+
+
+def _draw_ce_args(data, dtype):
+    N = data.draw(st.integers(1, 6), label="N")
+    C = data.draw(st.integers(1, 12), label="C")
+    p = data.draw(unit_probabilities((N, C), dtype), label="p")
+    if data.draw(st.booleans(), label="normalised rows"):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            s = p.astype(np.float64).sum(axis=1, keepdims=True)
+            p = np.where(s > 0, p / np.where(s > 0, s, 1), p).astype(dtype)
+    if data.draw(st.booleans(), label="a NaN probability"):
+        p[data.draw(st.integers(0, N - 1)), data.draw(st.integers(0, C - 1))] = np.nan
+    if data.draw(st.booleans(), label="index targets"):
+        y, t = data.draw(index_targets(C, N, ignore_index=-100), label="y"), None
+    else:
+        y, t = None, data.draw(prob_targets((N, C), dtype), label="t")
+    w = data.draw(st.one_of(st.none(), class_weights(C)), label="w")
+    rs = np.random.default_rng(N * C).uniform(-2, 2, N) if data.draw(st.booleans(), label="row_scale") else None
+    return CeArgs(np.ascontiguousarray(p), None if y is None else np.ascontiguousarray(y, dtype=np.int64),
+                  None if t is None else np.ascontiguousarray(t, dtype=dtype),
+                  None if w is None else np.ascontiguousarray(w, dtype=np.float64), -100, rs,
+                  data.draw(st.sampled_from([1.0, 0.25, 1.0 / 3.0, 1e-300]), label="scale"),
+                  data.draw(st.sampled_from([None, 1e-7, 1e-12]), label="eps"),
+                  data.draw(st.sampled_from([0.0, 600.0]), label="loss_k"))
+
+
+class BinaryModel:
+    """ctypes front end of tests/cuda_model/binary_model.cpp (binary.cu and reduce.cu on the CPU)."""
+
+    def __init__(self, path):
+        self.lib = lib = ctypes.CDLL(str(path))
+        P, LL, D, I = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double, ctypes.c_int
+        for s in ("f32", "f64"):
+            f = getattr(lib, f"xf_model_elementwise_{s}")
+            f.restype = None
+            f.argtypes = [I, P, P, P, LL, LL, P, LL, LL, P, D, I, D, D, D, I, D, I, D, P, P, P, LL, D, I]
+            f = getattr(lib, f"xf_model_ce_probs_{s}")
+            f.restype, f.argtypes = None, [P, P, P, P, LL, P, D, I, D, P, P, LL, LL, D, I, I]
+        lib.xf_model_dd_sum.restype, lib.xf_model_dd_sum.argtypes = None, [P, LL, I, I, P]
+        lib.xf_model_target_weight_sum.restype = D
+        lib.xf_model_target_weight_sum.argtypes = [P, P, LL, LL, LL]
+
+    def elementwise(self, a, want_d=True, want_o=False, want_grad=True, inplace=False, order=0):
+        args, outs = _bin_call(a, want_d, want_o, want_grad, inplace, np, lambda dt: None)
+        (op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore, alpha, gamma, clip, eps,
+         clamp, log_clamp, loss_d, loss_o, grad) = args[:22]
+        getattr(self.lib, f"xf_model_elementwise_{_sfx(a.x.dtype)}")(
+            op, _ptr(x), _ptr(t), _ptr(a.w), w_div, w_mod, _ptr(a.pw), pw_div, pw_mod, _ptr(a.g), scale,
+            int(has_ignore), ignore, alpha, gamma, int(clip), eps, int(clamp), log_clamp, _ptr(loss_d),
+            _ptr(loss_o), _ptr(grad), a.x.size, a.loss_k, order)
+        return outs
+
+    def ce_probs(self, a, want_grad=True, inplace=False, order=0, nt=32):
+        args, (loss, grad) = _ce_call(a, want_grad, inplace, np, lambda dt: None, lambda dt: None)
+        N, C = a.p.shape
+        getattr(self.lib, f"xf_model_ce_probs_{_sfx(a.p.dtype)}")(
+            _ptr(args[0]), _ptr(a.y), _ptr(a.t), _ptr(a.w), a.ignore_index, _ptr(a.row_scale), a.scale,
+            int(a.eps is not None), a.eps if a.eps is not None else 0.0, _ptr(loss), _ptr(grad), N, C,
+            a.loss_k, nt, order)
+        return loss, grad
+
+    def dd_sum(self, v, nt=1024, order=0):
+        v = np.ascontiguousarray(v, dtype=np.float64)
+        out = np.full(2, np.nan)
+        self.lib.xf_model_dd_sum(_ptr(v), v.size, nt, order, _ptr(out))
+        return float(out[0]), float(out[1])
+
+    def target_weight_sum(self, y, w, ignore_index, C):
+        return self.lib.xf_model_target_weight_sum(_ptr(y), _ptr(w), y.size, ignore_index, C)
+
+
+@pytest.fixture(scope="session")
+def binary_model(tmp_path_factory):
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler: the host model of the CUDA kernels cannot be built")
+    out = tmp_path_factory.mktemp("cuda_model") / "binary_model.so"
+    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-w",
+           *[f"-I{d}" for d in INCLUDES], str(BINARY_MODEL_SRC), "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"binary host model build failed:\n{' '.join(cmd)}\n{r.stderr}"
+    return BinaryModel(out)
+
+
+BIN_OPS = {"bce_logits": _binary.OP_BCE_LOGITS, "focal": _binary.OP_FOCAL, "bce_prob": _binary.OP_BCE_PROB}
+
+
+def test_op_constants_match_the_cpu_module():
+    assert (_cuda.OP_BCE_LOGITS, _cuda.OP_FOCAL, _cuda.OP_BCE_PROB) == \
+        (_binary.OP_BCE_LOGITS, _binary.OP_FOCAL, _binary.OP_BCE_PROB)
+    src = (PKG / "_cuda" / "binary.cu").read_text()
+    for name in ("BCE_LOGITS", "FOCAL", "BCE_PROB"):
+        m = re.search(rf"#define XF_CU_OP_{name} (\d+)", src)
+        assert m and int(m.group(1)) == getattr(_binary, f"OP_{name}")
+
+
+def _assert_outputs(got, want, what):
+    for name, g, w in zip(("loss_d", "loss_o", "grad"), got, want):
+        assert (g is None) == (w is None), name
+        if w is not None:
+            assert_same_bits(g, w, f"{what}: {name}")
+
+
+@pytest.mark.parametrize("op", sorted(BIN_OPS), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_model_elementwise_gives_the_cpu_bits(binary_model, dtype, op, data):
+    a = _draw_bin_args(data, dtype, BIN_OPS[op])
+    want_d, want_o, want_grad = _draw_outputs(data)
+    inplace = want_grad and data.draw(st.booleans(), label="inplace")
+    order = data.draw(st.sampled_from([0, 1, 2]), label="element order")
+    want = cpu_elementwise(a, want_d, want_o, want_grad, inplace)
+    got = binary_model.elementwise(a, want_d, want_o, want_grad, inplace, order)
+    _assert_outputs(got, want, op)
+
+
+@pytest.mark.parametrize("op", sorted(BIN_OPS), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_model_elementwise_long_broadcasts(binary_model, dtype, op):
+    """Several CPU blocks (XF_BIN_BLOCK = 1024) with weights broadcast along each kind of axis: the
+    gather the CPU does per block and the direct index of binary.cu (b) address the same weights."""
+    rng = np.random.default_rng(8)
+    shape = (7, 3, 301)
+    x = (rng.standard_normal(shape) * 20).astype(dtype)
+    if BIN_OPS[op] == _binary.OP_BCE_PROB:
+        x = rng.random(shape).astype(dtype)
+    t = rng.random(shape).astype(dtype)
+    t[rng.random(shape) < 0.1] = -1.0
+    for wshape in [(), (301,), (3, 1), (7, 1, 1), (7, 3, 1), (3, 301), shape]:
+        w, w_div, w_mod = _bcast(rng.uniform(0, 3, wshape), shape)
+        pw, pw_div, pw_mod = _bcast(rng.uniform(0, 3, (301,)), shape)
+        if BIN_OPS[op] != _binary.OP_BCE_LOGITS:
+            pw, pw_div, pw_mod = None, 1, 1
+        a = BinArgs(BIN_OPS[op], x.reshape(-1), t.reshape(-1), w, w_div, w_mod, pw, pw_div, pw_mod,
+                    rng.standard_normal(x.size), 0.5, -1.0, 0.25, 2.0, 1e-7, None, 0.0)
+        _assert_outputs(binary_model.elementwise(a, True, True, True, order=1),
+                        cpu_elementwise(a, True, True, True), f"{op}, weight {wshape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_model_ce_probs_gives_the_cpu_bits(binary_model, dtype, data):
+    a = _draw_ce_args(data, dtype)
+    want_grad = data.draw(st.booleans(), label="grad")
+    inplace = want_grad and data.draw(st.booleans(), label="inplace")
+    order = data.draw(st.sampled_from([0, 1, 2]), label="row and thread order")
+    nt = data.draw(st.sampled_from([32, 1, 5]), label="team size")  # the kernel's is 32; the bits never depend on it
+    lc, gc = cpu_ce_probs(a, want_grad, inplace)
+    lm, gm = binary_model.ce_probs(a, want_grad, inplace, order, nt)
+    assert_same_bits(lm, lc, "row losses")
+    if want_grad:
+        assert_same_bits(gm, gc, "gradient")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_model_ce_probs_long_rows(binary_model, dtype):
+    """Rows over several loss chunks (XF_CU_CE_CHUNK = 256 classes) and a partial last chunk: lane 0's
+    chain adds the chunks' terms in class order, as the CPU's one loop does."""
+    rng = np.random.default_rng(13)
+    for C in (255, 256, 257, 1000, 3 * 256 + 1):
+        N = 5
+        p = rng.random((N, C)).astype(dtype)
+        p /= p.sum(axis=1, keepdims=True)
+        p[1, C // 2] = 0.0
+        p[2, C - 1] = np.nan
+        t = rng.random((N, C)).astype(dtype)
+        t /= t.sum(axis=1, keepdims=True)
+        t[1, C // 2] = 0.0
+        y = rng.integers(0, C, N).astype(np.int64)
+        y[3] = -100
+        w = rng.uniform(0, 2, C)
+        for a in (CeArgs(p, None, t, w, -100, rng.uniform(-1, 1, N), 0.5, None, 0.0),
+                  CeArgs(p, None, t, None, -100, None, 1.0, 1e-7, 600.0),
+                  CeArgs(p, y, None, w, -100, None, 1.0 / 3.0, None, 0.0)):
+            lc, gc = cpu_ce_probs(a)
+            for nt, order in ((32, 1), (7, 2)):
+                lm, gm = binary_model.ce_probs(a, order=order, nt=nt)
+                assert_same_bits(lm, lc, f"row losses, C={C}")
+                assert_same_bits(gm, gc, f"gradient, C={C}")
+            lm, gm = binary_model.ce_probs(a, inplace=True)
+            assert_same_bits(gm, gc, f"inplace gradient, C={C}")
+
+
+# ---- dd_sum: one fixed shape (xentfast/ddsum.h) on every thread count and device
+
+
+DD_BLOCK = _cuda.XF_DDSUM_BLOCK
+
+
+def _py_dd_add(hi, lo, bh, bl):
+    """numerics.h xf_dd_add in Python floats (IEEE doubles, no contraction)."""
+    s = hi + bh
+    bv = s - hi
+    av = s - bv
+    e = (hi - av) + (bh - bv)
+    e += lo + bl
+    h = s + e
+    if s - s == 0.0:
+        return h, e - (h - s)
+    return s, 0.0
+
+
+def py_dd_sum_serial(v):
+    """The index-order double-double sum dd_sum computed before the tree (the baseline it must match)."""
+    hi = lo = 0.0
+    for x in np.asarray(v, dtype=np.float64).tolist():
+        hi, lo = _py_dd_add(hi, lo, x, 0.0)
+    return hi, lo
+
+
+def py_dd_sum_tree(v):
+    """xentfast/ddsum.h, restated in Python from its comment: the specification the C code must meet."""
+    v = np.asarray(v, dtype=np.float64).tolist()
+    parts = [py_dd_sum_serial(v[b:b + DD_BLOCK]) for b in range(0, len(v), DD_BLOCK)]
+    nb, s = len(parts), 1
+    while s < nb:
+        for i in range(0, nb - s, 2 * s):
+            parts[i] = _py_dd_add(*parts[i], *parts[i + s])
+        s *= 2
+    return parts[0] if parts else (0.0, 0.0)
+
+
+def _exact_scaled(v):
+    """sum(v) * 2^1074 as an exact integer (every double is a multiple of 2^-1074)."""
+    total = 0
+    for x in v:
+        num, den = float(x).as_integer_ratio()
+        total += num * ((1 << 1074) // den)
+    return total
+
+
+def _adversarial_vector(kind, n, seed):
+    rng = np.random.default_rng(seed)
+    if n == 0:
+        return np.empty(0)
+    if kind == "spread":          # magnitudes over 2^-100 .. 2^100, both signs
+        return rng.standard_normal(n) * np.exp2(rng.uniform(-100, 100, n))
+    if kind == "cancel":          # pairs x, -x shuffled, plus a small remainder: the sum is tiny
+        h = rng.standard_normal(n // 2) * np.exp2(rng.uniform(-30, 60, n // 2))
+        v = np.concatenate([h, -h, rng.standard_normal(n - 2 * (n // 2)) * 1e-20])
+        v[rng.integers(0, n)] += 2.0**-70
+        return rng.permutation(v)
+    if kind == "huge":            # non-negative, near the top of the range: the sum may overflow
+        return rng.uniform(0, 1, n) * np.finfo(np.float64).max / rng.choice([1, 4, n], n)
+    if kind == "tiny":            # subnormal and near-subnormal
+        return rng.integers(-(1 << 40), 1 << 40, n) * 2.0**-1074 * rng.choice([1.0, 2.0**20], n)
+    if kind == "losses":          # what the callers reduce: non-negative, mostly O(1), a few huge / tiny
+        v = rng.exponential(1.0, n)
+        v[rng.random(n) < 0.01] *= 2.0**900
+        v[rng.random(n) < 0.01] *= 2.0**-900
+        return v
+    raise ValueError(kind)
+
+
+def _with_specials(v, specials, seed):
+    rng = np.random.default_rng(seed)
+    v = v.copy()
+    for s in specials:
+        if v.size:
+            v[rng.integers(0, v.size)] = s
+    return v
+
+
+DD_KINDS = ["spread", "cancel", "huge", "tiny", "losses"]
+DD_SIZES = [0, 1, 2, 1023, 1024, 1025, 2048, 3 * 1024 + 7, 17 * 1024 + 1, 70_000]
+DD_SPECIALS = [(), (np.inf,), (-np.inf,), (np.nan,), (np.inf, -np.inf), (np.inf, np.inf, 5.0)]
+
+
+def test_dd_sum_small_vectors_are_the_index_order_sum():
+    # up to one block the shape is the old serial sum, operation for operation
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 5, 1000, 1024):
+        v = rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))
+        assert _xent.dd_sum(v) == py_dd_sum_serial(v)
+
+
+@pytest.mark.parametrize("kind", DD_KINDS)
+def test_dd_sum_is_thread_invariant_and_follows_its_specification(kind):
+    for n in DD_SIZES[-4:] + [300_001]:
+        v = _adversarial_vector(kind, n, n)
+        ref_bits = _xent.dd_sum(v, 1)
+        for nt in (2, 3, 4, 7, 16):
+            assert _xent.dd_sum(v, nt) == ref_bits, (n, nt)
+        assert _xent.dd_sum(v) == ref_bits
+        if n <= 70_000:
+            assert ref_bits == py_dd_sum_tree(v), n
+
+
+@pytest.mark.parametrize("kind", DD_KINDS)
+@given(data=st.data())
+def test_model_dd_sum_gives_the_cpu_bits(binary_model, kind, data):
+    n = data.draw(st.sampled_from(DD_SIZES), label="n")
+    specials = data.draw(st.sampled_from(DD_SPECIALS), label="specials")
+    v = _with_specials(_adversarial_vector(kind, n, data.draw(st.integers(0, 2**32), label="seed")), specials, n)
+    nt = data.draw(st.sampled_from([32, 64, 1024]), label="tree threads")
+    order = data.draw(st.sampled_from([0, 1, 2]), label="order")
+    cpu = _xent.dd_sum(v)
+    model = binary_model.dd_sum(v, nt, order)
+    assert_same_bits(np.array(model), np.array(cpu), f"dd_sum (n={n}, {kind}, specials {specials})")
+
+
+@pytest.mark.parametrize("kind", DD_KINDS)
+@given(data=st.data())
+def test_dd_sum_accuracy_and_limits(kind, data):
+    """Within the bound of xentfast/ddsum.h of the exact sum, and the limits of the index-order sum:
+    NaN in (or +inf with -inf) gives NaN, one infinity gives it, an overflowing non-negative sum gives
+    +inf; a non-finite hi comes with lo = 0 (callers test hi == inf)."""
+    n = data.draw(st.sampled_from(DD_SIZES[:-1]), label="n")
+    specials = data.draw(st.sampled_from(DD_SPECIALS), label="specials")
+    v = _with_specials(_adversarial_vector(kind, n, data.draw(st.integers(0, 2**32), label="seed")), specials, n)
+    hi, lo = _xent.dd_sum(v)
+    old = py_dd_sum_serial(v)
+    has_nan, has_pinf, has_ninf = np.isnan(v).any(), (v == np.inf).any(), (v == -np.inf).any()
+    if has_nan or (has_pinf and has_ninf):
+        assert np.isnan(hi) and np.isnan(old[0])
+        return
+    if has_pinf or has_ninf:
+        # the finite terms of the kinds that can overflow are non-negative: an overflow acts as +inf
+        assert (np.isnan(hi) and np.isnan(old[0])) or hi == (np.inf if has_pinf else -np.inf) == old[0]
+        assert lo == 0.0
+        return
+    exact = _exact_scaled(v)
+    if abs(exact) >= int(np.finfo(np.float64).max) << 1074:
+        # only the non-negative kinds get here: +inf, as in index order
+        assert kind in ("huge", "losses") and hi == np.inf == old[0] and lo == 0.0
+        return
+    if not np.isfinite(hi):
+        # an intermediate overflow with an in-range total needs huge terms of both signs: not the callers'
+        assert kind not in ("huge", "losses", "tiny")
+        return
+    nb = max(1, -(-n // DD_BLOCK))
+    steps = DD_BLOCK + int(np.ceil(np.log2(nb))) + 2
+    abs_sum = _exact_scaled(np.abs(v))
+    err = abs(_exact_scaled([hi]) + _exact_scaled([lo]) - exact)
+    # |hi + lo - sum| <= steps * 2^-103 * sum |v|  (ddsum.h), in units of 2^-1074, plus a subnormal ulp
+    assert err * 2**103 <= steps * abs_sum + 2**103, (err, abs_sum)
+    if np.isfinite(old[0]):
+        err_old = abs(_exact_scaled([old[0]]) + _exact_scaled([old[1]]) - exact)
+        note(f"error of the tree {err}, of the index-order sum {err_old} (units of 2^-1074)")
+    # the rounded result is the correctly rounded sum unless the terms cancel to 2^-40 of their size
+    if abs(exact) * 2**40 >= abs_sum:
+        assert ulp_distance(np.float64(hi + lo), np.float64(math.fsum(v.tolist()))).max() <= 1
+
+
+def test_model_target_weight_sum_matches_the_cpu_and_skips_bad_labels(binary_model):
+    rng = np.random.default_rng(12)
+    C = 50
+    y = rng.integers(0, C, 5000).astype(np.int64)
+    y[::7] = -100
+    w = rng.uniform(0, 3, C)
+    assert binary_model.target_weight_sum(y, w, -100, C) == _xent.target_weight_sum(y, w, -100, True)
+    assert binary_model.target_weight_sum(y, None, -100, C) == _xent.target_weight_sum(y, w, -100, False)
+    bad = y.copy()
+    bad[::11] = C + 3          # out of range: skipped, never read
+    bad[1::13] = -5
+    keep = (bad >= 0) & (bad < C) | (bad == -100)
+    assert binary_model.target_weight_sum(bad, w, -100, C) == _xent.target_weight_sum(bad[keep], w, -100, True)
+
+
+# ---- the launch wrappers without a GPU: a stand-in CuPy records each launch, the arguments are checked
+# against the kernel's parameter list (types, and values by parameter name) and replayed on the host model
+
+
+class _FakeDevice:
+    compute_capability = "90"
+    attributes = {"MultiProcessorCount": 132}
+
+    def __init__(self, id=0):
+        self.id = id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FakeArray(np.ndarray):
+    """A NumPy array dressed as a cupy.ndarray (device 0)."""
+
+    @property
+    def device(self):
+        return _FakeDevice(0)
+
+    def get(self):
+        return np.asarray(self).copy()
+
+
+def _fake_cupy():
+    import types
+
+    def wrap(f):
+        return lambda *a, **k: f(*a, **k).view(FakeArray)
+
+    cp = types.SimpleNamespace(ndarray=FakeArray, zeros=wrap(np.zeros), empty=wrap(np.empty), asarray=lambda a: (
+        np.ascontiguousarray(a).copy().view(FakeArray)), full=wrap(np.full))
+    cp.cuda = types.SimpleNamespace(Device=_FakeDevice, runtime=types.SimpleNamespace(getDevice=lambda: 0))
+    return cp
+
+
+_C_TYPES = {"float": np.float32, "double": np.float64, "long long": np.int64, "int": np.int32}
+
+
+def _params(text, name):
+    """[(type, is_pointer, name)] of the first definition of function `name` in `text`."""
+    m = re.search(rf"\b{re.escape(name)}\s*\(([^)]*)\)\s*\{{", text.replace("\\\n", " "))
+    assert m, name
+    out = []
+    for p in m.group(1).split(","):
+        p = " ".join(p.replace("const", " ").split())
+        ptr = "*" in p
+        typ, _, pname = p.replace("*", " ").rpartition(" ")
+        out.append((" ".join(typ.split()), ptr, pname.strip()))
+    return out
+
+
+class _Launches:
+    def __init__(self):
+        self.calls = []
+
+    def module(self, dtype, source="kernels.cu"):
+        rec = self
+
+        class _Mod:
+            def kernel(self, expr):
+                return lambda grid, block, args, shared_mem=0: rec.calls.append((source, expr, grid, block, args))
+
+        return _Mod()
+
+
+def _named_args(source, expr, args):
+    """{parameter name: value} of a recorded launch, after checking every argument against the kernel's
+    declared type (a pointer takes an array of that element type, or NULL)."""
+    name, _, targs = expr.partition("<")
+    params = _params((PKG / "_cuda" / source).read_text(), name)
+    tparams = [s.strip() for s in targs.rstrip(">").split(",")] if targs else []
+    assert len(params) == len(args), (expr, params, args)
+    out = {}
+    for (typ, ptr, pname), v in zip(params, args):
+        typ = {"T": tparams[0] if tparams else typ}.get(typ, typ)
+        if ptr:
+            if isinstance(v, np.uint64):
+                assert v == 0, pname
+                out[pname] = None
+            else:
+                assert isinstance(v, FakeArray) and v.dtype == _C_TYPES[typ] and v.flags.c_contiguous, (expr, pname)
+                out[pname] = v
+        else:
+            assert type(v) is _C_TYPES[typ], (expr, pname, type(v), typ)
+            out[pname] = v.item()
+    return out
+
+
+def _replay(fn, text, fname, named):
+    vals = []
+    for typ, ptr, pname in _params(text, fname):
+        v = named[pname]
+        vals.append((None if v is None else v.ctypes.data) if ptr else v)
+    fn(*vals)
+
+
+@contextlib.contextmanager
+def fake_gpu():
+    """(stand-in cupy, launch recorder) while xentfast._cuda is pointed at them."""
+    cp = _fake_cupy()
+    rec = _Launches()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_cuda, "_cupy", lambda: cp)
+        mp.setattr(_cuda, "_module", rec.module)
+        mp.setitem(sys.modules, "cupy", cp)
+        yield cp, rec
+
+
+MODEL_TEXT = BINARY_MODEL_SRC.read_text() if BINARY_MODEL_SRC.exists() else ""
+
+
+@pytest.mark.parametrize("op", sorted(BIN_OPS), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_wrapper_elementwise_marshals_the_kernel_arguments(binary_model, dtype, op, data):
+    with fake_gpu() as (cp, rec):
+        _check_elementwise_launch(binary_model, cp, rec, dtype, op, data)
+
+
+def _check_elementwise_launch(binary_model, cp, rec, dtype, op, data):
+    a = _draw_bin_args(data, dtype, BIN_OPS[op])
+    want_d, want_o, want_grad = _draw_outputs(data)
+    rec.calls.clear()
+    args, outs = _bin_call(a, want_d, want_o, want_grad, False, cp, lambda dt: cp.empty(0, dt))
+    _cuda.elementwise(*args, loss_k=a.loss_k)
+    if a.x.size == 0:
+        assert not rec.calls
+        return
+    ((source, expr, grid, block, kargs),) = rec.calls
+    assert source == "binary.cu" and expr == f"xf_bin_elementwise_kernel<{_cuda._DTYPES[a.x.dtype]}, {a.op}>"
+    assert grid[0] >= 1 and block[0] % 32 == 0
+    named = _named_args(source, expr, kargs)
+    named.update(op=a.op, order=0)
+    for o in outs:
+        if o is not None:
+            o.fill(np.nan)
+    _replay(getattr(binary_model.lib, f"xf_model_elementwise_{_sfx(a.x.dtype)}"), MODEL_TEXT,
+            "xf_model_elementwise_##SFX", named)
+    _assert_outputs(tuple(None if o is None else np.asarray(o) for o in outs),
+                    cpu_elementwise(a, want_d, want_o, want_grad), f"{op} through the wrapper's arguments")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_wrapper_ce_probs_marshals_the_kernel_arguments(binary_model, dtype, data):
+    with fake_gpu() as (cp, rec):
+        _check_ce_probs_launch(binary_model, cp, rec, dtype, data)
+
+
+def _check_ce_probs_launch(binary_model, cp, rec, dtype, data):
+    a = _draw_ce_args(data, dtype)
+    want_grad = data.draw(st.booleans(), label="grad")
+    rec.calls.clear()
+    args, (loss, grad) = _ce_call(a, want_grad, False, cp, lambda dt: cp.empty(0, dt),
+                                  lambda dt: cp.empty((0, 0), dt))
+    _cuda.ce_probs(*args, loss_k=a.loss_k)
+    ((source, expr, grid, block, kargs),) = rec.calls
+    assert source == "binary.cu" and expr == f"xf_ce_probs_kernel<{_cuda._DTYPES[a.p.dtype]}>"
+    assert block == (_cuda._CE_TEAM * _cuda._CE_ROWS,) and grid[0] * _cuda._CE_ROWS >= min(a.p.shape[0], 4)
+    named = _named_args(source, expr, kargs)
+    named.update(order=0, nt=_cuda._CE_TEAM)
+    _replay(getattr(binary_model.lib, f"xf_model_ce_probs_{_sfx(a.p.dtype)}"), MODEL_TEXT,
+            "xf_model_ce_probs_##SFX", named)
+    lc, gc = cpu_ce_probs(a, want_grad)
+    assert_same_bits(np.asarray(loss), lc, "row losses through the wrapper's arguments")
+    if want_grad:
+        assert_same_bits(np.asarray(grad), gc, "gradient through the wrapper's arguments")
+
+
+def test_wrapper_reductions_marshal_the_kernel_arguments(binary_model):
+    with fake_gpu() as (cp, rec):
+        _check_reduction_launches(binary_model, cp, rec)
+
+
+def _check_reduction_launches(binary_model, cp, rec):
+    for n in (0, 1, 1024, 1025, 70_000):
+        v = _adversarial_vector("losses", n, n)
+        rec.calls.clear()
+        out = _cuda.dd_sum_device(cp.asarray(v))
+        assert isinstance(out, FakeArray) and out.shape == (2,) and out.dtype == np.float64
+        if n == 0:
+            assert not rec.calls and (out == 0).all()
+            continue
+        (s1, e1, g1, b1, a1), (s2, e2, g2, b2, a2) = rec.calls
+        assert (s1, e1, s2, e2) == ("reduce.cu", "xf_ddsum_blocks_kernel", "reduce.cu", "xf_ddsum_tree_kernel")
+        blocks, tree = _named_args(s1, e1, a1), _named_args(s2, e2, a2)
+        nb = -(-n // DD_BLOCK)
+        assert blocks["n"] == n and blocks["nb"] == tree["nb"] == nb and blocks["part"] is tree["part"]
+        assert blocks["part"].size == 2 * nb and tree["out"] is out
+        assert g1[0] * b1[0] >= nb and g2 == (1,) and 32 <= b2[0] <= 1024 and b2[0] & (b2[0] - 1) == 0
+        # replayed: the model's dd_sum with the launch's tree width
+        assert binary_model.dd_sum(v, b2[0]) == _xent.dd_sum(v)
+    y = np.random.default_rng(1).integers(-3, 60, 999).astype(np.int64)
+    w = np.random.default_rng(2).uniform(0, 3, 50)
+    for has_w in (False, True):
+        rec.calls.clear()
+        out = _cuda.target_weight_sum_device(cp.asarray(y), cp.asarray(w), -1, has_w, 50)
+        ((s, e, g, b, ka),) = rec.calls
+        named = _named_args(s, e, ka)
+        assert named["C"] == 50 and named["n"] == y.size and named["ignore_index"] == -1
+        assert named["out"] is out and (named["w"] is None) == (not has_w)
+        got = binary_model.lib.xf_model_target_weight_sum(
+            named["y"].ctypes.data, None if named["w"] is None else named["w"].ctypes.data, named["n"],
+            named["ignore_index"], named["C"])
+        keep = ((y >= 0) & (y < 50)) | (y == -1)
+        assert got == _xent.target_weight_sum(y[keep], w, -1, has_w)
+
+
+def test_wrappers_reject_what_could_reach_a_kernel_wrongly():
+    with fake_gpu() as (cp, rec):
+        _check_wrapper_guards(cp, rec)
+
+
+def _check_wrapper_guards(cp, rec):
+    x = cp.zeros(10, dtype=np.float32)
+    e = cp.empty(0, dtype=np.float64)
+    base = [0, x, cp.zeros(10, dtype=np.float32), e, 1, 1, e, 1, 1, e, 1.0, False, 0.0, 0.25, 2.0, False, 0.0,
+            False, 0.0, cp.zeros(10), cp.empty(0, dtype=np.float32), cp.empty(0, dtype=np.float32), 1, False, False,
+            False, True, False, False]
+    _cuda.elementwise(*base)
+    assert len(rec.calls) == 1
+    for i, bad in ((0, 3), (2, cp.zeros(9, dtype=np.float32)), (2, cp.zeros(10)), (19, cp.zeros(9)),
+                   (1, np.zeros(10, dtype=np.float32))):
+        args = list(base)
+        args[i] = bad
+        with pytest.raises((TypeError, ValueError)):
+            _cuda.elementwise(*args)
+    args = list(base)
+    args[3], args[4], args[5], args[23] = cp.zeros(4), 1, 5, True  # mod 5 > 4 weights
+    with pytest.raises(ValueError, match="w:"):
+        _cuda.elementwise(*args)
+    with pytest.raises(ValueError, match="w:"):
+        _cuda.target_weight_sum_device(cp.zeros(3, dtype=np.int64), cp.zeros(4), -100, True, 5)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -687,8 +1493,18 @@ def test_gpu_reductions_match_the_cpu():
     y[::7] = -100
     w = rng.uniform(0, 3, 50)
     for has_w in (False, True):
-        assert _cuda.target_weight_sum(cp.asarray(y), cp.asarray(w), -100, has_w) == \
+        assert _cuda.target_weight_sum(cp.asarray(y), cp.asarray(w), -100, has_w, 50) == \
             _xent.target_weight_sum(y, w, -100, has_w)
+        dev = _cuda.target_weight_sum_device(cp.asarray(y), cp.asarray(w), -100, has_w, 50)
+        assert isinstance(dev, cp.ndarray) and dev.shape == (1,) and dev.dtype == np.float64
+        assert float(dev.get()[0]) == _xent.target_weight_sum(y, w, -100, has_w)
+    # labels outside [0, C) are skipped, never read (the API raises on them before)
+    bad = y.copy()
+    bad[::11] = 50 + 10**9
+    bad[1::13] = -5
+    keep = ((bad >= 0) & (bad < 50)) | (bad == -100)
+    assert _cuda.target_weight_sum(cp.asarray(bad), cp.asarray(w), -100, True, 50) == \
+        _xent.target_weight_sum(bad[keep], w, -100, True)
 
 
 @pytest.mark.gpu
@@ -701,6 +1517,130 @@ def test_gpu_tree_order_within_one_ulp(dtype, monkeypatch):
         with np.errstate(over="ignore"):
             assert ulp_distance(lg.astype(a.x.dtype), lc.astype(a.x.dtype)).max() <= 1
         assert ulp_distance(gg, gc).max() <= 1
+
+
+# ---- the binary family and dd_sum on the GPU
+
+
+def gpu_elementwise(a, want_d=True, want_o=False, want_grad=True, inplace=False):
+    cp = _cp()
+    args, outs = _bin_call(a, want_d, want_o, want_grad, inplace, cp, lambda dt: cp.empty(0, dt))
+    _cuda.elementwise(*args, loss_k=a.loss_k)
+    return tuple(None if o is None else cp.asnumpy(o) for o in outs)
+
+
+def gpu_ce_probs(a, want_grad=True, inplace=False):
+    cp = _cp()
+    args, (loss, grad) = _ce_call(a, want_grad, inplace, cp, lambda dt: cp.empty(0, dt),
+                                  lambda dt: cp.empty((0, 0), dt))
+    _cuda.ce_probs(*args, loss_k=a.loss_k)
+    return cp.asnumpy(loss), (cp.asnumpy(grad) if want_grad else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(BIN_OPS), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_gpu_elementwise_gives_the_cpu_bits(dtype, op, data):
+    a = _draw_bin_args(data, dtype, BIN_OPS[op])
+    want_d, want_o, want_grad = _draw_outputs(data)
+    inplace = want_grad and data.draw(st.booleans(), label="inplace")
+    _assert_outputs(gpu_elementwise(a, want_d, want_o, want_grad, inplace),
+                    cpu_elementwise(a, want_d, want_o, want_grad, inplace), op)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(BIN_OPS), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gpu_elementwise_long_broadcasts(dtype, op):
+    """Many CPU blocks and a grid-stride loop (more elements than threads), every broadcast kind, and
+    every option on; then the same on a non-default stream."""
+    cp = _cp()
+    rng = np.random.default_rng(9)
+    shape = (64, 3, 3001)  # 576192 elements
+    x = (rng.standard_normal(shape) * 20).astype(dtype)
+    if BIN_OPS[op] == _binary.OP_BCE_PROB:
+        x = rng.random(shape).astype(dtype)
+        x.reshape(-1)[::97] = 0.0
+        x.reshape(-1)[1::89] = 1.0
+    t = rng.random(shape).astype(dtype)
+    t.reshape(-1)[::5] = 1.0
+    t.reshape(-1)[::31] = -1.0
+    for wshape in [(), (3001,), (3, 1), (64, 1, 1), (3, 3001), shape]:
+        w, w_div, w_mod = _bcast(rng.uniform(0, 3, wshape), shape)
+        pw, pw_div, pw_mod = _bcast(rng.uniform(0, 3, (3001,)), shape)
+        if BIN_OPS[op] != _binary.OP_BCE_LOGITS:
+            pw, pw_div, pw_mod = None, 1, 1
+        for eps, clamp, k in ((1e-7, None, 0.0), (None, -100.0, 600.0)):
+            a = BinArgs(BIN_OPS[op], x.reshape(-1), t.reshape(-1), w, w_div, w_mod, pw, pw_div, pw_mod,
+                        rng.standard_normal(x.size), 0.5, -1.0, 0.25, 2.0, eps, clamp, k)
+            want = cpu_elementwise(a, True, True, True)
+            _assert_outputs(gpu_elementwise(a, True, True, True), want, f"{op}, weight {wshape}")
+    with cp.cuda.Stream(non_blocking=True) as s:
+        got = gpu_elementwise(a, True, False, True, inplace=True)
+        s.synchronize()
+    _assert_outputs(got, cpu_elementwise(a, True, False, True), f"{op}, inplace on a stream")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@given(data=st.data())
+def test_gpu_ce_probs_gives_the_cpu_bits(dtype, data):
+    a = _draw_ce_args(data, dtype)
+    want_grad = data.draw(st.booleans(), label="grad")
+    inplace = want_grad and data.draw(st.booleans(), label="inplace")
+    lc, gc = cpu_ce_probs(a, want_grad, inplace)
+    lg, gg = gpu_ce_probs(a, want_grad, inplace)
+    assert_same_bits(lg, lc, "row losses")
+    if want_grad:
+        assert_same_bits(gg, gc, "gradient")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gpu_ce_probs_many_rows(dtype):
+    rng = np.random.default_rng(10)
+    N, C = 5000, 301
+    p = rng.random((N, C)).astype(dtype)
+    p /= p.sum(axis=1, keepdims=True)
+    p[7, 3] = np.nan
+    t = rng.random((N, C)).astype(dtype)
+    t /= t.sum(axis=1, keepdims=True)
+    y = rng.integers(0, C, N).astype(np.int64)
+    y[::9] = -100
+    w = rng.uniform(0, 2, C)
+    for a in (CeArgs(p, y, None, w, -100, rng.uniform(-1, 1, N), 0.5, None, 0.0),
+              CeArgs(p, None, t, w, -100, None, 1.0 / 3.0, 1e-7, 600.0)):
+        lc, gc = cpu_ce_probs(a)
+        lg, gg = gpu_ce_probs(a)
+        assert_same_bits(lg, lc, "row losses")
+        assert_same_bits(gg, gc, "gradient")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", DD_KINDS)
+def test_gpu_dd_sum_gives_the_cpu_bits(kind):
+    cp = _cp()
+    for n in DD_SIZES + [2**20 + 3]:
+        for specials in ((), (np.inf,), (np.nan,), (np.inf, -np.inf)):
+            v = _with_specials(_adversarial_vector(kind, n, n + 1), specials, n)
+            vd = cp.asarray(v)
+            out = _cuda.dd_sum_device(vd)
+            assert isinstance(out, cp.ndarray) and out.shape == (2,) and out.dtype == np.float64
+            assert_same_bits(cp.asnumpy(out), np.array(_xent.dd_sum(v)), f"dd_sum n={n} {kind} {specials}")
+            assert_same_bits(np.array(_cuda.dd_sum(vd)), np.array(_xent.dd_sum(v)), "dd_sum (host)")
+
+
+@pytest.mark.gpu
+def test_gpu_dd_sum_large():
+    """2^25 + 5 elements (32769 blocks: a 16-level tree, partials over every tree thread)."""
+    cp = _cp()
+    v = _adversarial_vector("losses", 2**25 + 5, 3)
+    with cp.cuda.Stream(non_blocking=True) as s:
+        vd = cp.asarray(v)
+        out = _cuda.dd_sum_device(vd)
+        s.synchronize()
+    assert_same_bits(cp.asnumpy(out), np.array(_xent.dd_sum(v)), "dd_sum 2^25 + 5")
 
 
 # the public API on CuPy arrays: xfail until api.py dispatches them (see the issue-5 report)

@@ -12,7 +12,7 @@
 #     blocks, the blocks of all rows become the parallel tasks ("phased" path); the merges still run in
 #     block order, so the phased and row paths give the same bits too (tests/test_threads.py).
 # (d) Per-row losses are written in double, whatever the data type, and reduced by dd_sum (double-double,
-#     serial, fixed order): `mean` equals the mean of `none` for any thread count, and a float32 batch
+#     fixed shape, xentfast/ddsum.h): `mean` equals the mean of `none` for any thread count, and a float32 batch
 #     mean is not built from float32-rounded row losses.
 # (e) Left out on purpose: OpenMP reductions (their order follows the thread count), per-element
 #     Python-level dispatch, and any N x C temporary besides the caller-visible outputs.
@@ -20,6 +20,8 @@
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
+
+from ._openmp cimport omp_get_max_threads
 
 cdef extern from "xent_kernels.h" nogil:
     enum: XF_BLOCK
@@ -403,14 +405,43 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
             _softmax_family_row(&x[0, 0], op, lp, C, mode, i)
 
 
-def dd_sum(const double[::1] v):
-    """Double-double sum in index order: (hi, lo).  Order-fixed, so independent of threads."""
-    cdef double hi = 0.0, lo = 0.0
-    cdef Py_ssize_t i
-    with nogil:
-        for i in range(v.shape[0]):
-            xf_dd_add(&hi, &lo, v[i], 0.0)
-    return hi, lo
+cdef extern from "xentfast/ddsum.h" nogil:
+    enum: XF_DDSUM_BLOCK
+    long long xf_ddsum_nblocks(long long n)
+    void xf_ddsum_block(const double *v, long long n, long long b, double *part)
+    void xf_ddsum_tree(double *part, long long nb)
+
+
+def dd_sum(const double[::1] v, int n_threads=-1):
+    """Double-double sum of v: (hi, lo).  The fixed shape of xentfast/ddsum.h (blocks of XF_DDSUM_BLOCK
+    consecutive elements summed in index order, then a fixed pairwise tree of the partials), so the bits
+    depend on v alone: not on `n_threads` (-1: OpenMP's default, capped so that each thread gets at
+    least 16 blocks) and not on the device (xentfast._cuda.dd_sum runs the same header)."""
+    cdef long long n = v.shape[0]
+    cdef long long nb = xf_ddsum_nblocks(n)
+    cdef long long b
+    cdef double one[2]
+    cdef double *part
+    cdef int nt
+    if nb <= 1:
+        one[0] = 0.0
+        one[1] = 0.0
+        if nb == 1:
+            xf_ddsum_block(&v[0], n, 0, one)
+        return one[0], one[1]
+    nt = n_threads if n_threads > 0 else omp_get_max_threads()
+    nt = <int>max(1, min(<long long>nt, nb // 16))
+    part = <double *>malloc(2 * nb * sizeof(double))
+    if part == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for b in prange(nb, schedule="static", num_threads=nt):
+                xf_ddsum_block(&v[0], n, b, part)
+            xf_ddsum_tree(part, nb)
+        return part[0], part[1]
+    finally:
+        free(part)
 
 
 def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignore_index, bint has_w,

@@ -1,24 +1,31 @@
-"""GPU twin of the softmax-family kernels: launch wrappers over CuPy arrays.
+"""GPU twin of the CPU kernels: launch wrappers over CuPy arrays.
 
-The kernels live in ``kernels.cu`` (package data, read through :mod:`importlib.resources`) and include
-the SAME numerics headers as the CPU kernels, so CPU and GPU evaluate the same operations in the same
-order and agree bit for bit (kernels.cu, design (a)-(e)).
+The kernels live in three CUDA sources (package data, read through :mod:`importlib.resources`):
+``kernels.cu`` (the softmax family), ``binary.cu`` (the binary family) and ``reduce.cu`` (dd_sum and the
+`mean` denominator).  They include the SAME headers as the CPU kernels, so CPU and GPU evaluate the same
+operations in the same order and agree bit for bit (kernels.cu, design (a)-(e); binary.cu (a)-(d);
+reduce.cu (a)).
 
 Design
 (a) Lazy: importing this module imports neither CuPy nor NVRTC.  ``import xentfast`` works without
     CuPy, without a driver and without a GPU; :func:`gpu_available` probes the device safely.
-(b) Compilation: once per (device, dtype), on first use, through NVRTC (:mod:`._nvrtc`), with
-    ``-std=c++17 -I<include> --fmad=false -ftz=false --maxrregcount=128 -arch=sm_XX``.  Not through
+(b) Compilation: once per (device, source, dtype), on first use, through NVRTC (:mod:`._nvrtc`), with
+    ``-std=c++17 -I<include> -I<_core> --fmad=false -ftz=false --maxrregcount=128 -arch=sm_XX``
+    (reduce.cu has no storage type: one module per device).  Not through
     ``cupy.RawModule(code=...)``: CuPy appends ``-ftz=true`` after the caller's options and NVRTC honours
     the last one, which flushes subnormal float32 inputs and outputs (kernels.cu (e)).  The cubin is
     loaded with ``cupy.RawModule(path=...)``.
 (c) Cache key: the code handed to NVRTC starts with ``// sha256=<digest>``, the digest of every header
-    under include/xentfast plus kernels.cu (CuPy's disk cache and ours would otherwise miss
-    edits of ``-I`` headers); the on-disk cubin is keyed by that digest, the options, the architecture
-    and the NVRTC version (``$XENTFAST_CUDA_CACHE_DIR``, default ``~/.cache/xentfast/cuda``).
-(d) Launch wrappers mirror ``xentfast._core._xent`` (same signatures, CuPy arrays, current stream;
-    ``n_threads`` is accepted and ignored).  Validation is the caller's (xentfast.api), as for the CPU
-    module; here only cheap attribute checks guard against a wrong pointer reaching a kernel.
+    under include/xentfast and _core (the two ``-I`` directories) plus the source itself (CuPy's disk
+    cache and ours would otherwise miss edits of ``-I`` headers); the on-disk cubin is keyed by that
+    digest, the options, the architecture and the NVRTC version (``$XENTFAST_CUDA_CACHE_DIR``, default
+    ``~/.cache/xentfast/cuda``).
+(d) Launch wrappers mirror ``xentfast._core._xent`` and ``xentfast._core._binary`` (same signatures, CuPy
+    arrays, current stream; ``n_threads`` is accepted and ignored).  Validation is the caller's
+    (xentfast.api, xentfast.api_binary), as for the CPU modules; here only cheap attribute checks (type,
+    dtype, dimensions, sizes, device) guard against a wrong pointer or an out-of-range index reaching a
+    kernel.  Nothing synchronizes except what returns a Python number (dd_sum, target_weight_sum); their
+    ``*_device`` forms return CuPy arrays, so a caller can batch the one device-to-host copy.
 (e) Launch shape: a block of nt threads per row (kernels.cu (b)); nt never changes the bits.
     ``XENTFAST_CUDA_THREADS`` (a power of two in [32, 512]) and ``XENTFAST_CUDA_CACHE_ROW`` (0 / 1:
     keep the row in shared memory) override the defaults, for benchmarking; so does
@@ -44,8 +51,15 @@ __all__ = [
     "name_expressions",
     "softmax_xent",
     "softmax_family",
+    "elementwise",
+    "ce_probs",
+    "OP_BCE_LOGITS",
+    "OP_FOCAL",
+    "OP_BCE_PROB",
     "dd_sum",
+    "dd_sum_device",
     "target_weight_sum",
+    "target_weight_sum_device",
 ]
 
 XF_BLOCK = 4096          # classes per block (xent_kernels.h)
@@ -55,6 +69,19 @@ _MAX_THREADS = 512       # XF_CU_MAX_THREADS in kernels.cu
 _DEFAULT_SMEM = 48 * 1024
 _DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _NULL = np.uint64(0)     # an absent array: a NULL pointer argument
+SOURCES = ("kernels.cu", "binary.cu", "reduce.cu")
+XF_DDSUM_BLOCK = 1024    # elements per dd_sum block (xentfast/ddsum.h)
+_TREE_THREADS = 1024     # XF_CU_TREE_THREADS in reduce.cu
+_ELEM_THREADS = 256      # threads per block of the elementwise kernels
+_ROW_THREADS = 128       # threads per block of the dd_sum block partials (a thread per partial)
+_CE_TEAM = 32            # threads per row of xf_ce_probs_kernel (binary.cu XF_CU_CE_TEAM)
+_CE_ROWS = 4             # rows per CUDA block of xf_ce_probs_kernel (binary.cu XF_CU_CE_ROWS)
+
+# the ops of xentfast._core._binary (binary.cu XF_CU_OP_*)
+OP_BCE_LOGITS = 0
+OP_FOCAL = 1
+OP_BCE_PROB = 2
+_OPS = (OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -103,9 +130,9 @@ def _dir(*parts):
 
 
 def _headers():
-    """(name, bytes) of every header the kernels may include, in a fixed order."""
+    """(name, bytes) of every header the kernels may include (the -I directories), in a fixed order."""
     out = []
-    for sub in (("include", "xentfast"),):
+    for sub in (("include", "xentfast"), ("_core",)):
         d = _pkg().joinpath(*sub)
         for entry in sorted(d.iterdir(), key=lambda e: e.name):
             if entry.name.endswith(".h"):
@@ -113,11 +140,18 @@ def _headers():
     return out
 
 
-def kernel_source():
-    """(code, digest): kernels.cu prefixed by ``// sha256=<digest>`` of the headers and kernels.cu."""
-    kernel = _pkg().joinpath("_cuda", "kernels.cu").read_bytes()
+def _source_name(source):
+    if source not in SOURCES:
+        raise ValueError(f"source: expected one of {SOURCES}, got {source!r}")
+    return source
+
+
+def kernel_source(source="kernels.cu"):
+    """(code, digest): `source` (one of SOURCES) prefixed by ``// sha256=<digest>`` of the headers and
+    the source."""
+    kernel = _pkg().joinpath("_cuda", _source_name(source)).read_bytes()
     h = hashlib.sha256()
-    for name, data in _headers() + [("_cuda/kernels.cu", kernel)]:
+    for name, data in _headers() + [(f"_cuda/{source}", kernel)]:
         h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     digest = h.hexdigest()
     return f"// sha256={digest}\n" + kernel.decode(), digest
@@ -136,17 +170,21 @@ def compile_options():
     """NVRTC options without ``-arch`` (kernels.cu (e) says why each is there)."""
     # --maxrregcount=128 is what __launch_bounds__(512) allows anyway; without it ptxas (NVRTC 12.9) held
     # the float32 cross-entropy kernel to 64 registers and spilled (tests/test_cuda.py reports the counts)
-    opts = ("-std=c++17", f"-I{_dir('include')}", "--fmad=false",
+    opts = ("-std=c++17", f"-I{_dir('include')}", f"-I{_dir('_core')}", "--fmad=false",
             "-ftz=false", "--maxrregcount=128")
     if summation_order() == "tree":
         opts += ("-DXF_CU_TREE_ORDER=1",)
     return opts
 
 
-def name_expressions(dtype):
+def name_expressions(dtype, source="kernels.cu"):
+    """The kernels of `source` instantiated for `dtype` (reduce.cu: none depends on it)."""
     t = _DTYPES[np.dtype(dtype)]
-    return (f"xf_softmax_xent_kernel<{t}>", f"xf_softmax_family_kernel<{t}>", "xf_dd_sum_kernel",
-            "xf_target_weight_sum_kernel")
+    if _source_name(source) == "kernels.cu":
+        return (f"xf_softmax_xent_kernel<{t}>", f"xf_softmax_family_kernel<{t}>")
+    if source == "binary.cu":
+        return tuple(f"xf_bin_elementwise_kernel<{t}, {op}>" for op in _OPS) + (f"xf_ce_probs_kernel<{t}>",)
+    return ("xf_ddsum_blocks_kernel", "xf_ddsum_tree_kernel", "xf_target_weight_sum_kernel")
 
 
 def _cache_dir():
@@ -189,18 +227,21 @@ def _arch_for(cc):
     return f"compute_{max(lower)}", "ptx"
 
 
-def build_module_file(dtype, cc):
-    """Compile (or find in the disk cache) the kernels for `dtype` and compute capability `cc` (e.g. 90).
-    Returns (path of the cubin/PTX file, {name expression: mangled name}).  Needs NVRTC, not a GPU."""
+def build_module_file(dtype, cc, source="kernels.cu"):
+    """Compile (or find in the disk cache) the kernels of `source` for `dtype` and compute capability `cc`
+    (e.g. 90).  Returns (path of the cubin/PTX file, {name expression: mangled name}).  Needs NVRTC, not
+    a GPU."""
     from . import _nvrtc
 
-    code, digest = kernel_source()
+    code, digest = kernel_source(source)
+    if source == "reduce.cu":
+        dtype = np.float64  # no storage type: one module
     arch, target = _arch_for(int(cc))
     opts = compile_options() + (f"-arch={arch}",)
-    names = name_expressions(dtype)
+    names = name_expressions(dtype, source)
     key = hashlib.sha256(json.dumps([digest, [o for o in opts if not o.startswith("-I")], names,
                                      list(_nvrtc.version()), target]).encode()).hexdigest()[:32]
-    stem = os.path.join(_cache_dir(), f"xentfast-{np.dtype(dtype).name}-{arch}-{key}")
+    stem = os.path.join(_cache_dir(), f"xentfast-{source[:-3]}-{np.dtype(dtype).name}-{arch}-{key}")
     path, meta = f"{stem}.{target}", f"{stem}.json"
     if os.path.exists(path) and os.path.exists(meta):
         try:
@@ -210,7 +251,7 @@ def build_module_file(dtype, cc):
             lowered = {}
         if set(lowered) == set(names):
             return path, lowered
-    res = _nvrtc.compile(code, "kernels.cu", opts, names, target)
+    res = _nvrtc.compile(code, source, opts, names, target)
     _write_atomic(path, res.code)
     _write_atomic(meta, json.dumps(res.lowered).encode())
     return path, res.lowered
@@ -235,18 +276,21 @@ _modules = {}
 _lock = threading.Lock()
 
 
-def _module(dtype):
-    """The compiled module for `dtype` on the current device (compiled on first use, then cached)."""
+def _module(dtype, source="kernels.cu"):
+    """The compiled module of `source` for `dtype` on the current device (compiled on first use, then
+    cached)."""
     cp = _cupy()
     dev = cp.cuda.runtime.getDevice()
-    key = (dev, np.dtype(dtype).name, summation_order())
+    if source == "reduce.cu":
+        dtype = np.float64  # no storage type: one module per device
+    key = (dev, source, np.dtype(dtype).name, summation_order())
     mod = _modules.get(key)
     if mod is None:
         with _lock:
             mod = _modules.get(key)
             if mod is None:
                 cc = int(cp.cuda.Device(dev).compute_capability)
-                mod = _modules[key] = _Module(*build_module_file(dtype, cc))
+                mod = _modules[key] = _Module(*build_module_file(dtype, cc, source))
     return mod
 
 
@@ -314,6 +358,31 @@ def _launch_config(mod, expr, C, itemsize):
 
 def _grid(N):
     return min(N, 2**31 - 1)
+
+
+_sm_counts = {}
+
+
+def _sm_count(dev):
+    n = _sm_counts.get(dev)
+    if n is None:
+        try:
+            n = int(_cupy().cuda.Device(dev).attributes["MultiProcessorCount"])
+        except Exception:
+            n = 32
+        n = _sm_counts[dev] = max(1, n)
+    return n
+
+
+def _flat_grid(n, threads, dev):
+    """Blocks of a grid-stride launch over n items: enough to fill the device, never more than needed."""
+    return max(1, min(-(-n // threads), 32 * _sm_count(dev), 2**31 - 1))
+
+
+def _check_size(a, name, size):
+    if a.size != size:
+        raise ValueError(f"{name}: expected {size} elements, got shape {a.shape}")
+    return a
 
 
 def _check(a, name, dtype=None, ndim=None, device=None):
@@ -388,28 +457,138 @@ def softmax_family(x, out, lse, mode, n_threads, has_lse):
         mod.kernel(expr)((_grid(N),), (nt,), args, shared_mem=smem)
 
 
-def dd_sum(v):
-    """Double-double sum of a float64 CuPy vector in index order, as ``_xent.dd_sum``: (hi, lo) floats.
+def elementwise(op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore, alpha, gamma, clip,
+                eps, clamp, log_clamp, loss_d, loss_o, grad, n_threads, has_w, has_pw, has_g, has_loss_d, has_loss_o,
+                has_grad, loss_k=0.0):
+    """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB), as
+    ``_binary.elementwise`` for CuPy arrays on the current device and stream.
 
-    One thread on the device (the order is the CPU's); reading the result synchronizes the stream."""
+    x, t: 1-D, float32 or float64; weights (float64) are addressed as w[(i // div) % mod]; arrays flagged
+    absent may be placeholders and are passed as NULL; `grad` may be `x` (inplace); losses are written
+    times 2**loss_k.  `n_threads` is ignored."""
+    if op not in _OPS:
+        raise ValueError(f"op: expected one of {_OPS}, got {op!r}")
+    _check(x, "x", ndim=1)
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x: expected float32 or float64, got {x.dtype}")
+    n = x.size
+    dev = x.device.id
+    _check_size(_check(t, "t", x.dtype, 1, dev), "t", n)
+    for has, a, name, div, mod in ((has_w, w, "w", w_div, w_mod), (has_pw, pw, "pw", pw_div, pw_mod)):
+        if has:
+            _check(a, name, np.float64, 1, dev)
+            if div < 1 or mod < 1 or mod > a.size:
+                raise ValueError(f"{name}: div={div}, mod={mod} do not address its {a.size} elements")
+    if has_g:
+        _check_size(_check(g, "g", np.float64, 1, dev), "g", n)
+    if has_loss_d:
+        _check_size(_check(loss_d, "loss_d", np.float64, 1, dev), "loss_d", n)
+    if has_loss_o:
+        _check_size(_check(loss_o, "loss_o", x.dtype, 1, dev), "loss_o", n)
+    if has_grad:
+        _check_size(_check(grad, "grad", x.dtype, 1, dev), "grad", n)
+    if n == 0:
+        return
+    with _cupy().cuda.Device(dev):
+        mod = _module(x.dtype, "binary.cu")
+        expr = f"xf_bin_elementwise_kernel<{_DTYPES[x.dtype]}, {int(op)}>"
+        args = (x, t, w if has_w else _NULL, np.int64(w_div if has_w else 1), np.int64(w_mod if has_w else 1),
+                pw if has_pw else _NULL, np.int64(pw_div if has_pw else 1), np.int64(pw_mod if has_pw else 1),
+                g if has_g else _NULL, np.float64(scale), np.int32(bool(has_ignore)), np.float64(ignore),
+                np.float64(alpha), np.float64(gamma), np.int32(bool(clip)), np.float64(eps), np.int32(bool(clamp)),
+                np.float64(log_clamp), loss_d if has_loss_d else _NULL, loss_o if has_loss_o else _NULL,
+                grad if has_grad else _NULL, np.int64(n), np.float64(loss_k))
+        mod.kernel(expr)((_flat_grid(n, _ELEM_THREADS, dev),), (_ELEM_THREADS,), args)
+
+
+def ce_probs(p, y, t, w, ignore_index, row_scale, scale, clip, eps, loss, grad, n_threads, has_y, has_t, has_w,
+             has_row_scale, has_grad, loss_k=0.0):
+    """Row losses (float64, times 2**loss_k) of cross-entropy from class probabilities `p` (N, C) into
+    `loss` and, when has_grad, the gradient into `grad` (may be `p`), as ``_binary.ce_probs`` for CuPy
+    arrays on the current device and stream.  Index targets `y` must be range-checked (the caller's).
+    A warp per row (binary.cu (d)).  `n_threads` is ignored."""
+    _check(p, "p", ndim=2)
+    if p.dtype not in _DTYPES:
+        raise TypeError(f"p: expected float32 or float64, got {p.dtype}")
+    N, C = p.shape
+    dev = p.device.id
+    _check_size(_check(loss, "loss", np.float64, 1, dev), "loss", N)
+    if has_y:
+        _check_size(_check(y, "y", np.int64, 1, dev), "y", N)
+    if has_t:
+        _check_size(_check(t, "t", p.dtype, 2, dev), "t", N * C)
+    if has_w:
+        _check_size(_check(w, "w", np.float64, 1, dev), "w", C)
+    if has_row_scale:
+        _check_size(_check(row_scale, "row_scale", np.float64, 1, dev), "row_scale", N)
+    if has_grad:
+        _check_size(_check(grad, "grad", p.dtype, 2, dev), "grad", N * C)
+    if N == 0 or C == 0:
+        return
+    with _cupy().cuda.Device(dev):
+        mod = _module(p.dtype, "binary.cu")
+        expr = f"xf_ce_probs_kernel<{_DTYPES[p.dtype]}>"
+        args = (p, y if has_y else _NULL, t if has_t else _NULL, w if has_w else _NULL, np.int64(ignore_index),
+                row_scale if has_row_scale else _NULL, np.float64(scale), np.int32(bool(clip)), np.float64(eps),
+                loss, grad if has_grad else _NULL, np.int64(N), np.int64(C), np.float64(loss_k))
+        mod.kernel(expr)((_flat_grid(N, _CE_ROWS, dev),), (_CE_TEAM * _CE_ROWS,), args)
+
+
+def tree_threads(nb):
+    """Threads of the dd_sum tree launch for nb partials: a power of two in [32, 1024], about one per
+    merge of the first level.  Never changes the bits."""
+    nt = 32
+    while nt < _TREE_THREADS and 2 * nt < nb:
+        nt *= 2
+    return nt
+
+
+def dd_sum_device(v):
+    """Double-double sum of a float64 CuPy vector, as ``_xent.dd_sum`` (the same bits: the fixed shape of
+    xentfast/ddsum.h): a 2-element float64 CuPy array (hi, lo), on v's device, computed on the current
+    stream without synchronizing."""
     cp = _cupy()
     _check(v, "v", np.float64, 1)
-    with cp.cuda.Device(v.device.id):
-        out = cp.zeros(2, dtype=np.float64)
-        _module(np.float64).kernel("xf_dd_sum_kernel")((1,), (1,), (v, np.int64(v.size), out))
-        hi, lo = out.get().tolist()
+    dev = v.device.id
+    with cp.cuda.Device(dev):
+        n = v.size
+        if n == 0:
+            return cp.zeros(2, dtype=np.float64)
+        out = cp.empty(2, dtype=np.float64)
+        nb = -(-n // XF_DDSUM_BLOCK)
+        part = cp.empty(2 * nb, dtype=np.float64)
+        mod = _module(np.float64, "reduce.cu")
+        mod.kernel("xf_ddsum_blocks_kernel")((_flat_grid(nb, _ROW_THREADS, dev),), (_ROW_THREADS,),
+                                             (v, np.int64(n), np.int64(nb), part))
+        mod.kernel("xf_ddsum_tree_kernel")((1,), (tree_threads(nb),), (part, np.int64(nb), out))
+        return out
+
+
+def dd_sum(v):
+    """Double-double sum of a float64 CuPy vector, as ``_xent.dd_sum``: (hi, lo) floats with the CPU's
+    bits.  Reading the result synchronizes the stream (see dd_sum_device)."""
+    hi, lo = dd_sum_device(v).get().tolist()
     return hi, lo
 
 
-def target_weight_sum(y, w, ignore_index, has_w):
+def target_weight_sum_device(y, w, ignore_index, has_w, C):
     """Sum of w[y_i] over rows with y_i != ignore_index (1 per row without weights), as
-    ``_xent.target_weight_sum``; labels must be range-checked.  Synchronizes the stream."""
+    ``_xent.target_weight_sum`` (same bits), as a 1-element float64 CuPy array computed on the current
+    stream without synchronizing.  Labels outside [0, C) that are not ignore_index are skipped, so none
+    reads outside `w` (the API rejects them anyway)."""
     cp = _cupy()
     _check(y, "y", np.int64, 1)
     if has_w:
-        _check(w, "w", np.float64, 1, y.device.id)
+        _check_size(_check(w, "w", np.float64, 1, y.device.id), "w", C)
     with cp.cuda.Device(y.device.id):
         out = cp.zeros(1, dtype=np.float64)
-        _module(np.float64).kernel("xf_target_weight_sum_kernel")(
-            (1,), (1,), (y, w if has_w else _NULL, np.int64(y.size), np.int64(ignore_index), out))
-        return float(out.get()[0])
+        if y.size == 0:
+            return out
+        _module(np.float64, "reduce.cu").kernel("xf_target_weight_sum_kernel")(
+            (1,), (1,), (y, w if has_w else _NULL, np.int64(y.size), np.int64(ignore_index), np.int64(C), out))
+        return out
+
+
+def target_weight_sum(y, w, ignore_index, has_w, C):
+    """target_weight_sum_device as a Python float (synchronizes the stream)."""
+    return float(target_weight_sum_device(y, w, ignore_index, has_w, C).get()[0])

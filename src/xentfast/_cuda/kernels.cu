@@ -50,8 +50,8 @@
  *     on nt and may differ from the CPU's.  It exists to measure what (c) costs (benchmarks) and how
  *     often the bits differ (tests/test_cuda.py, host model); it is not the default.
  * (h) Left out (not yet written): split rows for few rows of hundreds of thousands of classes (a row
- *     is limited by shared memory to ~3.2M classes), the binary/focal/probability families, a
- *     float32-native arithmetic path.  Rows stream from global memory three times (max, sum, gradient);
+ *     is limited by shared memory to ~3.2M classes), a float32-native arithmetic path.  The binary
+ *     family lives in binary.cu, the reductions (dd_sum, the `mean` denominator) in reduce.cu.  Rows stream from global memory three times (max, sum, gradient);
  *     cache_row = 1 keeps a row in shared memory instead when it fits (same bits).
  */
 #include "xentfast/softmax_row.h"
@@ -606,36 +606,6 @@ xf_softmax_family_kernel(const T *x, T *out, double *lse, long long N, long long
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
         xf_cu_family_row(team, x + row * C, out, lse, row, C, mode, cache_row, sc);
         __syncthreads();
-    }
-}
-
-/* Double-double sum of v in index order, as _xent.dd_sum: sequential on purpose (its order is the
- * CPU's), one thread.  out[0], out[1] = hi, lo. */
-__global__ void xf_dd_sum_kernel(const double *v, long long n, double *out)
-{
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        double hi = 0.0, lo = 0.0;
-        for (long long i = 0; i < n; i++) {
-            xf_dd_add(&hi, &lo, v[i], 0.0);
-        }
-        out[0] = hi;
-        out[1] = lo;
-    }
-}
-
-/* Sum of w[y_i] (1 without weights) over rows with y_i != ignore_index, as _xent.target_weight_sum;
- * out[0] = the rounded sum.  Labels must have been range-checked. */
-__global__ void xf_target_weight_sum_kernel(const long long *y, const double *w, long long n,
-                                            long long ignore_index, double *out)
-{
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        double hi = 0.0, lo = 0.0;
-        for (long long i = 0; i < n; i++) {
-            if (y[i] != ignore_index) {
-                xf_dd_add(&hi, &lo, w ? w[y[i]] : 1.0, 0.0);
-            }
-        }
-        out[0] = hi + lo;
     }
 }
 
