@@ -1089,13 +1089,15 @@ def test_model_target_weight_sum_matches_the_cpu_and_skips_bad_labels(binary_mod
     y = rng.integers(0, C, 5000).astype(np.int64)
     y[::7] = -100
     w = rng.uniform(0, 3, C)
-    assert binary_model.target_weight_sum(y, w, -100, C) == _xent.target_weight_sum(y, w, -100, True)
-    assert binary_model.target_weight_sum(y, None, -100, C) == _xent.target_weight_sum(y, w, -100, False)
+    assert binary_model.target_weight_sum(y, w, -100, C) == _xent.target_weight_sum(y, w, -100, True, C)
+    assert binary_model.target_weight_sum(y, None, -100, C) == _xent.target_weight_sum(y, w, -100, False, C)
     bad = y.copy()
     bad[::11] = C + 3          # out of range: skipped, never read
     bad[1::13] = -5
     keep = (bad >= 0) & (bad < C) | (bad == -100)
-    assert binary_model.target_weight_sum(bad, w, -100, C) == _xent.target_weight_sum(bad[keep], w, -100, True)
+    assert binary_model.target_weight_sum(bad, w, -100, C) == _xent.target_weight_sum(bad[keep], w, -100, True, C)
+    # the CPU sum skips them the same way
+    assert _xent.target_weight_sum(bad, w, -100, True, C) == _xent.target_weight_sum(bad[keep], w, -100, True, C)
 
 
 # ---- the launch wrappers without a GPU: a stand-in CuPy records each launch, the arguments are checked
@@ -1309,7 +1311,7 @@ def _check_reduction_launches(binary_model, cp, rec):
             named["y"].ctypes.data, None if named["w"] is None else named["w"].ctypes.data, named["n"],
             named["ignore_index"], named["C"])
         keep = ((y >= 0) & (y < 50)) | (y == -1)
-        assert got == _xent.target_weight_sum(y[keep], w, -1, has_w)
+        assert got == _xent.target_weight_sum(y[keep], w, -1, has_w, 50)
 
 
 def test_wrappers_reject_what_could_reach_a_kernel_wrongly():
@@ -1494,17 +1496,17 @@ def test_gpu_reductions_match_the_cpu():
     w = rng.uniform(0, 3, 50)
     for has_w in (False, True):
         assert _cuda.target_weight_sum(cp.asarray(y), cp.asarray(w), -100, has_w, 50) == \
-            _xent.target_weight_sum(y, w, -100, has_w)
+            _xent.target_weight_sum(y, w, -100, has_w, 50)
         dev = _cuda.target_weight_sum_device(cp.asarray(y), cp.asarray(w), -100, has_w, 50)
         assert isinstance(dev, cp.ndarray) and dev.shape == (1,) and dev.dtype == np.float64
-        assert float(dev.get()[0]) == _xent.target_weight_sum(y, w, -100, has_w)
+        assert float(dev.get()[0]) == _xent.target_weight_sum(y, w, -100, has_w, 50)
     # labels outside [0, C) are skipped, never read (the API raises on them before)
     bad = y.copy()
     bad[::11] = 50 + 10**9
     bad[1::13] = -5
     keep = ((bad >= 0) & (bad < 50)) | (bad == -100)
     assert _cuda.target_weight_sum(cp.asarray(bad), cp.asarray(w), -100, True, 50) == \
-        _xent.target_weight_sum(bad[keep], w, -100, True)
+        _xent.target_weight_sum(bad[keep], w, -100, True, 50)
 
 
 @pytest.mark.gpu
