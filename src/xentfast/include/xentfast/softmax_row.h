@@ -316,7 +316,8 @@ XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
  * low part through the derivative (log T where T = 1 + D is outside [1/2, 2]: nothing cancels there), or
  * D - D^2/2 for |D| < 2^-60, computed 2^600 up and rounded once on the way down (subnormal results).
  * Measured at most 0.9 ULP (float64) and 0.5 ULP (float32) on the tests' worst cases.
- * The cost, ~30x an ordinary row for step 1 and ~200x for 160 bits, falls only on such rows. */
+ * The cost, ~100x an ordinary row for step 1 and ~300x with 160 bits (a float64 row of log-probabilities),
+ * falls only on such rows. */
 
 /* lse = log(1 + D) for a double-double D with |D| >= 2^-61: log1p, the low part through the derivative,
  * while 1 + D is within [1/2, 2]; beyond, where log(1 + D) no longer cancels, log of 1 + D formed as a
