@@ -214,13 +214,64 @@ def test_rows_without_a_softmax_are_nan(dtype, row):
     assert np.isnan(xf.log_softmax(x)[0]).all() and np.isnan(xf.softmax(x)[0]).all()
 
 
+def _cancelling_row(c, steps, dtype, goal=0.0, overshoot=False, head=None):
+    """A row whose sum of exponentials comes as close to 1 + goal as the dtype allows: c - 1 equal logits
+    dtype(-log c) (or `head`), then up to `steps` more, each the logit (rounded down) of what the sum
+    still lacks, so that every one cancels about another mantissa of the residual (lse = log T,
+    T = sum exp x_j).  The last one is rounded up instead with `overshoot` (a positive result).  Stops
+    early once the residual is below goal / 2^20, or not positive."""
+    dtype = np.dtype(dtype).type
+    xs = [dtype(-np.log(c))] * (c - 1) if head is None else [dtype(v) for v in head]
+    with mpmath.workprec(4000):
+        target = 1 + mpmath.mpf(goal)
+        for k in range(steps + 1):
+            resid = target - mpmath.fsum(mpmath.exp(mpmath.mpf(float(v))) for v in xs)
+            if resid <= 0 or (goal and resid < abs(goal) * mpmath.mpf(2) ** -20):
+                break
+            t = dtype(float(mpmath.log(resid)))
+            up = overshoot and (k == steps)
+            if (mpmath.exp(mpmath.mpf(float(t))) > resid) != up:
+                t = np.nextafter(t, dtype(np.inf if up else -np.inf))
+            xs.append(t)
+    return np.array([xs], dtype=dtype)
+
+
+# lse = m + log S with m close to -log S: the result is far below |m|, down to the subnormals (each logit
+# of _cancelling_row cancels ~a mantissa more); the bound stays relative, in ULP of the result.
+CANCELLING_ROWS = (
+    [pytest.param(np.float64, lambda c=c: np.full((1, c), -np.log(c)), id=f"f64-{c}-equal-logits")
+     for c in (2, 3, 13, 15, 16, 17, 31, 32, 33, 255, 256, 257, 1000, 1023, 1024, 1025)]
+    + [pytest.param(np.float32, lambda c=c: np.full((1, c), -np.log(c), np.float32), id=f"f32-{c}-equal-logits")
+       for c in (2, 3, 13, 16, 17, 255, 256, 257, 1023, 1024, 1025)]
+    + [pytest.param(dt, lambda dt=dt, g=g: _cancelling_row(13, 4, dt, goal=g), id=f"{np.dtype(dt).name}-lse-{g:g}")
+       for dt in DTYPES for g in (1e-10, -1e-17, 1e-17, 1e-30)]
+    + [pytest.param(np.float64, lambda s=s, up=up: _cancelling_row(13, s, np.float64, overshoot=up),
+                    id=f"f64-13-chain-{s}{'-up' if up else ''}")
+       for s, up in [(1, False), (1, True), (2, False), (3, True), (5, False), (8, False), (12, True),
+                     (19, False), (20, False), (20, True), (21, False), (25, False)]]
+    + [pytest.param(np.float32, lambda s=s, up=up: _cancelling_row(13, s, np.float32, overshoot=up),
+                    id=f"f32-13-chain-{s}{'-up' if up else ''}")
+       for s, up in [(1, False), (1, True), (2, False), (3, True), (4, False), (5, False), (6, False),
+                     (6, True), (7, False)]]
+    + [pytest.param(np.float64, lambda: _cancelling_row(1000, 3, np.float64), id="f64-1000-chain-3"),
+       pytest.param(np.float64, lambda: _cancelling_row(2, 2, np.float64), id="f64-2-chain-2"),
+       pytest.param(np.float32, lambda: _cancelling_row(1000, 3, np.float32), id="f32-1000-chain-3")]
+)
+
+
+@pytest.mark.parametrize("dtype, make", CANCELLING_ROWS)
+def test_logsumexp_where_max_and_log_s_cancel_pinned(dtype, make):
+    x = make().astype(dtype)
+    assert np.abs(ref.logsumexp(x)[0]) < np.abs(np.max(x))  # the row does cancel
+    assert_ulp_close(xf.logsumexp(x), ref.logsumexp(x), BOUND[np.dtype(dtype)], inputs={"x": x})
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(data=st.data())
 @example(data=None)
 def test_logsumexp_where_max_and_log_s_cancel(dtype, data):
-    # lse = m + log S with m close to -log S: the result is far below |m|.  The documented bound there
-    # is 4 ULP of max x (README); float64 rows take the double-double path (xf_rowjob_exact_lse_f64),
-    # which is relative-accurate on the fixed rows below, but not for cancellations of ~60 bits
+    # searched rows near the cancellation: c logits around -log c, optionally followed by logits that
+    # cancel the residual further (_cancelling_row); the bound is relative, in ULP of the result
     x = np.array([[-np.log(2.0)] * 2 + [-np.inf] * 2, [-np.log(3.0)] * 3 + [-np.inf],
                   [-1.0986123, -1.0986123, -1.0986124, -50.0]], dtype=dtype)
     if data is not None:
@@ -228,9 +279,10 @@ def test_logsumexp_where_max_and_log_s_cancel(dtype, data):
         spread = data.draw(st.sampled_from([0.0, 1e-12, 1e-6, 1e-3, 0.3]))
         noise = data.draw(st.lists(st.floats(-1, 1), min_size=c, max_size=c))
         x = np.array([-np.log(c) + spread * np.array(noise)], dtype=dtype)
-        m = np.abs(np.max(x, axis=1)).astype(object)
-        assert_ulp_close(xf.logsumexp(x), ref.logsumexp(x), 4.0, scale=m, inputs={"x": x})
-        return
+        tail = data.draw(st.integers(0, 3))
+        if tail:
+            x = _cancelling_row(c, tail, dtype, overshoot=data.draw(st.booleans()), head=x[0, :-1])
+            x = x[:, data.draw(st.permutations(range(x.shape[1])))]
     assert_ulp_close(xf.logsumexp(x), ref.logsumexp(x), BOUND[np.dtype(dtype)], inputs={"x": x})
 
 

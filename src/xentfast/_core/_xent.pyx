@@ -50,6 +50,7 @@ cdef extern from "xent_kernels.h" nogil:
     double xf_rowjob_finish(xf_rowjob *job, const double *terms)
     void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
     double xf_rowjob_exact_lse_f64(const xf_rowjob *job, const double *x, long long C)
+    double xf_rowjob_exact_lse_f32(const xf_rowjob *job, const float *x, long long C)
     void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
     void xf_terms_merge(double *acc, const double *blk)
 
@@ -356,9 +357,11 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
         K64.row_max(x + i * C, C, &job)
         K64.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL)
     if lse != NULL:
-        lse[i] = _row_logsumexp(&job)
-        if floating is double:
-            lse[i] = xf_rowjob_exact_lse_f64(&job, x + i * C, C) if job.status == XF_ROW_OK else lse[i]
+        # rows where max x and log S cancel are redone to the result's own precision (softmax_row.h)
+        if floating is float:
+            lse[i] = xf_rowjob_exact_lse_f32(&job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(&job)
+        else:
+            lse[i] = xf_rowjob_exact_lse_f64(&job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(&job)
     if mode == 0:
         return
     if job.status != XF_ROW_OK:
