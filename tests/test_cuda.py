@@ -55,7 +55,9 @@ INSTANTIATE = """#include "kernels.cu"
 #define XF_INST(T) \\
 template __global__ void xf_softmax_xent_kernel<T>(const T *, const long long *, const T *, const double *, \\
     const double *, double *, T *, long long, long long, long long, double, double, double, double, int); \\
-template __global__ void xf_softmax_family_kernel<T>(const T *, T *, double *, long long, long long, int, int);
+template __global__ void xf_softmax_family_kernel<T>(const T *, T *, double *, unsigned char *, long long, \\
+    long long, int, int); \\
+template __global__ void xf_lse_exact_kernel<T>(const T *, double *, const unsigned char *, long long, long long);
 XF_INST(float)
 XF_INST(double)
 """
@@ -284,7 +286,8 @@ def parse_ptxas(log):
 def _report(title, usage):
     print(f"\n{title}")
     for k, (regs, st_, ld) in sorted(usage.items()):
-        print(f"  {k:70s} {regs:4d} registers, spills {st_}/{ld} bytes")
+        where = f"{regs:4d} registers" if regs is not None else "(device function)"
+        print(f"  {k:70s} {where}, spills {st_}/{ld} bytes")
 
 
 @pytest.mark.nvcc
@@ -297,9 +300,13 @@ def test_nvcc_cubin_sm90_no_spills(tmp_path, order):
     _report(f"nvcc -cubin -arch=sm_90 (XF_CU_TREE_ORDER={order}):", usage)
     kernels = [k for k in usage if "xf_softmax" in k]
     assert len(kernels) == 4, usage
-    assert all(u[0] is not None for u in usage.values()), log
+    assert all(usage[k][0] is not None for k in kernels), log
+    # the exact logsumexp of cancelling rows (a rare path, its own kernel and an out-of-line function
+    # with multi-word integer arrays) may use local memory; the row kernels must not spill
+    exact = [k for k in usage if "xf_lse_exact_kernel" in k or "xf_lse_cancelling" in k]
+    assert len([k for k in exact if "kernel" in k]) == 2, usage
     if order == 0:  # the shipped configuration must not spill; the counterfactual is only reported
-        spilling = {k: u for k, u in usage.items() if u[1] or u[2]}
+        spilling = {k: usage[k] for k in kernels if usage[k][1] or usage[k][2]}
         assert not spilling, f"register spills: {spilling}"
 
 
@@ -380,8 +387,11 @@ def test_nvrtc_registers_and_no_spills(dtype, source):
     usage = parse_ptxas(res.log)
     _report(f"NVRTC {_nvrtc.version()} -arch=sm_90, production options ({source}, {np.dtype(dtype).name}):",
             usage)
-    assert set(usage) == set(res.lowered.values())
-    assert not {k: u for k, u in usage.items() if u[1] or u[2]}
+    kernels = set(res.lowered.values())
+    assert kernels <= set(usage)
+    # besides the kernels only the out-of-line exact logsumexp (a rare path, kernels.cu) may appear
+    assert all("xf_lse_cancelling" in k for k in set(usage) - kernels), usage
+    assert not {k: usage[k] for k in kernels if usage[k][1] or usage[k][2]}
 
 
 @needs_nvrtc

@@ -582,11 +582,14 @@ def logsumexp(input, axis=-1, *, n_threads=None):
 
     Error bound
     -----------
-    <= 2 ULP (float32), <= 4 ULP (float64), except where ``max x`` and ``log S`` cancel
-    (``|lse| < |max x|``, which needs ``max x`` in ``[-log C, 0)``): there 4 ULP of ``max x``.  Float64
-    rows with ``|lse| < |max x| / 2`` are recomputed in double-double (about 100x an ordinary row),
-    which keeps the relative bound unless the cancellation reaches ~50 bits (e.g. C equal logits
-    ``-log C``); a relative bound everywhere is open.
+    <= 2 ULP (float32), <= 4 ULP (float64) on every row, relative to the result (subnormal spacing
+    below the normals).  Where ``max x`` and ``log S`` cancel (``log S > 2 |lse|``, possible only for
+    ``max x`` in ``[-1.5 log C, 0)``; e.g. a row of log-probabilities, whose lse is ~1e-16, or rows
+    whose lse is subnormal) the row is recomputed as ``log1p(sum(exp(x)) - 1)`` at rising precision
+    (double-double, then 160-, 480- and 1216-bit fixed point) until a proven error bound is small
+    enough; such rows cost about 100x (float32) to 300x (float64) an ordinary row, other rows nothing.
+    The fixed-point steps hold rows of fewer than 2**32 classes; a cancelling row wider than that keeps
+    the double-double value, whose bound is not proven.
     """
     return _softmax_family(input, axis, n_threads, 0)
 

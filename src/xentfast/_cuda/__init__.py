@@ -181,7 +181,7 @@ def name_expressions(dtype, source="kernels.cu"):
     """The kernels of `source` instantiated for `dtype` (reduce.cu: none depends on it)."""
     t = _DTYPES[np.dtype(dtype)]
     if _source_name(source) == "kernels.cu":
-        return (f"xf_softmax_xent_kernel<{t}>", f"xf_softmax_family_kernel<{t}>")
+        return (f"xf_softmax_xent_kernel<{t}>", f"xf_softmax_family_kernel<{t}>", f"xf_lse_exact_kernel<{t}>")
     if source == "binary.cu":
         return tuple(f"xf_bin_elementwise_kernel<{t}, {op}>" for op in _OPS) + (f"xf_ce_probs_kernel<{t}>",)
     return ("xf_ddsum_blocks_kernel", "xf_ddsum_tree_kernel", "xf_target_weight_sum_kernel")
@@ -448,13 +448,19 @@ def softmax_family(x, out, lse, mode, n_threads, has_lse):
         _check(lse, "lse", np.float64, 1, dev)
     if N == 0 or C == 0:
         return
-    with _cupy().cuda.Device(dev):
+    cp = _cupy()
+    with cp.cuda.Device(dev):
         mod = _module(x.dtype)
         expr = f"xf_softmax_family_kernel<{_DTYPES[x.dtype]}>"
         nt, cache, smem = _launch_config(mod, expr, C, x.dtype.itemsize)
-        args = (x, out if mode != 0 else _NULL, lse if has_lse else _NULL, np.int64(N), np.int64(C),
-                np.int32(mode), np.int32(cache))
+        # rows whose logsumexp cancels are flagged here and recomputed by a second kernel (kernels.cu)
+        redo = cp.empty(N, dtype=np.uint8) if has_lse else None
+        args = (x, out if mode != 0 else _NULL, lse if has_lse else _NULL, redo if has_lse else _NULL, np.int64(N),
+                np.int64(C), np.int32(mode), np.int32(cache))
         mod.kernel(expr)((_grid(N),), (nt,), args, shared_mem=smem)
+        if has_lse:
+            mod.kernel(f"xf_lse_exact_kernel<{_DTYPES[x.dtype]}>")(
+                (min(-(-N // 128), 65535),), (128,), (x, lse, redo, np.int64(N), np.int64(C)))
 
 
 def elementwise(op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore, alpha, gamma, clip,

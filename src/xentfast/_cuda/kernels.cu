@@ -74,13 +74,12 @@ XF_HD double xf_cu_load(double v) { return v; }
 XF_HD void xf_cu_store(float *p, double v) { *p = (float)v; }
 XF_HD void xf_cu_store(double *p, double v) { *p = v; }
 
-/* the row's logsumexp output: float64 rows where m and log S cancel take the exact path
- * (xentfast/softmax_row.h), as the CPU does; float rows keep job->lse */
-XF_HD double xf_cu_exact_lse(const xf_rowjob *job, const float *, long long) { return job->lse; }
-XF_HD double xf_cu_exact_lse(const xf_rowjob *job, const double *x, long long C)
-{
-    return xf_rowjob_exact_lse_f64(job, x, C);
-}
+/* The logsumexp of a row where m and log S cancel (xentfast/softmax_row.h xf_rowjob_lse_cancels):
+ * recomputed at rising precision, as the CPU's xf_rowjob_exact_lse_f32/_f64 do.  On the GPU this runs
+ * in its own kernel, xf_lse_exact_kernel, on the rows the family kernel flagged: the fixed-point path's
+ * limb arrays and registers would otherwise weigh on every row of the hot kernel (spills). */
+XF_HD double xf_cu_lse_cancelling(const float *x, long long C) { return xf_lse_cancelling(x, 0, C, 1); }
+XF_HD double xf_cu_lse_cancelling(const double *x, long long C) { return xf_lse_cancelling(0, x, C, 0); }
 
 /* exp(x - m) as the CPU's storage type sees it (softmax_rows.h xf_exp_minus, instantiated per type) */
 XF_HD double xf_cu_exp_minus(float x, double m) { return xf_exp_minus_f32(x, m); }
@@ -506,10 +505,11 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
 }
 
 /* One row of the family: lse[row] (when lse) and, for mode 1 / 2, log_softmax / softmax of the row
- * (as _xent.pyx _softmax_family_row with softmax_rows.h xf_log_softmax_block / xf_softmax_block). */
+ * (as _xent.pyx _softmax_family_row with softmax_rows.h xf_log_softmax_block / xf_softmax_block).
+ * With lse, redo[row] says whether the row cancels: xf_lse_exact_kernel then replaces lse[row]. */
 template <typename T, typename Team>
-XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse, long long row, long long C,
-                            int mode, int cache_row, const xf_cu_scratch &sc)
+XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse, unsigned char *redo,
+                            long long row, long long C, int mode, int cache_row, const xf_cu_scratch &sc)
 {
     const int nt = team.nt;
     const T *x = cache_row ? xf_cu_cache_row(team, xrow, C, sc) : xrow;
@@ -528,7 +528,8 @@ XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse
         const int ok = (job->status == XF_ROW_OK);
         if (tid == 0 && lse) {
             /* the limits: all -inf sums to 0 (lse -inf), +inf gives +inf, NaN stays NaN */
-            lse[row] = ok ? xf_cu_exact_lse(job, xrow, C) : (job->has_nan ? XF_NAN : job->m);
+            lse[row] = ok ? job->lse : (job->has_nan ? XF_NAN : job->m);
+            redo[row] = (unsigned char)(ok && xf_rowjob_lse_cancels(job));
         }
         if (mode == 0) {
             return;
@@ -597,15 +598,30 @@ xf_softmax_xent_kernel(const T *x, const long long *y, const T *t, const double 
 /* log_softmax (mode 1), softmax (mode 2), logsumexp only (mode 0), as _xent.softmax_family. */
 template <typename T>
 __global__ void __launch_bounds__(XF_CU_MAX_THREADS)
-xf_softmax_family_kernel(const T *x, T *out, double *lse, long long N, long long C, int mode, int cache_row)
+xf_softmax_family_kernel(const T *x, T *out, double *lse, unsigned char *redo, long long N, long long C, int mode,
+                         int cache_row)
 {
     extern __shared__ double xf_cu_smem[];
     __shared__ xf_rowjob job;
     const xf_cu_scratch sc = xf_cu_scratch_layout(xf_cu_smem, &job, (int)blockDim.x, C);
     const xf_cu_device_team team = {(int)threadIdx.x, (int)blockDim.x};
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        xf_cu_family_row(team, x + row * C, out, lse, row, C, mode, cache_row, sc);
+        xf_cu_family_row(team, x + row * C, out, lse, redo, row, C, mode, cache_row, sc);
         __syncthreads();
+    }
+}
+
+/* The exact logsumexp of the rows xf_softmax_family_kernel flagged in redo: a thread per row,
+ * grid-stride.  Flagged rows are rare (a row of log-probabilities, say), and each costs ~100-300 row
+ * passes; the others cost one byte read. */
+template <typename T>
+__global__ void xf_lse_exact_kernel(const T *x, double *lse, const unsigned char *redo, long long N, long long C)
+{
+    for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < N;
+         row += (long long)gridDim.x * blockDim.x) {
+        if (redo[row]) {
+            lse[row] = xf_cu_lse_cancelling(x + row * C, C);
+        }
     }
 }
 

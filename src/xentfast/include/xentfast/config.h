@@ -20,6 +20,9 @@
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #  define XF_CUDA 1
 #  define XF_HD __host__ __device__ __forceinline__
+   /* rare, heavy paths (exact logsumexp of cancelling rows): kept out of line so that their registers
+    * and local arrays do not weigh on the hot kernel (no spills there, tests/test_cuda.py) */
+#  define XF_HD_COLD __host__ __device__ __noinline__
 #  define XF_RESTRICT __restrict__
 #  if !defined(__CUDACC_RTC__)
 #    include <string.h>
@@ -29,8 +32,10 @@
 #  include <string.h>
 #  if defined(__GNUC__)
 #    define XF_HD static inline __attribute__((always_inline))
+#    define XF_HD_COLD static __attribute__((noinline, cold, unused))
 #  else
 #    define XF_HD static inline
+#    define XF_HD_COLD static
 #  endif
 #  if defined(__cplusplus)
 #    define XF_RESTRICT __restrict__

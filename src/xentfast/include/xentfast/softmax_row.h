@@ -413,12 +413,18 @@ XF_HD int xf_lse_step_fixed(const float *xf, const double *xd, long long C, int 
 
 /* logsumexp of a cancelling row (x as float or as double, the other pointer NULL), to a float32
  * (is_f32) or float64 result's needs. */
-XF_HD double xf_lse_cancelling(const float *xf, const double *xd, long long C, int is_f32)
+XF_HD_COLD double xf_lse_cancelling(const float *xf, const double *xd, long long C, int is_f32)
 {
     double rel = is_f32 ? 0x1p34 : 0x1p56;
     double floor_s = is_f32 ? 0x1p447 : 0x1p-477; /* 2^-153, 2^-1077, times 2^600 */
     double out = 0.0;
     if (xf_lse_step_dd(xf, xd, C, rel, &out)) {
+        return out;
+    }
+    if (C >= 0x100000000LL) {
+        /* the fixed-point integer limb holds sums below 2^32: wider rows keep the double-double value
+         * (rel = 0 accepts it), whose bound is not proven; documented in logsumexp's docstring */
+        xf_lse_step_dd(xf, xd, C, 0.0, &out);
         return out;
     }
     if (xf_lse_step_fixed(xf, xd, C, 5, rel, floor_s, 0, &out)) {
