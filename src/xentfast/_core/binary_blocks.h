@@ -157,7 +157,21 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
     double gbuf[XF_BIN_BLOCK];
     XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
-    XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+    /* unswitched on the loop-invariant tests of binary.h (gamma = 0, alpha < 0): inside each branch the
+     * compiler knows their outcome, and gcc does not vectorize a select on an invariant condition */
+    if (a->gamma == 0.0) {
+        if (a->alpha < 0.0) {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+        } else {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+        }
+    } else {
+        if (a->alpha < 0.0) {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+        } else {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+        }
+    }
 }
 
 /* ---- BCE from probabilities --------------------------------------------------------------------------- */
