@@ -69,7 +69,8 @@ XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_make)(const XF_T *x, const XF_T
 /* ---- BCE with logits ---------------------------------------------------------------------------------- */
 
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                          const int want_d, const int want_o, const int want_g)
+                                          const int unweighted, const int want_d, const int want_o,
+                                          const int want_g)
 {
     const XF_T *x = b.x, *t = b.t;
     const double *w = b.w, *q = b.q, *g = b.g;
@@ -85,7 +86,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
         int ign = has_ignore & (y == ignore);
         xf_bin_logit p = xf_bin_logit_pieces(xv);
         if (want_d | want_o) {
-            double v = xf_bin_bce_logits_loss(p, y, w[j], q[j], loss_k);
+            double v = xf_bin_bce_logits_loss(p, y, unweighted ? 1.0 : w[j], unweighted ? 1.0 : q[j], loss_k);
             v = ign ? 0.0 : v;
             if (want_d) {
                 ld[j] = v;
@@ -95,7 +96,8 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
             }
         }
         if (want_g) {
-            double gv = xf_bin_bce_logits_grad(p, y, w[j], q[j], scale * g[j]);
+            double gv = xf_bin_bce_logits_grad(p, y, unweighted ? 1.0 : w[j], unweighted ? 1.0 : q[j],
+                                               scale * g[j]);
             gr[j] = (XF_T)(ign ? 0.0 : gv);
         }
     }
@@ -110,7 +112,11 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     b.w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
     b.q = xf_bin_gather(a->pw, a->pw_div, a->pw_mod, a->pw_full, off, n, pwbuf);
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
-    XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a);
+    if (a->w == 0 && a->pw == 0) {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1);
+    } else {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0);
+    }
 }
 
 /* ---- sigmoid focal loss ------------------------------------------------------------------------------- */
@@ -177,7 +183,8 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
 /* ---- BCE from probabilities --------------------------------------------------------------------------- */
 
 XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                        const int want_d, const int want_o, const int want_g)
+                                        const int unweighted, const int want_d, const int want_o,
+                                        const int want_g)
 {
     const XF_T *x = b.x, *t = b.t;
     const double *w = b.w, *g = b.g;
@@ -193,7 +200,7 @@ XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, con
         double y = (double)t[j];
         int ign = has_ignore & (y == ignore);
         if (want_d | want_o) {
-            double v = xf_bin_bce_prob_loss(pv, y, w[j], &m, loss_k);
+            double v = xf_bin_bce_prob_loss(pv, y, unweighted ? 1.0 : w[j], &m, loss_k);
             v = ign ? 0.0 : v;
             if (want_d) {
                 ld[j] = v;
@@ -203,7 +210,7 @@ XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, con
             }
         }
         if (want_g) {
-            double gv = xf_bin_bce_prob_grad(pv, y, w[j], scale * g[j], &m);
+            double gv = xf_bin_bce_prob_grad(pv, y, unweighted ? 1.0 : w[j], scale * g[j], &m);
             gr[j] = (XF_T)(ign ? 0.0 : gv);
         }
     }
@@ -217,7 +224,11 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
     b.w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
-    XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a);
+    if (a->w == 0) {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1);
+    } else {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0);
+    }
 }
 
 /* Cross-entropy from class probabilities, one row of C classes.
