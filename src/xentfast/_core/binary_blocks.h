@@ -11,9 +11,12 @@
  * the wanted outputs as compile-time flags; the block function calls it once per combination, so each
  * instance is a straight loop without output tests (unswitched by hand: gcc would not vectorize the
  * loop with the pointer tests inside).  A missing per-element upstream factor is a block of ones
- * (scale * 1 = scale exactly) and a missing weight a block of ones, as before, so no instance tests a
- * pointer per element.  Loss_d and loss_o together (no caller asks for both) run the loss_d instance
- * and convert: (XF_T)v of the same v.
+ * (scale * 1 = scale exactly), so no instance tests a pointer per element; without weight and
+ * pos_weight an "unweighted" instance passes the constant 1.0 (the value the block of ones held), which
+ * lets the compiler drop their exponent splits and zero tests.  Loss_d and loss_o together (no caller
+ * asks for both) run the loss_d instance and convert: (XF_T)v of the same v.
+ * What does not vectorize: the probability-target loop of CE from class probabilities (its compensated
+ * sum runs in class order; lanes would change the bits).
  */
 
 #define XF_BIN_CAT_(a, b) a##_##b
