@@ -64,3 +64,116 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
     x[0, 7] = 800.0
     y = rng.integers(0, x.shape[1], size=6)
     _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(x, y, reduction="none", n_threads=2)))
+
+
+# ---- binary family ----------------------------------------------------------------------------------------
+# The binary kernels follow the same path selection; here "same bits" is checked on the raw encodings
+# (signed zeros and NaN payloads included).
+
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from xentfast._core import _binary  # noqa: E402
+from xentfast.testing import (binary_targets, binary_xent_cases, element_weights,  # noqa: E402
+                              unit_probabilities)
+
+
+def _bits(a):
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.dtype, a.shape, a.tobytes()
+
+
+def _assert_same_bits(results):
+    base = results["baseline"]
+    for path, res in results.items():
+        for a, b in zip(res, base):
+            assert _bits(a) == _bits(b), path
+
+
+def test_binary_kernels_follow_the_selected_path(restore_path):
+    for path in PATHS:
+        _xent.set_cpu_path(path)
+        assert _binary.cpu_path() == path
+
+
+FOCAL = st.tuples(st.sampled_from([0.25, -1.0, 0.0, 1.0, 0.7]), st.sampled_from([2.0, 0.0, 0.5, 1.0, 3.7]))
+PROB_MODES = st.sampled_from([dict(), dict(eps=1e-7), dict(eps=0.1), dict(log_clamp=-100.0), dict(log_clamp=-5.0)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@given(data=st.data())
+def test_binary_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
+    case = data.draw(binary_xent_cases(dtype))
+    x, t = case.logits, case.target
+    kw = dict(weight=case.weight, pos_weight=case.pos_weight, ignore_index=case.ignore_index)
+    go = data.draw(hnp.arrays(dtype, x.shape, elements=st.floats(-4, 4, width=np.dtype(dtype).itemsize * 8)))
+    _assert_same_bits(_on_each_path(lambda: (
+        *xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction="none", **kw),
+        xf.binary_cross_entropy_with_logits_backward(go, x, t, reduction="none", **kw),
+        xf.binary_cross_entropy_with_logits(x, t, reduction="mean", **kw))))
+    alpha, gamma = data.draw(FOCAL)
+    y = np.where(t == case.ignore_index, 0, t).astype(dtype) if case.ignore_index is not None else t
+    _assert_same_bits(_on_each_path(lambda: (
+        *xf.sigmoid_focal_loss_with_grad(x, y, alpha, gamma, reduction="none"),
+        xf.sigmoid_focal_loss_backward(go, x, y, alpha, gamma, reduction="none"),
+        xf.sigmoid_focal_loss(x, y, alpha, gamma, reduction="sum"))))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@given(data=st.data())
+def test_binary_prob_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
+    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=10))
+    p = data.draw(unit_probabilities(shape, dtype))
+    t = data.draw(binary_targets(shape, dtype))
+    w = data.draw(element_weights(shape, dtype))
+    mode = data.draw(PROB_MODES)
+    _assert_same_bits(_on_each_path(lambda: (
+        *xf.binary_cross_entropy_with_grad(p, t, w, reduction="none", **mode),
+        xf.binary_cross_entropy(p, t, w, reduction="mean", **mode))))
+    rows = p.reshape(p.shape[0], -1)
+    if rows.shape[1] > 1:
+        y = np.argmax(rows, axis=1)
+        _assert_same_bits(_on_each_path(lambda: xf.cross_entropy_from_probs_with_grad(rows, y, reduction="none")))
+
+
+def _long_binary_problem(dtype, n=7 * (3 * 1024 + 5)):
+    # several kernel blocks and a partial one, every kind of value mixed in
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(n) * rng.choice([1.0, 4.0, 30.0, 800.0], n)
+    x[::17] = rng.choice([0.0, -0.0, 5e-324, 1e-300, 36.7, -745.5, 1e300, np.inf, -np.inf, np.nan], x[::17].size)
+    t = rng.random(n)
+    t[::2] = np.round(t[::2])
+    t[::11] = rng.choice([1e-300, 5e-324, 1 - 2**-53], t[::11].size)
+    t[::13] = -1
+    with np.errstate(over="ignore"):
+        return x.astype(dtype).reshape(-1, 7), t.astype(dtype).reshape(-1, 7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_binary_paths_agree_bitwise_on_long_arrays(restore_path, dtype):
+    x, t = _long_binary_problem(dtype)
+    rng = np.random.default_rng(12)
+    w = rng.random(7) * np.array([0, 1, 2, 1e-310, 1e300, 3, 1])
+    q = rng.random((x.shape[0], 1)) * 3
+    go = rng.standard_normal(x.shape).astype(dtype)
+    y = np.where(t < 0, 0, t).astype(dtype)
+    p = np.where(np.isnan(x), 0.5, 1 / (1 + np.exp(-np.clip(x.astype(np.float64), -700, 700)))).astype(dtype)
+
+    def run():
+        out = []
+        for weights in (dict(), dict(weight=w, pos_weight=q)):
+            out += xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction="none", ignore_index=-1,
+                                                                 n_threads=2, **weights)
+            out.append(xf.binary_cross_entropy_with_logits_backward(go, x, t, reduction="none", ignore_index=-1,
+                                                                    n_threads=2, **weights))
+            out += xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction="mean", ignore_index=-1,
+                                                                 n_threads=2, **weights)
+        for alpha, gamma in ((0.25, 2.0), (-1.0, 0.0), (0.7, 0.5)):
+            out += xf.sigmoid_focal_loss_with_grad(x, y, alpha, gamma, reduction="none", n_threads=2)
+            out += xf.sigmoid_focal_loss_with_grad(x, y, alpha, gamma, reduction="mean", n_threads=2)
+        for mode in (dict(), dict(eps=1e-7), dict(log_clamp=-100.0)):
+            for weight in (None, w):
+                out += xf.binary_cross_entropy_with_grad(p, y, weight, reduction="none", n_threads=2, **mode)
+                out += xf.binary_cross_entropy_with_grad(p, y, weight, reduction="sum", n_threads=2, **mode)
+        return out
+
+    _assert_same_bits(_on_each_path(run))

@@ -19,6 +19,8 @@
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t
 
+from xentfast._core import _xent
+
 cdef extern from "binary_kernels.h" nogil:
     enum: XF_BIN_BLOCK
     ctypedef struct xf_bin_prob_mode:
@@ -41,23 +43,26 @@ cdef extern from "binary_kernels.h" nogil:
         xf_bin_prob_mode mode
         double loss_k
     void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c)
-    void xf_bce_logits_block_f32(const float *x, const float *t, long long off, long long n,
-                                 const xf_bin_args *a, double *loss_d, float *loss_o, float *grad)
-    void xf_bce_logits_block_f64(const double *x, const double *t, long long off, long long n,
-                                 const xf_bin_args *a, double *loss_d, double *loss_o, double *grad)
-    void xf_focal_block_f32(const float *x, const float *t, long long off, long long n,
-                            const xf_bin_args *a, double *loss_d, float *loss_o, float *grad)
-    void xf_focal_block_f64(const double *x, const double *t, long long off, long long n,
-                            const xf_bin_args *a, double *loss_d, double *loss_o, double *grad)
-    void xf_bce_prob_block_f32(const float *x, const float *t, long long off, long long n,
-                               const xf_bin_args *a, double *loss_d, float *loss_o, float *grad)
-    void xf_bce_prob_block_f64(const double *x, const double *t, long long off, long long n,
-                               const xf_bin_args *a, double *loss_d, double *loss_o, double *grad)
-    double xf_ce_probs_row_f32(const float *p, long long C, long long y, double w_y, const float *t,
-                               const double *w, double s, const xf_bin_prob_mode *m, double loss_k, float *grad)
-    double xf_ce_probs_row_f64(const double *p, long long C, long long y, double w_y, const double *t,
-                               const double *w, double s, const xf_bin_prob_mode *m, double loss_k,
-                               double *grad)
+    ctypedef struct xf_binary_table_f32:
+        void (*bce_logits_block)(const float *, const float *, long long, long long, const xf_bin_args *,
+                                 double *, float *, float *) noexcept nogil
+        void (*focal_block)(const float *, const float *, long long, long long, const xf_bin_args *,
+                            double *, float *, float *) noexcept nogil
+        void (*bce_prob_block)(const float *, const float *, long long, long long, const xf_bin_args *,
+                               double *, float *, float *) noexcept nogil
+        double (*ce_probs_row)(const float *, long long, long long, double, const float *, const double *,
+                               double, const xf_bin_prob_mode *, double, float *) noexcept nogil
+    ctypedef struct xf_binary_table_f64:
+        void (*bce_logits_block)(const double *, const double *, long long, long long, const xf_bin_args *,
+                                 double *, double *, double *) noexcept nogil
+        void (*focal_block)(const double *, const double *, long long, long long, const xf_bin_args *,
+                            double *, double *, double *) noexcept nogil
+        void (*bce_prob_block)(const double *, const double *, long long, long long, const xf_bin_args *,
+                               double *, double *, double *) noexcept nogil
+        double (*ce_probs_row)(const double *, long long, long long, double, const double *,
+                               const double *, double, const xf_bin_prob_mode *, double, double *) noexcept nogil
+    const xf_binary_table_f32 *xf_binary_table_for_f32(int path)
+    const xf_binary_table_f64 *xf_binary_table_for_f64(int path)
 
 ctypedef fused floating:
     float
@@ -69,22 +74,45 @@ OP_BCE_PROB = 2
 BLOCK = XF_BIN_BLOCK
 
 
+# The CPU code path is the softmax family's (one selection for the package: XENTFAST_CPU at import,
+# _xent.set_cpu_path in tests); every call looks it up, so a change there applies here too.  Both paths
+# give the same bits (binary_kernels.h).  The path codes are _xent's too (xent_kernels.h's enum).
+cdef const xf_binary_table_f32 *B32 = xf_binary_table_for_f32(0)
+cdef const xf_binary_table_f64 *B64 = xf_binary_table_for_f64(0)
+_current_path = "baseline"
+
+
+cdef _follow_cpu_path():
+    global B32, B64, _current_path
+    name = _xent.cpu_path()
+    if name != _current_path:
+        B32 = xf_binary_table_for_f32(_xent._PATHS[name])
+        B64 = xf_binary_table_for_f64(_xent._PATHS[name])
+        _current_path = name
+
+
+def cpu_path():
+    """The code path the binary kernels run (always the softmax family's, xentfast._core._xent.cpu_path())."""
+    _follow_cpu_path()
+    return _current_path
+
+
 cdef void _block(int op, const floating *x, const floating *t, Py_ssize_t off, Py_ssize_t n,
                  const xf_bin_args *a, double *loss_d, floating *loss_o, floating *grad) noexcept nogil:
     if floating is float:
         if op == 0:
-            xf_bce_logits_block_f32(x, t, off, n, a, loss_d, loss_o, grad)
+            B32.bce_logits_block(x, t, off, n, a, loss_d, loss_o, grad)
         elif op == 1:
-            xf_focal_block_f32(x, t, off, n, a, loss_d, loss_o, grad)
+            B32.focal_block(x, t, off, n, a, loss_d, loss_o, grad)
         else:
-            xf_bce_prob_block_f32(x, t, off, n, a, loss_d, loss_o, grad)
+            B32.bce_prob_block(x, t, off, n, a, loss_d, loss_o, grad)
     else:
         if op == 0:
-            xf_bce_logits_block_f64(x, t, off, n, a, loss_d, loss_o, grad)
+            B64.bce_logits_block(x, t, off, n, a, loss_d, loss_o, grad)
         elif op == 1:
-            xf_focal_block_f64(x, t, off, n, a, loss_d, loss_o, grad)
+            B64.focal_block(x, t, off, n, a, loss_d, loss_o, grad)
         else:
-            xf_bce_prob_block_f64(x, t, off, n, a, loss_d, loss_o, grad)
+            B64.bce_prob_block(x, t, off, n, a, loss_d, loss_o, grad)
 
 
 def elementwise(int op, const floating[::1] x, const floating[::1] t,
@@ -110,6 +138,7 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     cdef floating *gp = NULL
     if n == 0:
         return
+    _follow_cpu_path()
     a.w = &w[0] if has_w else NULL
     a.w_div = w_div
     a.w_mod = w_mod
@@ -160,9 +189,9 @@ cdef double _ce_probs_one_row(const floating *p, Py_ssize_t C, Py_ssize_t i, con
     if row_scale != NULL:
         s = s * row_scale[i]
     if floating is float:
-        return xf_ce_probs_row_f32(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, loss_k, gr)
+        return B32.ce_probs_row(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, loss_k, gr)
     else:
-        return xf_ce_probs_row_f64(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, loss_k, gr)
+        return B64.ce_probs_row(p + i * C, C, yi, w_y, t + i * C if t != NULL else NULL, w, s, m, loss_k, gr)
 
 
 def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, ::1] t, const double[::1] w,
@@ -187,6 +216,7 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
     if has_grad:
         gp = &grad[0, 0]
     xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0)
+    _follow_cpu_path()
     with nogil:
         for i in prange(N, schedule="static", num_threads=n_threads):
             loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, loss_k, gp)

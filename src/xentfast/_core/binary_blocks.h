@@ -1,92 +1,236 @@
-/* Element loops of the binary family for one storage type; included by binary_kernels.h with XF_T and
- * XF_SFX defined.  All arithmetic is double and comes from xentfast/binary.h.
+/* Element loops of the binary family for one storage type and one CPU code path; included by
+ * binary_kernels.h with XF_T (storage type), XF_SFX (name suffix) and XF_KERNEL (linkage plus the path's
+ * target attribute) defined.  All arithmetic is double and comes from xentfast/binary.h.
  *
  * Every block function takes the outputs it should produce as pointers, NULL for the ones not wanted:
  * loss_d (double, for reductions), loss_o (storage type, reduction="none") and grad (storage type, may
  * alias x).  The forward, the backward and the fused call run the same per-element expressions, so
  * they give the same bits.
+ *
+ * Vectorization: the per-element loop is a `#pragma omp simd` loop in an always-inlined body that takes
+ * the wanted outputs as compile-time flags; the block function calls it once per combination, so each
+ * instance is a straight loop without output tests (unswitched by hand: gcc would not vectorize the
+ * loop with the pointer tests inside).  A missing per-element upstream factor is a block of ones
+ * (scale * 1 = scale exactly), so no instance tests a pointer per element; without weight and
+ * pos_weight an "unweighted" instance passes the constant 1.0 (the value the block of ones held), which
+ * lets the compiler drop their exponent splits and zero tests.  Loss_d and loss_o together (no caller
+ * asks for both) run the loss_d instance and convert: (XF_T)v of the same v.
+ * What does not vectorize: the probability-target loop of CE from class probabilities (its compensated
+ * sum runs in class order; lanes would change the bits).
  */
 
 #define XF_BIN_CAT_(a, b) a##_##b
 #define XF_BIN_CAT(a, b) XF_BIN_CAT_(a, b)
 #define XF_BIN_FN(name) XF_BIN_CAT(name, XF_SFX)
 
-/* the upstream factor of element i */
-#define XF_BIN_UPSTREAM(a, i) ((a)->g ? (a)->scale * (a)->g[i] : (a)->scale)
+/* the five output combinations, as (want loss_d, want loss_o, want grad) */
+#define XF_BIN_UNSWITCH(body, ...)                                                                        \
+    do {                                                                                                  \
+        if (grad) {                                                                                       \
+            if (loss_d) {                                                                                 \
+                body(__VA_ARGS__, 1, 0, 1);                                                               \
+            } else if (loss_o) {                                                                          \
+                body(__VA_ARGS__, 0, 1, 1);                                                               \
+            } else {                                                                                      \
+                body(__VA_ARGS__, 0, 0, 1);                                                               \
+            }                                                                                             \
+        } else if (loss_d) {                                                                              \
+            body(__VA_ARGS__, 1, 0, 0);                                                                   \
+        } else if (loss_o) {                                                                              \
+            body(__VA_ARGS__, 0, 1, 0);                                                                   \
+        }                                                                                                 \
+        if (loss_d && loss_o) {                                                                           \
+            long long j_;                                                                                 \
+            for (j_ = 0; j_ < n; j_++) {                                                                  \
+                loss_o[off + j_] = (XF_T)loss_d[off + j_];                                                \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
 
-XF_HD void XF_BIN_FN(xf_bin_store)(double v, int ign, long long j, double *loss_d, XF_T *loss_o)
+/* The per-block inputs of one body call: data and outputs offset to the block, weights and upstream
+ * factors gathered (stride 1). */
+typedef struct {
+    const XF_T *x, *t;
+    const double *w, *q, *g;
+    double *ld;
+    XF_T *lo, *gr;
+} XF_BIN_FN(xf_bin_blk);
+
+XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_make)(const XF_T *x, const XF_T *t, long long off,
+                                                        double *loss_d, XF_T *loss_o, XF_T *grad)
 {
-    v = ign ? 0.0 : v;
-    if (loss_d) {
-        loss_d[j] = v;
-    }
-    if (loss_o) {
-        loss_o[j] = (XF_T)v;
+    XF_BIN_FN(xf_bin_blk) b;
+    b.x = x + off;
+    b.t = t + off;
+    b.w = b.q = b.g = 0;
+    b.ld = loss_d ? loss_d + off : 0;
+    b.lo = loss_o ? loss_o + off : 0;
+    b.gr = grad ? grad + off : 0;
+    return b;
+}
+
+/* ---- BCE with logits ---------------------------------------------------------------------------------- */
+
+XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                          const int unweighted, const int want_d, const int want_o,
+                                          const int want_g)
+{
+    const XF_T *x = b.x, *t = b.t;
+    const double *w = b.w, *q = b.q, *g = b.g;
+    double *ld = b.ld;
+    XF_T *lo = b.lo, *gr = b.gr;
+    const int has_ignore = a->has_ignore;
+    const double ignore = a->ignore, scale = a->scale, loss_k = a->loss_k;
+    long long j;
+#pragma omp simd
+    for (j = 0; j < n; j++) {
+        double xv = (double)x[j];
+        double y = (double)t[j];
+        int ign = has_ignore & (y == ignore);
+        xf_bin_logit p = xf_bin_logit_pieces(xv);
+        if (want_d | want_o) {
+            double v = xf_bin_bce_logits_loss(p, y, unweighted ? 1.0 : w[j], unweighted ? 1.0 : q[j], loss_k);
+            v = ign ? 0.0 : v;
+            if (want_d) {
+                ld[j] = v;
+            }
+            if (want_o) {
+                lo[j] = (XF_T)v;
+            }
+        }
+        if (want_g) {
+            double gv = xf_bin_bce_logits_grad(p, y, unweighted ? 1.0 : w[j], unweighted ? 1.0 : q[j],
+                                               scale * g[j]);
+            gr[j] = (XF_T)(ign ? 0.0 : gv);
+        }
     }
 }
 
 /* BCE with logits over elements [off, off + n) */
-XF_HD void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long long off, long long n,
-                                           const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
+XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long long off, long long n,
+                                               const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
-    double wbuf[XF_BIN_BLOCK], pwbuf[XF_BIN_BLOCK];
-    const double *w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
-    const double *q = xf_bin_gather(a->pw, a->pw_div, a->pw_mod, a->pw_full, off, n, pwbuf);
+    double wbuf[XF_BIN_BLOCK], pwbuf[XF_BIN_BLOCK], gbuf[XF_BIN_BLOCK];
+    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
+    b.w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
+    b.q = xf_bin_gather(a->pw, a->pw_div, a->pw_mod, a->pw_full, off, n, pwbuf);
+    b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
+    if (a->w == 0 && a->pw == 0) {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1);
+    } else {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0);
+    }
+}
+
+/* ---- sigmoid focal loss ------------------------------------------------------------------------------- */
+
+XF_HD void XF_BIN_FN(xf_focal_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                     const int want_d, const int want_o, const int want_g)
+{
+    const XF_T *x = b.x, *t = b.t;
+    const double *g = b.g;
+    double *ld = b.ld;
+    XF_T *lo = b.lo, *gr = b.gr;
+    const int has_ignore = a->has_ignore;
+    const double ignore = a->ignore, scale = a->scale, loss_k = a->loss_k;
+    const double alpha = a->alpha, gamma = a->gamma;
     long long j;
+#pragma omp simd
     for (j = 0; j < n; j++) {
-        double xv = (double)x[off + j];
-        double y = (double)t[off + j];
-        int ign = a->has_ignore && y == a->ignore;
+        double xv = (double)x[j];
+        double y = (double)t[j];
+        int ign = has_ignore & (y == ignore);
         xf_bin_logit p = xf_bin_logit_pieces(xv);
-        if (loss_d || loss_o) {
-            XF_BIN_FN(xf_bin_store)(xf_bin_bce_logits_loss(p, y, w[j], q[j], a->loss_k), ign, off + j, loss_d, loss_o);
+        xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, alpha, gamma);
+        if (want_d | want_o) {
+            double v = xf_bin_focal_loss(p, f, gamma, loss_k);
+            v = ign ? 0.0 : v;
+            if (want_d) {
+                ld[j] = v;
+            }
+            if (want_o) {
+                lo[j] = (XF_T)v;
+            }
         }
-        if (grad) {
-            double g = xf_bin_bce_logits_grad(p, y, w[j], q[j], XF_BIN_UPSTREAM(a, off + j));
-            grad[off + j] = (XF_T)(ign ? 0.0 : g);
+        if (want_g) {
+            double gv = xf_bin_focal_grad(p, f, y, gamma, scale * g[j]);
+            gr[j] = (XF_T)(ign ? 0.0 : gv);
         }
     }
 }
 
 /* sigmoid focal loss over elements [off, off + n) */
-XF_HD void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long off, long long n,
-                                      const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
+XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long off, long long n,
+                                          const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
-    long long j;
-    for (j = 0; j < n; j++) {
-        double xv = (double)x[off + j];
-        double y = (double)t[off + j];
-        int ign = a->has_ignore && y == a->ignore;
-        xf_bin_logit p = xf_bin_logit_pieces(xv);
-        xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, a->alpha, a->gamma);
-        if (loss_d || loss_o) {
-            XF_BIN_FN(xf_bin_store)(xf_bin_focal_loss(p, f, a->gamma, a->loss_k), ign, off + j, loss_d, loss_o);
+    double gbuf[XF_BIN_BLOCK];
+    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
+    b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
+    /* unswitched on the loop-invariant tests of binary.h (gamma = 0, alpha < 0): inside each branch the
+     * compiler knows their outcome, and gcc does not vectorize a select on an invariant condition */
+    if (a->gamma == 0.0) {
+        if (a->alpha < 0.0) {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+        } else {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
         }
-        if (grad) {
-            double g = xf_bin_focal_grad(p, f, y, a->gamma, XF_BIN_UPSTREAM(a, off + j));
-            grad[off + j] = (XF_T)(ign ? 0.0 : g);
+    } else {
+        if (a->alpha < 0.0) {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+        } else {
+            XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
+        }
+    }
+}
+
+/* ---- BCE from probabilities --------------------------------------------------------------------------- */
+
+XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                        const int unweighted, const int want_d, const int want_o,
+                                        const int want_g)
+{
+    const XF_T *x = b.x, *t = b.t;
+    const double *w = b.w, *g = b.g;
+    double *ld = b.ld;
+    XF_T *lo = b.lo, *gr = b.gr;
+    const int has_ignore = a->has_ignore;
+    const double ignore = a->ignore, scale = a->scale, loss_k = a->loss_k;
+    const xf_bin_prob_mode m = a->mode;
+    long long j;
+#pragma omp simd
+    for (j = 0; j < n; j++) {
+        double pv = (double)x[j];
+        double y = (double)t[j];
+        int ign = has_ignore & (y == ignore);
+        if (want_d | want_o) {
+            double v = xf_bin_bce_prob_loss(pv, y, unweighted ? 1.0 : w[j], &m, loss_k);
+            v = ign ? 0.0 : v;
+            if (want_d) {
+                ld[j] = v;
+            }
+            if (want_o) {
+                lo[j] = (XF_T)v;
+            }
+        }
+        if (want_g) {
+            double gv = xf_bin_bce_prob_grad(pv, y, unweighted ? 1.0 : w[j], scale * g[j], &m);
+            gr[j] = (XF_T)(ign ? 0.0 : gv);
         }
     }
 }
 
 /* BCE from probabilities over elements [off, off + n) */
-XF_HD void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long off, long long n,
-                                         const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
+XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long off, long long n,
+                                             const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
-    double wbuf[XF_BIN_BLOCK];
-    const double *w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
-    long long j;
-    for (j = 0; j < n; j++) {
-        double pv = (double)x[off + j];
-        double y = (double)t[off + j];
-        int ign = a->has_ignore && y == a->ignore;
-        if (loss_d || loss_o) {
-            XF_BIN_FN(xf_bin_store)(xf_bin_bce_prob_loss(pv, y, w[j], &a->mode, a->loss_k), ign, off + j, loss_d, loss_o);
-        }
-        if (grad) {
-            double g = xf_bin_bce_prob_grad(pv, y, w[j], XF_BIN_UPSTREAM(a, off + j), &a->mode);
-            grad[off + j] = (XF_T)(ign ? 0.0 : g);
-        }
+    double wbuf[XF_BIN_BLOCK], gbuf[XF_BIN_BLOCK];
+    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
+    b.w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
+    b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
+    if (a->w == 0) {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1);
+    } else {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0);
     }
 }
 
@@ -96,7 +240,7 @@ XF_HD void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long 
  * (xf_acc_add) in class order; gradient -s w_c t_c / p_c.
  * A NaN anywhere in the row makes its loss and gradient NaN (the softmax family's row policy).  Returns
  * the row loss in double, times 2^loss_k; s is the row's upstream factor. */
-XF_HD double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long long y, double w_y, const XF_T *t,
+XF_KERNEL double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long long y, double w_y, const XF_T *t,
                                          const double *w, double s, const xf_bin_prob_mode *m, double loss_k,
                                          XF_T *grad)
 {
@@ -137,7 +281,7 @@ XF_HD double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long long y,
     return acc + err;
 }
 
-#undef XF_BIN_UPSTREAM
+#undef XF_BIN_UNSWITCH
 #undef XF_BIN_FN
 #undef XF_BIN_CAT
 #undef XF_BIN_CAT_

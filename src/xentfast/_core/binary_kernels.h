@@ -10,10 +10,24 @@
  *     contiguous; the API materialises the rare other patterns.  A block gathers its weights into a
  *     small stack buffer first (integer work only), so the arithmetic loop reads them with stride 1.
  * (c) Each element is read before its gradient is written, and the same index is written, so the
- *     gradient may overwrite the input (inplace=True).
+ *     gradient may overwrite the input (inplace=True); this holds lane by lane in the vectorized loops
+ *     too (a vector of x is loaded before the same vector of the gradient is stored).
+ * (d) Every kernel exists once per CPU code path (baseline, avx2), picked through the tables below by
+ *     the same selection as the softmax family; the paths give the same bits.
  */
 #ifndef XENTFAST_BINARY_KERNELS_H
 #define XENTFAST_BINARY_KERNELS_H
+
+/* gcc's partial redundancy elimination turns the selects of binary.h (p.pos ? a : b, then a comparison
+ * of the selected value) into phis of booleans that the vectorizer cannot if-convert: with it, the
+ * element loops of BCE with logits and of the focal loss stay scalar (gcc 12, -fopt-info-vec).  It
+ * removes recomputation only, never changes a rounding, so switching it off for this header changes
+ * speed, not bits. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-tree-pre")
+#define XF_BIN_POP_OPTIONS 1
+#endif
 
 #include "xentfast/binary.h"
 
@@ -76,16 +90,97 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
     m->c = c;
 }
 
+/* ---- instantiation: storage type x CPU code path ----------------------------------------------------
+ * As in xent_kernels.h: the baseline path is compiled for the build's target (x86-64: SSE2, 2 double
+ * lanes); on x86-64 with gcc or clang a second copy is compiled with __attribute__((target("avx2")))
+ * (4 double lanes).  The path is the softmax family's choice (xentfast._core._xent.cpu_path(), set at
+ * import from XENTFAST_CPU); _binary.pyx follows it.  Contraction is off in the whole build and the
+ * arithmetic is the same sequence of IEEE operations on every lane, so both paths give the same bits
+ * (tests/test_dispatch.py). */
+#define XF_KERNEL static
 #define XF_T float
 #define XF_SFX f32
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
-
 #define XF_T double
 #define XF_SFX f64
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
+#undef XF_KERNEL
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define XF_BIN_HAVE_AVX2_PATH 1
+#define XF_KERNEL static __attribute__((target("avx2")))
+#define XF_T float
+#define XF_SFX f32_avx2
+#include "binary_blocks.h"
+#undef XF_T
+#undef XF_SFX
+#define XF_T double
+#define XF_SFX f64_avx2
+#include "binary_blocks.h"
+#undef XF_T
+#undef XF_SFX
+#undef XF_KERNEL
+#else
+#define XF_BIN_HAVE_AVX2_PATH 0
+#endif
+
+/* One table of entry points per storage type; the Cython driver calls only through these. */
+#define XF_BIN_DECLARE_TABLE(T, SFX)                                                                      \
+    typedef struct {                                                                                      \
+        void (*bce_logits_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *, \
+                                 T *, T *);                                                               \
+        void (*focal_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *, T *, \
+                            T *);                                                                         \
+        void (*bce_prob_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *,  \
+                               T *, T *);                                                                 \
+        double (*ce_probs_row)(const T *, long long, long long, double, const T *, const double *, double, \
+                               const xf_bin_prob_mode *, double, T *);                                    \
+    } xf_binary_table_##SFX;
+XF_BIN_DECLARE_TABLE(float, f32)
+XF_BIN_DECLARE_TABLE(double, f64)
+#undef XF_BIN_DECLARE_TABLE
+
+#define XF_BIN_TABLE(PSFX) \
+    {xf_bce_logits_block_##PSFX, xf_focal_block_##PSFX, xf_bce_prob_block_##PSFX, xf_ce_probs_row_##PSFX}
+static const xf_binary_table_f32 xf_binary_f32_baseline = XF_BIN_TABLE(f32);
+static const xf_binary_table_f64 xf_binary_f64_baseline = XF_BIN_TABLE(f64);
+#if XF_BIN_HAVE_AVX2_PATH
+static const xf_binary_table_f32 xf_binary_f32_avx2 = XF_BIN_TABLE(f32_avx2);
+static const xf_binary_table_f64 xf_binary_f64_avx2 = XF_BIN_TABLE(f64_avx2);
+#endif
+#undef XF_BIN_TABLE
+
+/* The table of a path: 0 baseline, 1 avx2 (the codes of xent_kernels.h; a path this build lacks gives
+ * the baseline table, but the softmax module never selects one, since both are built alike). */
+static const xf_binary_table_f32 *xf_binary_table_for_f32(int path)
+{
+#if XF_BIN_HAVE_AVX2_PATH
+    if (path == 1) {
+        return &xf_binary_f32_avx2;
+    }
+#endif
+    (void)path;
+    return &xf_binary_f32_baseline;
+}
+
+static const xf_binary_table_f64 *xf_binary_table_for_f64(int path)
+{
+#if XF_BIN_HAVE_AVX2_PATH
+    if (path == 1) {
+        return &xf_binary_f64_avx2;
+    }
+#endif
+    (void)path;
+    return &xf_binary_f64_baseline;
+}
+
+#ifdef XF_BIN_POP_OPTIONS
+#pragma GCC pop_options
+#undef XF_BIN_POP_OPTIONS
+#endif
 
 #endif /* XENTFAST_BINARY_KERNELS_H */

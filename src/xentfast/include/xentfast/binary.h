@@ -30,8 +30,9 @@
  * (d) 1 - y and 1 - alpha are carried exactly as a double-double (TwoSum): fl(1 - y) alone would cost
  *     half an ULP for every y < 1/2.  The focal loss also keeps exp and log unrounded (double-double):
  *     see xf_exp_kernel_hilo and the focal section.
- * Not vectorized yet: gcc does not if-convert the mixed int/double masks of the normalised products,
- * so the element loops run scalar (follow-up; the arithmetic would not change).
+ * No branch on data: where cases differ (the focal loss's log u and gradient), every case is evaluated
+ * and one is selected, so the CPU element loops vectorize (binary_blocks.h) and GPU warps do not
+ * diverge; a select returns the selected case's bits, so this is the same arithmetic as a branch.
  * (e) Zero coefficients win over infinities and NaN-free values: a term whose coefficient (weight,
  *     pos_weight, target mass) is exactly 0 contributes exactly 0 even where its softplus or -log is
  *     +inf (0 * inf = 0, as in the softmax family).  A NaN logit or probability makes the element NaN.
@@ -374,33 +375,31 @@ XF_HD xf_bin_focal_parts xf_bin_focal_prepare(xf_bin_logit p, double y, double a
     f.lch = sh1;
     f.lcl = sl1 + (lgl - (f.conf ? XF_BIN_SCALE_K * XF_MATH_LN2_LO : 0.0));
 
-    /* log u = log N - l */
-    double luh, lul;
-    if (f.conf) {
-        xf_two_sum(-p.a, -p.l, &luh, &lul);
-        lul = (luh - luh == 0.0) ? lul - p.l_lo : 0.0;
-        f.R = 1.0;
-    } else if (binary) {
-        luh = -p.l;
-        lul = -p.l_lo;
-        f.R = p.e;
-    } else {
-        /* N 2^600 = c_b 2^600 + c_t e_s exactly as a double-double */
-        double mh, ml, nh, nl;
-        xf_bin_dd_mul(f.cth, f.ctl, p.e_s, p.e_s_lo, &mh, &ml);
-        xf_two_sum(f.cbh * XF_BIN_SCALE, mh, &nh, &nl);
-        nl += f.cbl * XF_BIN_SCALE + ml;
-        double lh, ll;
-        lh = xf_bin_log_hilo(nh, &ll);
-        ll += nl / nh;
-        /* - 600 ln 2 - l */
-        double s1, e1, s2, e2;
-        xf_two_sum(lh, -XF_BIN_SCALE_K * XF_MATH_LN2_HI, &s1, &e1);
-        xf_two_sum(s1, -p.l, &s2, &e2);
-        luh = s2;
-        lul = e2 + (e1 + (ll - XF_BIN_SCALE_K * XF_MATH_LN2_LO - p.l_lo));
-        f.R = p.e_s / nh;
-    }
+    /* log u = log N - l; the three cases are all evaluated and one is selected (no branch on data: the
+     * element loops vectorize, warps do not diverge) */
+    /* c_b = 0 (confident side): N = e, log u = -a - l */
+    double cuh, cul;
+    xf_two_sum(-p.a, -p.l, &cuh, &cul);
+    cul = (cuh - cuh == 0.0) ? cul - p.l_lo : 0.0;
+    /* c_t = 0: N = 1, log u = -l */
+    double buh = -p.l, bul = -p.l_lo;
+    /* soft y: N 2^600 = c_b 2^600 + c_t e_s exactly as a double-double */
+    double mh, ml, nh, nl;
+    xf_bin_dd_mul(f.cth, f.ctl, p.e_s, p.e_s_lo, &mh, &ml);
+    xf_two_sum(f.cbh * XF_BIN_SCALE, mh, &nh, &nl);
+    nl += f.cbl * XF_BIN_SCALE + ml;
+    double lh, ll;
+    lh = xf_bin_log_hilo(nh, &ll);
+    ll += nl / nh;
+    /* - 600 ln 2 - l */
+    double s1, e1, s2, e2;
+    xf_two_sum(lh, -XF_BIN_SCALE_K * XF_MATH_LN2_HI, &s1, &e1);
+    xf_two_sum(s1, -p.l, &s2, &e2);
+    double suh = s2;
+    double sul = e2 + (e1 + (ll - XF_BIN_SCALE_K * XF_MATH_LN2_LO - p.l_lo));
+    double luh = f.conf ? cuh : (binary ? buh : suh);
+    double lul = f.conf ? cul : (binary ? bul : sul);
+    f.R = f.conf ? 1.0 : (binary ? p.e : p.e_s / nh);
     f.luh = luh;
     f.lul = lul;
     f.B = xf_bin_exp_affine(gamma, luh, lul, -p.l, -p.l_lo);
@@ -432,41 +431,39 @@ XF_HD double xf_bin_focal_grad(xf_bin_logit p, xf_bin_focal_parts f, double y, d
                                double s)
 {
     double k = s * f.alpha_t;
-    double r;
-    if (f.conf) {
-        /* bracket = -+(e + g l), scaled, as a double-double rounded once */
-        double gh, gl, bh, bl;
-        xf_bin_dd_mul(gamma, 0.0, p.l_s, p.l_s_lo, &gh, &gl);
-        xf_two_sum(p.e_s, gh, &bh, &bl);
-        double b = bh + (bl + (gl + p.e_s_lo));
-        double v = ((k * b) * f.B) * XF_BIN_UNSCALE;
-        r = p.pos ? -v : v; /* y = 1 with x >= 0 pulls x up */
-    } else {
-        double omy_h, omy_l;
-        xf_two_sum(1.0, -y, &omy_h, &omy_l);
-        /* 1 - 2y as a double-double */
-        double o2h, o2l;
-        xf_two_sum(omy_h, -y, &o2h, &o2l);
-        o2l += omy_l;
-        /* T2 = g ce (e/N) (1 - 2y), its magnitude carried as a double-double */
-        double g1h, g1l, g2h, g2l, t2h, t2l;
-        xf_bin_dd_mul(gamma, 0.0, f.ce, 0.0, &g1h, &g1l);
-        xf_bin_dd_mul(g1h, g1l, f.R, 0.0, &g2h, &g2l);
-        xf_bin_dd_mul(g2h, g2l, o2h, o2l, &t2h, &t2l);
-        int t2zero = (gamma == 0.0) | (f.ce == 0.0) | (f.R == 0.0) | ((o2h == 0.0) & (o2l == 0.0));
-        t2h = t2zero ? 0.0 : t2h;
-        t2l = t2zero ? 0.0 : t2l;
-        /* T1 = sign(x) (c_b - c_t e) */
-        double mh, ml, dh, dl;
-        xf_bin_dd_mul(f.cth, f.ctl, p.e, p.e_lo, &mh, &ml);
-        xf_two_sum(f.cbh, -mh, &dh, &dl);
-        dl += f.cbl - ml;
-        double t1h = p.pos ? dh : -dh, t1l = p.pos ? dl : -dl;
-        double bh, bl;
-        xf_two_sum(t1h, t2h, &bh, &bl);
-        double b = bh + (bl + (t1l + t2l));
-        r = (k * b) * f.B;
-    }
+    /* both cases evaluated, one selected (see xf_bin_focal_prepare) */
+    /* c_b = 0: bracket = -+(e + g l), scaled, as a double-double rounded once */
+    double gh, gl, ch, cl;
+    xf_bin_dd_mul(gamma, 0.0, p.l_s, p.l_s_lo, &gh, &gl);
+    xf_two_sum(p.e_s, gh, &ch, &cl);
+    double cb = ch + (cl + (gl + p.e_s_lo));
+    double cv = ((k * cb) * f.B) * XF_BIN_UNSCALE;
+    double rc = p.pos ? -cv : cv; /* y = 1 with x >= 0 pulls x up */
+    /* otherwise */
+    double omy_h, omy_l;
+    xf_two_sum(1.0, -y, &omy_h, &omy_l);
+    /* 1 - 2y as a double-double */
+    double o2h, o2l;
+    xf_two_sum(omy_h, -y, &o2h, &o2l);
+    o2l += omy_l;
+    /* T2 = g ce (e/N) (1 - 2y), its magnitude carried as a double-double */
+    double g1h, g1l, g2h, g2l, t2h, t2l;
+    xf_bin_dd_mul(gamma, 0.0, f.ce, 0.0, &g1h, &g1l);
+    xf_bin_dd_mul(g1h, g1l, f.R, 0.0, &g2h, &g2l);
+    xf_bin_dd_mul(g2h, g2l, o2h, o2l, &t2h, &t2l);
+    int t2zero = (gamma == 0.0) | (f.ce == 0.0) | (f.R == 0.0) | ((o2h == 0.0) & (o2l == 0.0));
+    t2h = t2zero ? 0.0 : t2h;
+    t2l = t2zero ? 0.0 : t2l;
+    /* T1 = sign(x) (c_b - c_t e) */
+    double mh, ml, dh, dl;
+    xf_bin_dd_mul(f.cth, f.ctl, p.e, p.e_lo, &mh, &ml);
+    xf_two_sum(f.cbh, -mh, &dh, &dl);
+    dl += f.cbl - ml;
+    double t1h = p.pos ? dh : -dh, t1l = p.pos ? dl : -dl;
+    double bh, bl;
+    xf_two_sum(t1h, t2h, &bh, &bl);
+    double b = bh + (bl + (t1l + t2l));
+    double r = f.conf ? rc : (k * b) * f.B;
     r = (k == 0.0) ? 0.0 * r : r;
     return p.nan ? p.a : r;
 }
