@@ -22,7 +22,6 @@ SHAPES = [(8192, 128256), (32768, 32000)]
 # (label, environment); every variant compiles its own module once (NVRTC, ~2 s)
 VARIANTS = [
     ("cpu-order", {}),
-    ("cpu-order nt=128", {"XENTFAST_CUDA_THREADS": "128"}),
     ("cpu-order nt=512", {"XENTFAST_CUDA_THREADS": "512"}),
     ("cpu-order cached row", {"XENTFAST_CUDA_CACHE_ROW": "1"}),
     ("tree-order", {"XENTFAST_CUDA_ORDER": "tree"}),

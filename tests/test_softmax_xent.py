@@ -76,6 +76,15 @@ FIXED_FAILURES = [
                  id="subnormal-mass-on-masked-class"),
     pytest.param(_case([[-np.inf]], [0], np.float32, weight=np.zeros(1, np.float32)),
                  id="nan-row-in-an-empty-mean"),
+    pytest.param(_case([[1e300, -1.7976931348623157e308]], [1], np.float64, weight=np.array([1.0, 0.5])),
+                 id="weighted-target-loss-overflow-halved"),
+    pytest.param(_case([[0.0, 0.0]] * 9, np.array([[1.0, 0.0]] * 9), np.float64, weight=np.array([1e-313, 1e-313])),
+                 id="tiny-losses-rescaled-for-the-mean"),
+    pytest.param(_case([[0.0, 0.0]], [1], np.float64, weight=np.array([1.0, 2.22507386e-313]), z=1e-4),
+                 id="folded-weight-of-an-untargeted-class-overflows"),
+    pytest.param(_case([[0.0, 18.0, 0.0]] + [[0.0, 0.0, 0.0]] * 8, [1, 0, 0, 0, 0, 0, 0, 0, 2], np.float64,
+                       weight=np.array([0.0, 2.22507386e-313, 1.0]), z=1e-4),
+                 id="z-loss-coef-of-a-subnormal-weight"),
 ]
 
 
@@ -130,6 +139,27 @@ def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_sm
     exact, scale = ref.cross_entropy_grad(x, y, grad_output=g, return_scale=True, **kw)
     for computed in (grad, xf.cross_entropy_backward(np.asarray(g), x, y, **kw)):
         assert_ulp_close(computed, exact, BOUND[np.dtype(dtype)] + 1, scale=scale if label_smoothing else None)
+
+
+@pytest.mark.parametrize("targets", ["index", "probabilities"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("z_loss", [0.0, 0.01])
+def test_reductions_of_subnormal_weighted_losses(targets, reduction, z_loss):
+    # every row loss on the subnormal grid (subnormal class weights): the reduction takes them again
+    # scaled by 2^600, and z r is scaled before it is rounded; before, means were off by 10^4+ ULP
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        N = int(rng.integers(2, 12))
+        x = rng.standard_normal((N, 3)) * int(rng.integers(0, 3))
+        t = np.tile([1.0, 0.0, 0.0], (N, 1)) if targets == "probabilities" else rng.integers(0, 3, N)
+        w = np.array([rng.uniform(1e-315, 1e-312), rng.uniform(1e-315, 1e-312), 1e-320])
+        kw = dict(weight=w, reduction=reduction, z_loss=z_loss)
+        loss, grad = xf.cross_entropy_with_grad(x, t, **kw)
+        assert_ulp_close(np.asarray(loss), ref.cross_entropy(x, t, **kw), REDUCED_BOUND, dtype=np.float64,
+                         inputs={"logits": x, "target": t, "weight": w})
+        exact, scale = ref.cross_entropy_grad(x, t, return_scale=True, **kw)
+        simple = targets == "index" and z_loss == 0
+        assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=None if simple else scale)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -208,6 +208,32 @@ def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_back
                        lambda: _raise_nan_row(backend.to_host(rows), batch_shape, name))
 
 
+_TINY_K = 600.0
+
+
+def _sum_and_max(backend, losses):
+    """(hi, lo) of the double-double sum of the losses and max |loss| (0 for none), in one transfer on
+    the GPU.  NaN losses give a NaN sum; the max then only matters through _tiny_terms."""
+    xp = backend.xp
+    if not losses.size:
+        return 0.0, 0.0, 0.0
+    if backend.is_cpu:
+        hi, lo = backend.softmax.dd_sum(losses)
+        return hi, lo, float(np.max(np.abs(losses)))
+    both = xp.concatenate([backend.softmax.dd_sum_device(losses), xp.max(xp.abs(losses)).reshape(1)])
+    hi, lo, biggest = backend.to_host(both).tolist()
+    return hi, lo, biggest
+
+
+def _tiny_terms(biggest):
+    """True when every reduced term is below 2^-969 (and one is not 0): each was rounded onto (or near)
+    the subnormal grid, and a sum of n of them, or their sum divided by a subnormal denominator, would
+    carry up to n/2 of those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact).
+    `biggest` is max |loss|."""
+    return 0.0 < biggest < 2.0**-969
+
+
+
 class _Problem:
     """A validated cross-entropy call: rows, targets, weights and options, ready for the kernel."""
 
@@ -303,12 +329,18 @@ class _Problem:
                 # w_y / sum(w_y) <= 1.  Fold the denominator into the weights for the gradient, and take
                 # the losses from a forward pass with the weights as given (the same bits a fused pass
                 # gives them)
-                self._launch(self.w / self.denominator(), None, g, xp.empty(self.N, dtype=np.float64), grad)
+                folded = self.w / self.denominator()
+                if self.eps == 0:
+                    # only target classes' weights enter, and w_y <= sum(w_y): a weight that overflows
+                    # here belongs to a class no kept row targets
+                    folded = xp.where(xp.isfinite(folded), folded, 0.0)
+                self._launch(folded, None, g, xp.empty(self.N, dtype=np.float64), grad)
                 grad, scale = None, 1.0
         self._launch(self._w_or_empty(), row_scale, scale, loss, grad)
         return loss
 
-    def _launch(self, w, row_scale, scale, loss, grad):
+    def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None):
+        """One kernel call; row losses come times 2^loss_exp (default: the mean's 2^-k, loss_scale())."""
         xp = self.xp
         y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
         t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)
@@ -316,20 +348,29 @@ class _Problem:
         g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
         self.k.softmax_xent(self.rows, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
                             self.n_threads, self.y is not None, self.t is not None, self.w is not None,
-                            row_scale is not None, grad is not None, False, math.ldexp(1.0, -self.loss_scale()))
+                            row_scale is not None, grad is not None, False,
+                            math.ldexp(1.0, -self.loss_scale() if loss_exp is None else int(loss_exp)))
 
     def reduce(self, row_losses):
         if self.reduction == "none":
             with np.errstate(over="ignore"):  # a double loss beyond float32's range is inf, as it should be
                 return row_losses.astype(self.dtype).reshape(self.batch_shape)
-        hi, lo = self.k.dd_sum(row_losses)
+        hi, lo, biggest = _sum_and_max(self.backend, row_losses)
+        k = self.loss_scale()  # the rows came scaled by 2^-k (run); undo it after dividing
+        if _tiny_terms(biggest):
+            # every row loss sits on (or near) the subnormal grid, where a sum or a mean of n of them
+            # carries up to n/2 grid steps: take the losses again scaled by 2^600 instead (the kernel
+            # applies the scale to the weights, exactly), and unscale once at the end
+            scaled = self.xp.empty(self.N, dtype=np.float64)
+            self._launch(self._w_or_empty(), None, 1.0, scaled, None, loss_exp=_TINY_K)
+            hi, lo = self.k.dd_sum(scaled)
+            k = -int(_TINY_K)
         if self.reduction == "sum":
-            total = hi + lo
+            total = (hi + lo) * math.ldexp(1.0, k)
         else:
             den = self.denominator()
             if den == 0:
                 return self.backend.result(np.nan if self.empty_mean == "nan" else 0.0, self.dtype)
-            k = self.loss_scale()  # the rows came scaled by 2^-k (run); undo it after dividing
             total = (hi / den + lo / den) * math.ldexp(1.0, k)  # inf if the mean itself overflows
         return self.backend.result(total, self.dtype)
 

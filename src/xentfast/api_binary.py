@@ -29,8 +29,11 @@ from .api import (
     _first_bad,
     _grad_target,
     _on_input_device,
+    _TINY_K,
     _rows,
     _split_target,
+    _sum_and_max,
+    _tiny_terms,
     _upstream_factor,
 )
 
@@ -341,31 +344,6 @@ class _Elementwise:
         if inplace:
             return loss, input
         return loss, (g.reshape(()) if self.scalar else g)
-
-
-_TINY_K = 600.0
-
-
-def _sum_and_max(backend, losses):
-    """(hi, lo) of the double-double sum of the losses and max |loss| (0 for none), in one transfer on
-    the GPU.  NaN losses give a NaN sum; the max then only matters through _tiny_terms."""
-    xp = backend.xp
-    if not losses.size:
-        return 0.0, 0.0, 0.0
-    if backend.is_cpu:
-        hi, lo = backend.softmax.dd_sum(losses)
-        return hi, lo, float(np.max(np.abs(losses)))
-    both = xp.concatenate([backend.softmax.dd_sum_device(losses), xp.max(xp.abs(losses)).reshape(1)])
-    hi, lo, biggest = backend.to_host(both).tolist()
-    return hi, lo, biggest
-
-
-def _tiny_terms(biggest):
-    """True when every reduced term is below 2^-969 (and one is not 0): each was rounded onto (or near)
-    the subnormal grid, and a sum of n of them, or their sum divided by a subnormal denominator, would
-    carry up to n/2 of those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact).
-    `biggest` is max |loss|."""
-    return 0.0 < biggest < 2.0**-969
 
 
 def _reduce_scaled(backend, losses, reduction, den, empty_mean, dtype):

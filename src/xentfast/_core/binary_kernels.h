@@ -23,7 +23,7 @@
  * element loops of BCE with logits and of the focal loss stay scalar (gcc 12, -fopt-info-vec).  It
  * removes recomputation only, never changes a rounding, so switching it off for this header changes
  * speed, not bits. */
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #pragma GCC push_options
 #pragma GCC optimize("no-tree-pre")
 #define XF_BIN_POP_OPTIONS 1
@@ -97,7 +97,13 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
  * import from XENTFAST_CPU); _binary.pyx follows it.  Contraction is off in the whole build and the
  * arithmetic is the same sequence of IEEE operations on every lane, so both paths give the same bits
  * (tests/test_dispatch.py). */
+#if XF_CUDA
+/* the CUDA twin (_cuda/binary.cu) restates the element loops and calls only xf_ce_probs_row: one
+ * host-and-device copy, no CPU paths, no tables */
+#define XF_KERNEL XF_HD
+#else
 #define XF_KERNEL static
+#endif
 #define XF_T float
 #define XF_SFX f32
 #include "binary_blocks.h"
@@ -110,6 +116,7 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
 #undef XF_SFX
 #undef XF_KERNEL
 
+#if !XF_CUDA
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define XF_BIN_HAVE_AVX2_PATH 1
 #define XF_KERNEL static __attribute__((target("avx2")))
@@ -177,6 +184,7 @@ static const xf_binary_table_f64 *xf_binary_table_for_f64(int path)
     (void)path;
     return &xf_binary_f64_baseline;
 }
+#endif /* !XF_CUDA */
 
 #ifdef XF_BIN_POP_OPTIONS
 #pragma GCC pop_options

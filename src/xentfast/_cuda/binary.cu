@@ -47,13 +47,17 @@
 
 /* ---- per storage type: the stores and the row function of binary_blocks.h ----------------------------- */
 
-XF_HD void xf_cu_bin_store(double v, int ign, long long j, double *loss_d, float *loss_o)
+/* as binary_blocks.h: the loss stores of the element loops (an ignored element's loss is 0) */
+template <typename T>
+XF_HD void xf_cu_bin_store(double v, int ign, long long j, double *loss_d, T *loss_o)
 {
-    xf_bin_store_f32(v, ign, j, loss_d, loss_o);
-}
-XF_HD void xf_cu_bin_store(double v, int ign, long long j, double *loss_d, double *loss_o)
-{
-    xf_bin_store_f64(v, ign, j, loss_d, loss_o);
+    v = ign ? 0.0 : v;
+    if (loss_d) {
+        loss_d[j] = v;
+    }
+    if (loss_o) {
+        loss_o[j] = (T)v;
+    }
 }
 
 /* ---- elementwise -------------------------------------------------------------------------------------- */

@@ -251,6 +251,10 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
         /* a zero-weight class contributes 0 even if its logit is -inf (0 * inf = 0 by convention) */
         double w_loss = job->w_y * job->loss_scale;
         ce = (job->w_y == 0.0) ? 0.0 : ((nlp == XF_INF) ? XF_INF : w_loss * nlp);
+        if (!(nlp - nlp == 0.0) && job->x_y > -XF_INF && job->w_y != 0.0) {
+            /* m - x_y beyond DBL_MAX while the weighted loss may not be: halve, as xf_xent_term does */
+            ce = (w_loss * xf_neg_log_prob(0.5 * job->x_y, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
+        }
         ce = (job->y == job->argmax) ? xf_weighted_log_s(job, w_loss) : ce;
         A = job->w_y;
     }
@@ -260,8 +264,22 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
     job->coef_mult = 1.0;
     if (job->z != 0.0) {
         /* lse * lse first could overflow needlessly */
-        loss = ce + ((job->z * r * job->loss_scale) * job->lse) * job->lse;
-        a_eff = A + 2.0 * job->z * r * job->lse;
+        /* the power of two first: exact (also the 2^600 of a reduction of tiny losses, which would
+         * otherwise come after z r's rounding on the subnormal grid); the other order only where
+         * r 2^600 overflows */
+        double rl = r * job->loss_scale;
+        double zr = (rl - rl == 0.0) ? job->z * rl : (job->z * r) * job->loss_scale;
+        double zterm = (zr * job->lse) * job->lse;
+        if (zr < 0x1p-1022 && zr != 0.0) {
+            /* a subnormal class weight: z r would round onto the subnormal grid and carry that error
+             * times lse^2; with r last the term rounds there once (kept only where it stays finite) */
+            double alt = r * (((job->z * job->loss_scale) * job->lse) * job->lse);
+            zterm = (alt - alt == 0.0) ? alt : zterm;
+        }
+        loss = ce + zterm;
+        /* r last: with a subnormal class weight, r (2 z lse) rounds once onto the subnormal grid,
+         * where (2 z r) lse would carry 2 z r's rounding times |lse| */
+        a_eff = A + r * ((2.0 * job->z) * job->lse);
         if (!(a_eff - a_eff == 0.0)) {
             /* 2 z r lse overflowed (logits near DBL_MAX) though p_j times it may not: carry 2^1000
              * separately (powers of two scale exactly; near that magnitude A is far below a rounding) */
