@@ -1718,3 +1718,47 @@ def test_api_label_range_is_checked_on_gpu():
     cp = _api_on_gpu()
     with pytest.raises(ValueError, match="target: labels must be in"):
         xf.cross_entropy(cp.zeros((2, 3), dtype=cp.float32), cp.asarray([0, 7]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_api_binary_family_on_cupy_gives_the_cpu_bits(dtype, reduction):
+    cp = _api_on_gpu()
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((64, 300)) * 8).astype(dtype)
+    x[0, :4] = [np.inf, -np.inf, 1e30, -1e-30]
+    t = (rng.uniform(size=x.shape) > 0.5).astype(dtype)
+    t[1, ::3] = 0.25
+    w = rng.uniform(0.5, 2, (64, 1))
+    pw = rng.uniform(0.5, 2, 300)
+    p = (1 / (1 + np.exp(-x.astype(np.float64)))).astype(dtype)
+    calls = [
+        (xf.binary_cross_entropy_with_logits_with_grad, (x, t), dict(weight=w, pos_weight=pw)),
+        (xf.sigmoid_focal_loss_with_grad, (x, t), dict(alpha=0.3, gamma=1.5)),
+        (xf.binary_cross_entropy_with_grad, (p, t), dict(weight=w, log_clamp=-100.0)),
+        (xf.cross_entropy_from_probs_with_grad, (xf.softmax(x), rng.integers(0, 300, 64)), dict(weight=pw)),
+    ]
+    for f, args, kw in calls:
+        loss_c, grad_c = f(*args, reduction=reduction, **kw)
+        dkw = {k: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+        loss_g, grad_g = f(*map(cp.asarray, args), reduction=reduction, **dkw)
+        assert isinstance(loss_g, cp.ndarray) and isinstance(grad_g, cp.ndarray), f.__name__
+        assert_same_bits(cp.asnumpy(loss_g), np.asarray(loss_c), f"{f.__name__} loss")
+        assert_same_bits(cp.asnumpy(grad_g), grad_c, f"{f.__name__} gradient")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_api_logsumexp_of_cancelling_rows_on_cupy(dtype):
+    # rows whose lse cancels take xf_lse_exact_kernel on the GPU: same bits as the CPU's exact path
+    cp = _api_on_gpu()
+    rng = np.random.default_rng(9)
+    rows = [xf.log_softmax(rng.standard_normal(C).astype(dtype)) for C in (3, 100, 1000)]
+    rows += [np.full(C, -np.log(C), dtype=dtype) for C in (2, 13, 1024)]
+    for row in rows:
+        x = np.stack([row, row[::-1].copy()])
+        lse_c = xf.logsumexp(x)
+        assert_same_bits(cp.asnumpy(xf.logsumexp(cp.asarray(x))), lse_c, f"logsumexp C={row.size}")
+        exact = ref.logsumexp(x)
+        assert_ulp_close(lse_c, exact, BOUND[np.dtype(dtype)])
