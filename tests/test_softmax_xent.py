@@ -85,6 +85,9 @@ FIXED_FAILURES = [
     pytest.param(_case([[0.0, 18.0, 0.0]] + [[0.0, 0.0, 0.0]] * 8, [1, 0, 0, 0, 0, 0, 0, 0, 2], np.float64,
                        weight=np.array([0.0, 2.22507386e-313, 1.0]), z=1e-4),
                  id="z-loss-coef-of-a-subnormal-weight"),
+    pytest.param(_case([[0.0, 0.0]] * 9, [0, 1, 0, 1, 0, 0, 1, 0, 1], np.float64,
+                       weight=np.array([2.22507386e-313, 1e-3]), z=1e-4),
+                 id="mean-gradient-of-a-subnormal-weight-magnified"),
 ]
 
 

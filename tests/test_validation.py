@@ -88,10 +88,13 @@ class TestCrossEntropyArguments:
         with raises(ValueError, "reduction", "'avg'"):
             f(X, Y, reduction="avg")
 
-    @pytest.mark.parametrize("eps", [-0.1, 1.5, np.nan])
+    @pytest.mark.parametrize("eps", [-0.1, 1.5, np.nan, 2.0**-901, 5e-324])
     def test_label_smoothing_out_of_range(self, f, eps):
         with raises(ValueError, "label_smoothing"):
             f(X, Y, label_smoothing=eps)
+
+    def test_smallest_label_smoothing_is_accepted(self, f):
+        f(X, Y, label_smoothing=2.0**-900)
 
     def test_negative_z_loss(self, f):
         with raises(ValueError, "z_loss"):

@@ -82,6 +82,20 @@ def _check_real(value, name, lo=None, hi=None):
     return v
 
 
+# Nonzero label smoothing below this is refused: its per-class mass eps / C would fall near or below
+# the subnormal range, where it is rounded to a few bits before it multiplies -log p (up to ~10^300)
+# and the documented bound cannot hold.  Deliberate difference from torch, which accepts any [0, 1].
+_MIN_SMOOTHING = 2.0**-900
+
+
+def _check_smoothing(label_smoothing):
+    eps = _check_real(label_smoothing, "label_smoothing", 0.0, 1.0)
+    if 0.0 < eps < _MIN_SMOOTHING:
+        raise ValueError(f"label_smoothing: nonzero values below 2**-900 are not supported (their per-class "
+                         f"mass would be subnormal, beyond the documented accuracy); got {label_smoothing!r}")
+    return eps
+
+
 def _fmt_index(flat_index, shape):
     idx = np.unravel_index(flat_index, shape) if shape else ()
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
@@ -249,7 +263,7 @@ class _Problem:
         self.axis = _class_axis(axis, self.x_orig.ndim)
         self.reduction = _check_choice(reduction, _REDUCTIONS, "reduction")
         self.empty_mean = _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
-        self.eps = _check_real(label_smoothing, "label_smoothing", 0.0, 1.0)
+        self.eps = _check_smoothing(label_smoothing)
         self.z = _check_real(z_loss, "z_loss", 0.0)
         try:
             self.ignore_index = operator.index(ignore_index)
@@ -276,6 +290,12 @@ class _Problem:
         else:
             self._den, = checks.fetch(self.k.target_weight_sum_device(
                 self.y, self._w_or_empty(), self.ignore_index, self.w is not None, self.C))
+
+    def _subnormal_weights(self):
+        """Whether a class weight is subnormal (one more look at the C weights, on the GPU a transfer;
+        asked only for weighted means with a gradient)."""
+        w = self.w
+        return bool(((w > 0) & (w < np.finfo(np.float64).smallest_normal)).any())
 
     def _w_or_empty(self):
         return self.w if self.w is not None else self.xp.empty(0)
@@ -322,13 +342,16 @@ class _Problem:
                 grad.fill(0)
             return loss
         row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
-        if grad is not None and self.reduction == "mean" and self.w is not None and not math.isfinite(scale):
+        if (grad is not None and self.reduction == "mean" and self.w is not None and self.y is not None
+                and (not math.isfinite(scale) or self._subnormal_weights())):
             g = _upstream_factor(grad_output, self.reduction, self.batch_shape, self.backend)[1]
             if math.isfinite(g):
-                # subnormal class weights: grad_output / sum(w_y) overflows although every
-                # w_y / sum(w_y) <= 1.  Fold the denominator into the weights for the gradient, and take
-                # the losses from a forward pass with the weights as given (the same bits a fused pass
-                # gives them)
+                # index targets (the row weight r = w_y, z-loss included, scales the whole row), with
+                # subnormal class weights: grad_output / sum(w_y) may overflow although every
+                # w_y / sum(w_y) <= 1, and a subnormal w_y's products round on the subnormal grid before
+                # 1 / sum(w_y) magnifies them.  Fold the denominator into the weights for the gradient,
+                # and take the losses from a forward pass with the weights as given (the same bits a
+                # fused pass gives them)
                 folded = self.w / self.denominator()
                 if self.eps == 0:
                     # only target classes' weights enter, and w_y <= sum(w_y): a weight that overflows
@@ -442,8 +465,9 @@ _XENT_DOC_PARAMS = """
     reduction : {'none', 'mean', 'sum'}, default 'mean'
         'mean' divides by the sum of the target classes' weights over kept rows (index targets) or by the
         number of rows (probability targets), as torch does.
-    label_smoothing : float in [0, 1], default 0.0
-        Mixes the target with the uniform distribution over classes with finite logits.
+    label_smoothing : float, 0 or in [2**-900, 1], default 0.0
+        Mixes the target with the uniform distribution over classes with finite logits.  Nonzero values
+        below 2**-900 raise ValueError (their per-class mass would be subnormal).
     axis : int, default -1
         The class axis (torch's ``(N, C, d1, ...)`` layout is ``axis=1``).
     z_loss : float >= 0, default 0.0
@@ -478,8 +502,8 @@ _XENT_DOC_NOTES = """
 
     Deliberate differences from ``torch.nn.functional.cross_entropy``: label smoothing spreads over the
     classes with finite logits (torch spreads over all C and returns +inf when one is -inf); rows with a
-    ``+inf`` logit are NaN (torch: NaN as well, through inf - inf); ``z_loss``, ``empty_mean`` and
-    ``nan_policy`` are extras."""
+    ``+inf`` logit are NaN (torch: NaN as well, through inf - inf); label smoothing in (0, 2**-900)
+    is refused; ``z_loss``, ``empty_mean`` and ``nan_policy`` are extras."""
 
 
 @_on_input_device
