@@ -117,7 +117,9 @@ def check_bits(x, y, grad, loss, rows=4):
     return f"DIFFERS (loss {'ok' if same_l else 'differs'}, grad max {d.max()} ulp, {np.count_nonzero(d)} entries)"
 
 
-def torch_time(x_cp, y_cp):
+def torch_time(x_cp, y_cp, loss_name="cross_entropy"):
+    """(seconds, torch version) of torch.nn.functional.<loss_name> forward + gradient on the same data,
+    or (None, why not)."""
     try:
         import torch
         import torch.nn.functional as F
@@ -125,11 +127,12 @@ def torch_time(x_cp, y_cp):
         return None, "torch not importable"
     if not torch.cuda.is_available():
         return None, "torch without CUDA"
+    loss_fn = getattr(F, loss_name)
     xt = torch.as_tensor(x_cp, device="cuda").detach().requires_grad_(True)
     yt = torch.as_tensor(y_cp, device="cuda")
 
     def step():
-        loss = F.cross_entropy(xt, yt)
+        loss = loss_fn(xt, yt)
         (g,) = torch.autograd.grad(loss, xt)
         return g
 
@@ -184,23 +187,8 @@ def binary_rows(bw):
         except Exception as exc:
             out.append((f"api bce_with_logits_with_grad {reduction}", None, None,
                         f"FAILED: {type(exc).__name__}: {exc}"))
-    try:
-        import torch
-        import torch.nn.functional as F
-
-        xt = torch.as_tensor(x, device="cuda").detach().requires_grad_(True)
-        tt_ = torch.as_tensor(t, device="cuda")
-
-        def step():
-            loss = F.binary_cross_entropy_with_logits(xt, tt_)
-            (g,) = torch.autograd.grad(loss, xt)
-            return g
-
-        ttorch = timed(step)
-        out.append(("torch BCE-with-logits fwd+bwd", ttorch, must_move / ttorch / bw, torch.__version__))
-    except Exception as exc:
-        ttorch = None
-        out.append(("torch BCE-with-logits fwd+bwd", None, None, f"unavailable: {exc}"))
+    ttorch, torch_info = torch_time(x, t, "binary_cross_entropy_with_logits")
+    out.append(("torch BCE-with-logits fwd+bwd", ttorch, must_move / ttorch / bw if ttorch else None, torch_info))
     return [(N, C, label, tm, frac, (ttorch / tm) if (ttorch and tm) else None, note)
             for label, tm, frac, note in out]
 
