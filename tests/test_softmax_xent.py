@@ -88,6 +88,9 @@ FIXED_FAILURES = [
     pytest.param(_case([[0.0, 0.0]] * 9, [0, 1, 0, 1, 0, 0, 1, 0, 1], np.float64,
                        weight=np.array([2.22507386e-313, 1e-3]), z=1e-4),
                  id="mean-gradient-of-a-subnormal-weight-magnified"),
+    pytest.param(_case([[1.7976931348623157e308] * 2], [0], np.float64, weight=np.array([0.0, 1.0]),
+                       eps=1.1830521861667747e-271, z=1.0),
+                 id="zero-target-weight-with-z-loss-coef-overflow"),
 ]
 
 

@@ -277,9 +277,15 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
             zterm = (alt - alt == 0.0) ? alt : zterm;
         }
         loss = ce + zterm;
-        /* r last: with a subnormal class weight, r (2 z lse) rounds once onto the subnormal grid,
-         * where (2 z r) lse would carry 2 z r's rounding times |lse| */
-        a_eff = A + r * ((2.0 * job->z) * job->lse);
+        double zr2 = 2.0 * job->z * r;
+        double zlse = zr2 * job->lse;
+        if (zr2 < 0x1p-1022 && zr2 != 0.0) {
+            /* a subnormal class weight: (2 z r) lse would carry 2 z r's rounding on the subnormal grid
+             * times |lse|; r last rounds there once (kept only where 2 z lse does not overflow) */
+            double alt = r * ((2.0 * job->z) * job->lse);
+            zlse = (alt - alt == 0.0) ? alt : zlse;
+        }
+        a_eff = A + zlse;
         if (!(a_eff - a_eff == 0.0)) {
             /* 2 z r lse overflowed (logits near DBL_MAX) though p_j times it may not: carry 2^1000
              * separately (powers of two scale exactly; near that magnitude A is far below a rounding) */
