@@ -184,8 +184,7 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
     """Validated grad_output: (flat float64 array for reduction='none' or None, scalar factor).
 
     A scalar grad_output held in a 0-d device array is read back to the host (one transfer)."""
-    if _backend.is_device_array(grad_output) != (not backend.is_cpu) and (
-            isinstance(grad_output, np.ndarray) or _backend.is_device_array(grad_output)):
+    if (isinstance(grad_output, np.ndarray) or _backend.is_device_array(grad_output)) and not backend.owns(grad_output):
         raise TypeError(f"grad_output: got a {type(grad_output).__module__}.{type(grad_output).__name__} for "
                         f"inputs held as {backend.name} arrays; pass every array on the same device")
     if reduction == "none":
@@ -312,14 +311,15 @@ class _Problem:
         return self._den
 
     def upstream(self, grad_output):
-        """(row_scale array or None, scalar scale) for the gradient of (loss * grad_output).sum()."""
+        """(row_scale array or None, scalar scale, scalar grad_output) for the gradient of
+        (loss * grad_output).sum(); the scale includes the mean's 1 / denominator."""
         rows, g = _upstream_factor(grad_output, self.reduction, self.batch_shape, self.backend)
         if self.reduction != "mean":
-            return rows, g
+            return rows, g, g
         den = self.denominator()
         # the mean's gradient is 0 when nothing is averaged (all rows ignored / zero weights): every
         # contributing row is empty, so the loss is a constant whatever empty_mean says
-        return None, (g / den if den != 0 else 0.0)
+        return None, (g / den if den != 0 else 0.0), g
 
     def loss_scale(self):
         """Power of two 2^-k >= 1/denominator by which the kernel scales row losses for `mean`: exact, and
@@ -342,10 +342,9 @@ class _Problem:
             if grad is not None:
                 grad.fill(0)
             return loss
-        row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
+        row_scale, scale, g = self.upstream(grad_output) if grad is not None else (None, 1.0, 1.0)
         if (grad is not None and self.reduction == "mean" and self.w is not None and self.y is not None
                 and (not math.isfinite(scale) or self._subnormal_weights())):
-            g = _upstream_factor(grad_output, self.reduction, self.batch_shape, self.backend)[1]
             if math.isfinite(g):
                 # index targets (the row weight r = w_y, z-loss included, scales the whole row), with
                 # subnormal class weights: grad_output / sum(w_y) may overflow although every
@@ -364,7 +363,8 @@ class _Problem:
         return loss
 
     def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None):
-        """One kernel call; row losses come times 2^loss_exp (default: the mean's 2^-k, loss_scale())."""
+        """One kernel call; row losses come times 2^loss_exp (default: the mean's 2^-k, loss_scale()).
+        Subclasses with another kernel (cross_entropy_from_probs) override this alone."""
         xp = self.xp
         y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
         t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)

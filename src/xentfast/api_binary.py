@@ -798,9 +798,9 @@ binary_cross_entropy_with_grad.__doc__ = f"""BCE from probabilities and its grad
 class _ProbsProblem(_api._Problem):
     """A validated cross_entropy_from_probs call.
 
-    Reuses the softmax family's problem object for torch's mean denominator and the upstream factor;
-    the input check, the kernel and the reduction are its own (the softmax kernel's row-loss scaling for
-    `mean` does not apply here: a row loss is at most w_y * 745).
+    Reuses the softmax family's problem object: torch's mean denominator, the upstream factor, the run
+    (with its subnormal-weight fold) and the reduction (with its rescaling of tiny losses); the input
+    check and the kernel (_launch) are its own.
     """
 
     def __init__(self, input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy,
@@ -836,58 +836,24 @@ class _ProbsProblem(_api._Problem):
         self.n_threads = threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
 
-    def _kernel(self, w, rs, scale, loss, grad, loss_k=0.0):
+    def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None):
+        """The row kernel of cross-entropy from probabilities, for the softmax family's run/reduce (which
+        fold subnormal weights and rescale tiny losses the same way for both); losses come times
+        2^loss_exp (default 1: loss_scale() is 0 here)."""
         xp = self.xp
         y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
         t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)
         g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
         clip = self.clip_eps is not None
-        self.backend.binary.ce_probs(self.rows, y, t, w if w is not None else xp.empty(0), self.ignore_index,
-                         rs if rs is not None else xp.empty(0), scale, clip, self.clip_eps if clip else 0.0, loss, g,
-                         self.n_threads, self.y is not None, self.t is not None, w is not None, rs is not None,
-                         grad is not None, loss_k)
-
-    def run(self, grad=None, grad_output=None):
-        xp = self.xp
-        loss = xp.empty(self.N, dtype=np.float64)
-        row_scale, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
-        if grad is not None and not math.isfinite(scale) and self.y is not None and self.denominator() > 0:
-            # 'mean' over subnormal class weights: grad_output / sum(w_y) overflows although every
-            # w_y / sum(w_y) <= 1; fold the denominator into the weights for the gradient instead
-            den = self.denominator()
-            g = 1.0 if grad_output is None else float(grad_output)
-            w = self.w if self.w is not None else xp.ones(self.C)
-            self._kernel(w / den, None, g, xp.empty(self.N), grad)
-            self._kernel(self.w, None, 1.0, loss, None)
-        else:
-            self._kernel(self.w, row_scale, scale, loss, grad)
-        if grad is not None and self.reduction == "mean" and self.denominator() == 0:
-            # nothing averaged: the mean is a constant, its gradient 0 even on NaN rows (softmax policy)
-            grad[...] = 0
-        return loss
+        self.backend.binary.ce_probs(self.rows, y, t, w, self.ignore_index,
+                                     row_scale if row_scale is not None else xp.empty(0), scale, clip,
+                                     self.clip_eps if clip else 0.0, loss, g, self.n_threads, self.y is not None,
+                                     self.t is not None, self.w is not None, row_scale is not None,
+                                     grad is not None, 0.0 if loss_exp is None else float(loss_exp))
 
     def loss_scale(self):
+        # a row loss is at most w_y * 745: no scaling against overflow is needed for a mean
         return 0
-
-    def reduce(self, row_losses):
-        if self.reduction == "none":
-            with np.errstate(over="ignore"):
-                return row_losses.astype(self.dtype).reshape(self.batch_shape)
-        b = self.backend
-        hi, lo, biggest = _sum_and_max(b, row_losses)
-        if _tiny_terms(biggest):
-            scaled = self.xp.empty(self.N, dtype=np.float64)
-            self._kernel(self.w, None, 1.0, scaled, None, _TINY_K)
-            den = self.denominator() if self.reduction == "mean" else 1.0
-            return _reduce_scaled(b, scaled, self.reduction, den, self.empty_mean, self.dtype)
-        if self.reduction == "sum":
-            total = hi + lo
-        else:
-            den = self.denominator()
-            if den == 0:
-                return b.result(np.nan if self.empty_mean == "nan" else 0.0, self.dtype)
-            total = hi / den + lo / den
-        return b.result(total, self.dtype)
 
 
 _CE_PROBS_PARAMS = """
