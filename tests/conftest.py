@@ -35,9 +35,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    # CI sets XENTFAST_REQUIRE_PEERS=1: the cross-checks against torch must run there, not skip
+    # CI sets XENTFAST_REQUIRE_PEERS=1: the cross-checks against torch, JAX/optax and the bfloat16 dtype
+    # must run there, not skip
     if os.environ.get("XENTFAST_REQUIRE_PEERS", "0") not in ("", "0"):
-        try:
-            import torch  # noqa: F401
-        except ImportError as exc:
-            raise pytest.UsageError(f"XENTFAST_REQUIRE_PEERS=1 but torch is not importable: {exc}")
+        import importlib
+        for peer in ("torch", "jax", "optax", "ml_dtypes"):
+            try:
+                importlib.import_module(peer)
+            except ImportError as exc:
+                raise pytest.UsageError(f"XENTFAST_REQUIRE_PEERS=1 but {peer} is not importable: {exc}")
