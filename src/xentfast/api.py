@@ -6,6 +6,7 @@ the offending value.
 """
 
 import functools
+import inspect
 import math
 import operator
 
@@ -441,9 +442,15 @@ def _finish_grad(problem, buf, dest):
 
 def _on_input_device(fn):
     """Run a public function with the device of its first CuPy argument current (kernels and outputs
-    land there); a no-op for NumPy calls."""
+    land there); a no-op for NumPy calls.  Arrays of other libraries (torch, JAX, anything with
+    ``__dlpack__``) are read through DLPack and the results handed back as ``input``'s kind
+    (xentfast._backend (d))."""
+    signature = inspect.signature(fn)
+
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if _backend.has_foreign(args, kwargs):
+            return _backend.call_foreign(fn, signature, args, kwargs)
         with _backend.device_of_call(args, kwargs):
             return fn(*args, **kwargs)
     return call
