@@ -71,9 +71,12 @@ XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_make)(const XF_T *x, const XF_T
 
 /* ---- BCE with logits ---------------------------------------------------------------------------------- */
 
+/* fast_mode: 0 the general form only (float64 storage), 2 the plain-double form of binary.h only (a
+ * chunk whose every element qualifies), 1 both with a per-element select (a mixed chunk): each element
+ * gets the form xf_bin_bce_fast_ok picks for it, as on the GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                          const int unweighted, const int want_d, const int want_o,
-                                          const int want_g)
+                                          const int unweighted, const int fast_mode, const int want_d,
+                                          const int want_o, const int want_g)
 {
     const XF_T *x = b.x, *t = b.t;
     const double *w = b.w, *q = b.q, *g = b.g;
@@ -87,9 +90,27 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
         double xv = (double)x[j];
         double y = (double)t[j];
         int ign = has_ignore & (y == ignore);
-        xf_bin_logit p = xf_bin_logit_pieces(xv);
+        double wj = unweighted ? 1.0 : w[j], qj = unweighted ? 1.0 : q[j];
+        double sj = want_g ? scale * g[j] : 1.0;
+        /* each form's pieces are built only where that form is used (struct values assigned under a
+         * condition would stop the vectorizer) */
+        double v = 0.0, gv = 0.0;
+        if (fast_mode == 2) {
+            xf_bin_fast_logit f = xf_bin_fast_pieces(xv);
+            v = (want_d | want_o) ? xf_bin_bce_fast_loss(f, y, wj, qj) : 0.0;
+            gv = want_g ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : 0.0;
+        } else {
+            xf_bin_logit p = xf_bin_logit_pieces(xv);
+            v = (want_d | want_o) ? xf_bin_bce_logits_loss(p, y, wj, qj, loss_k) : 0.0;
+            gv = want_g ? xf_bin_bce_logits_grad(p, y, wj, qj, sj) : 0.0;
+            if (fast_mode == 1) {
+                int fast = xf_bin_bce_fast_ok(xv, y, wj, qj, sj, loss_k);
+                xf_bin_fast_logit f = xf_bin_fast_pieces(xv);
+                v = (fast & (want_d | want_o)) ? xf_bin_bce_fast_loss(f, y, wj, qj) : v;
+                gv = (fast & want_g) ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : gv;
+            }
+        }
         if (want_d | want_o) {
-            double v = xf_bin_bce_logits_loss(p, y, unweighted ? 1.0 : w[j], unweighted ? 1.0 : q[j], loss_k);
             v = ign ? 0.0 : v;
             if (want_d) {
                 ld[j] = v;
@@ -99,12 +120,106 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
             }
         }
         if (want_g) {
-            double gv = xf_bin_bce_logits_grad(p, y, unweighted ? 1.0 : w[j], unweighted ? 1.0 : q[j],
-                                               scale * g[j]);
             gr[j] = (XF_T)(ign ? 0.0 : gv);
         }
     }
 }
+
+/* elements per fast-form decision: small enough that one odd element costs little, large enough for
+ * the vector loops */
+#define XF_BIN_FAST_CHUNK 64
+
+XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                           const int unweighted, const int fast_mode, double *loss_d,
+                                           XF_T *loss_o, XF_T *grad)
+{
+    /* the output combinations of XF_BIN_UNSWITCH, without its conversion of the whole block */
+    if (grad) {
+        if (loss_d) {
+            XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 1, 0, 1);
+        } else if (loss_o) {
+            XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 0, 1, 1);
+        } else {
+            XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 0, 0, 1);
+        }
+    } else if (loss_d) {
+        XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 1, 0, 0);
+    } else if (loss_o) {
+        XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 0, 1, 0);
+    }
+}
+
+#if XF_BIN_FAST
+/* One out-of-line function per form, each with a literal mode: inlined side by side under a data-
+ * dependent test, gcc merged the two loops back into one that computes every form (measured: 2-3x
+ * slower). */
+#if XF_CUDA
+#define XF_BIN_OWN_CODE XF_KERNEL
+#else
+#define XF_BIN_OWN_CODE XF_KERNEL __attribute__((noinline))
+#endif
+XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_fast_chunk)(XF_BIN_FN(xf_bin_blk) c, long long len,
+                                                         const xf_bin_args *a, int unweighted, double *loss_d,
+                                                         XF_T *loss_o, XF_T *grad)
+{
+    if (unweighted) {
+        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 2, loss_d, loss_o, grad);
+    } else {
+        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 2, loss_d, loss_o, grad);
+    }
+}
+
+XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk) c, long long len,
+                                                          const xf_bin_args *a, int unweighted, double *loss_d,
+                                                          XF_T *loss_o, XF_T *grad)
+{
+    if (unweighted) {
+        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 1, loss_d, loss_o, grad);
+    } else {
+        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 1, loss_d, loss_o, grad);
+    }
+}
+#undef XF_BIN_OWN_CODE
+
+/* The fast-form decision per chunk, for a literal `unweighted`. */
+XF_HD void XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                            const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
+{
+    const double scale = a->scale, loss_k = a->loss_k;
+    long long c0, j;
+    for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
+        const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
+        XF_BIN_FN(xf_bin_blk) c = b;
+        c.x += c0;
+        c.t += c0;
+        c.w += c0;
+        c.q += c0;
+        c.g = c.g ? c.g + c0 : 0;
+        c.ld = c.ld ? c.ld + c0 : 0;
+        c.lo = c.lo ? c.lo + c0 : 0;
+        c.gr = c.gr ? c.gr + c0 : 0;
+        int all_ok = 1;
+        if (grad) {
+#pragma omp simd reduction(& : all_ok)
+            for (j = 0; j < len; j++) {
+                all_ok &= xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                             unweighted ? 1.0 : c.q[j], scale * c.g[j], loss_k);
+            }
+        } else {
+#pragma omp simd reduction(& : all_ok)
+            for (j = 0; j < len; j++) {
+                all_ok &= xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                             unweighted ? 1.0 : c.q[j], 1.0, loss_k);
+            }
+        }
+        if (all_ok) {
+            XF_BIN_FN(xf_bce_logits_fast_chunk)(c, len, a, unweighted, loss_d, loss_o, grad);
+        } else {
+            XF_BIN_FN(xf_bce_logits_mixed_chunk)(c, len, a, unweighted, loss_d, loss_o, grad);
+        }
+    }
+}
+#endif
 
 /* BCE with logits over elements [off, off + n) */
 XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long long off, long long n,
@@ -115,11 +230,25 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     b.w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
     b.q = xf_bin_gather(a->pw, a->pw_div, a->pw_mod, a->pw_full, off, n, pwbuf);
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
+#if XF_BIN_FAST
     if (a->w == 0 && a->pw == 0) {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1);
+        XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, 1, loss_d, loss_o, grad);
     } else {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0);
+        XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, 0, loss_d, loss_o, grad);
     }
+    if (loss_d && loss_o) {
+        long long j;
+        for (j = 0; j < n; j++) {
+            loss_o[off + j] = (XF_T)loss_d[off + j];
+        }
+    }
+#else
+    if (a->w == 0 && a->pw == 0) {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0);
+    } else {
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0);
+    }
+#endif
 }
 
 /* ---- sigmoid focal loss ------------------------------------------------------------------------------- */
@@ -282,6 +411,7 @@ XF_KERNEL double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long lon
 }
 
 #undef XF_BIN_UNSWITCH
+#undef XF_BIN_FAST_CHUNK
 #undef XF_BIN_FN
 #undef XF_BIN_CAT
 #undef XF_BIN_CAT_

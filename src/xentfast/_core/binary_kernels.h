@@ -106,14 +106,18 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
 #endif
 #define XF_T float
 #define XF_SFX f32
+#define XF_BIN_FAST 1
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
+#undef XF_BIN_FAST
 #define XF_T double
 #define XF_SFX f64
+#define XF_BIN_FAST 0
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
+#undef XF_BIN_FAST
 #undef XF_KERNEL
 
 #if !XF_CUDA
@@ -122,14 +126,18 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
 #define XF_KERNEL static __attribute__((target("avx2")))
 #define XF_T float
 #define XF_SFX f32_avx2
+#define XF_BIN_FAST 1
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
+#undef XF_BIN_FAST
 #define XF_T double
 #define XF_SFX f64_avx2
+#define XF_BIN_FAST 0
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
+#undef XF_BIN_FAST
 #undef XF_KERNEL
 #else
 #define XF_BIN_HAVE_AVX2_PATH 0

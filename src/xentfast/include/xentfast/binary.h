@@ -299,6 +299,69 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
     return p.nan ? p.a : r;
 }
 
+/* ---- BCE with logits for float32 storage: the ordinary element in plain double ------------------------
+ * The machinery above (tails scaled by 2^600, normalised products, double-double exp and log) exists for
+ * results near the edges of double's range and for the float64 bound.  A float32 result only needs its
+ * double value to within a small fraction of a float32 ULP, and for an ordinary element plain double
+ * arithmetic gives that:
+ *   - |x| <= 80: e = exp(-|x|) >= 1.8e-35, every quantity below is a normal double; exp to 2^-32
+ *     (xf_exp_lite_normal), log1p to 0.63 ULP, 1/(1 + e), products and sums each 2^-53;
+ *   - 0 <= y <= 1, w and q in [2^-60, 2^60] (q may be 0), |upstream| in [2^-60, 2^60], no loss scaling:
+ *     no product leaves the normal range, and the loss is a sum of non-negative terms (no cancellation).
+ * So the loss and a hard-target gradient carry < 2^-30 relative error before the one rounding to float32
+ * (<= 0.5 + 2^-6 ULP), and a soft-target gradient < 2^-30 of |(1-y) s(x)| + |q y s(-x)| (the unit the
+ * bound uses where the two terms cancel).  Zeros: a zero mass gives +0 as the general path does, and a
+ * gradient whose bracket is exactly 0 returns +0 whatever the upstream sign, as big - tail does there.
+ * Both the CPU loops and the CUDA twin pick this form per element (xf_bin_bce_fast_ok), so they keep
+ * giving the same bits; the two forms may differ from each other by a float32 ULP on a rounding tie. */
+#define XF_BIN_FAST_MAX_ABS_X 80.0
+#define XF_BIN_FAST_LO 0x1p-60
+#define XF_BIN_FAST_HI 0x1p60
+
+XF_HD int xf_bin_bce_fast_ok(double x, double y, double w, double q, double s, double loss_k)
+{
+    double as = xf_fabs(s);
+    return (xf_fabs(x) <= XF_BIN_FAST_MAX_ABS_X) & (y >= 0.0) & (y <= 1.0) & (w >= XF_BIN_FAST_LO) &
+           (w <= XF_BIN_FAST_HI) & ((q == 0.0) | ((q >= XF_BIN_FAST_LO) & (q <= XF_BIN_FAST_HI))) &
+           (as >= XF_BIN_FAST_LO) & (as <= XF_BIN_FAST_HI) & (loss_k == 0.0);
+}
+
+typedef struct {
+    double a;   /* |x| */
+    double e;   /* exp(-|x|) */
+    double l;   /* log1p(e) = softplus(-|x|) */
+    double rd;  /* 1 / (1 + e) */
+    int pos;    /* x >= 0 (true for -0), as xf_bin_logit */
+} xf_bin_fast_logit;
+
+XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
+{
+    xf_bin_fast_logit r;
+    r.a = xf_fabs(x);
+    r.e = xf_exp_lite_normal(-r.a);
+    r.l = xf_log1p(r.e);
+    r.rd = 1.0 / (1.0 + r.e);
+    r.pos = (x >= 0.0);
+    return r;
+}
+
+XF_HD double xf_bin_bce_fast_loss(xf_bin_fast_logit f, double y, double w, double q)
+{
+    double big = f.a + f.l;
+    double sp_x = f.pos ? big : f.l;
+    double sp_mx = f.pos ? f.l : big;
+    return w * ((1.0 - y) * sp_x + (q * y) * sp_mx);
+}
+
+XF_HD double xf_bin_bce_fast_grad(xf_bin_fast_logit f, double y, double w, double q, double s)
+{
+    double tail = f.e * f.rd;
+    double sx = f.pos ? f.rd : tail;
+    double smx = f.pos ? tail : f.rd;
+    double bracket = (1.0 - y) * sx - (q * y) * smx;
+    return (bracket == 0.0) ? 0.0 : (s * w) * bracket;
+}
+
 /* ---- sigmoid focal loss (torchvision semantics) -------------------------------------------------------
  * alpha_t = alpha y + (1 - alpha)(1 - y) (1 when alpha < 0), ce = BCE(x, y), u = 1 - p_t, g = gamma:
  *     loss  = alpha_t ce u^g
