@@ -159,6 +159,39 @@ def test_gradient_is_the_numpy_apis_bits(name, dtype, reduction):
     assert torch.equal(xr.grad, torch.from_numpy(want))
 
 
+_EXTRAS = [
+    ("cross_entropy", dict(label_smoothing=0.3, z_loss=0.1)),
+    ("cross_entropy_from_probs", dict(eps=0.2)),
+    ("binary_cross_entropy_with_logits", dict(ignore_index=0.0)),
+    ("sigmoid_focal_loss", dict(alpha=-1.0, gamma=0.0, ignore_index=1.0)),
+    ("binary_cross_entropy", dict(eps=0.1)),
+    ("binary_cross_entropy", dict(log_clamp=-1.0)),
+]
+
+
+@pytest.mark.parametrize("name,extra", _EXTRAS, ids=lambda v: v if isinstance(v, str) else ",".join(v))
+def test_extras_reach_the_numpy_api(name, extra):
+    case = _case(name, torch.float64)
+    kw = dict(case.kw, **extra)
+    x, t, np_kw = case.np_args()
+    np_kw.update(extra)
+    got, got_grad = _grad_of(case.fn, case.x, case.t, reduction="none", **kw)
+    want = case.np_fwd(x, t, reduction="none", **np_kw)
+    want_grad = case.np_bwd(np.ones(want.shape), x, t, reduction="none", **np_kw)
+    assert torch.equal(got, torch.from_numpy(want)) and torch.equal(got_grad, torch.from_numpy(want_grad))
+    assert not torch.equal(got, case.fn(case.x, case.t, reduction="none", **case.kw))   # the option did something
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_nan_policy(name):
+    case = _case(name, torch.float64)
+    x = case.x.clone()
+    x.view(-1)[0] = math.nan
+    assert torch.isnan(case.fn(x, case.t, reduction="none", **case.kw)).any()
+    with pytest.raises(ValueError, match="NaN"):
+        case.fn(x, case.t, nan_policy="raise", **case.kw)
+
+
 # ---- opcheck and gradcheck -----------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ Design
 (f) Double backward is not provided: the backward ops have no derivative of their own.
 """
 
+import contextlib
 import math
 
 import numpy as np
@@ -221,30 +222,20 @@ _OPS = {name: _make_ops(loss) for name, loss in _LOSSES.items()}
 # CUDA: CuPy on torch's stream, with torch's allocator
 
 
-class _on_torch_stream:
-    """Makes `device` current for CuPy, torch's current stream CuPy's current stream, and torch's caching
+@contextlib.contextmanager
+def _on_torch_stream(cupy, device):
+    """`device` current for CuPy, torch's current stream CuPy's current stream, and torch's caching
     allocator CuPy's allocator, for the duration of one op call."""
-
-    def __init__(self, cupy, device):
-        self.cupy = cupy
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
-
-    def __enter__(self):
-        cp = self.cupy
-        stream = torch.cuda.current_stream(self.index)
-        if hasattr(cp.cuda.Stream, "from_external"):        # CuPy >= 14 (ExternalStream is deprecated there)
-            cp_stream = cp.cuda.Stream.from_external(stream)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(index)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cupy.cuda.Device(index))
+        if hasattr(cupy.cuda.Stream, "from_external"):      # CuPy >= 14, where ExternalStream is deprecated
+            stack.enter_context(cupy.cuda.Stream.from_external(stream))
         else:
-            cp_stream = cp.cuda.ExternalStream(stream.cuda_stream, self.index)
-        self._contexts = [cp.cuda.Device(self.index), cp_stream, cp.cuda.using_allocator(_torch_allocator(cp))]
-        for c in self._contexts:
-            c.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        for c in reversed(self._contexts):
-            c.__exit__(*exc)
-        return False
+            stack.enter_context(cupy.cuda.ExternalStream(stream.cuda_stream, index))
+        stack.enter_context(cupy.cuda.using_allocator(_torch_allocator(cupy)))
+        yield
 
 
 _allocator = None
