@@ -14,6 +14,18 @@ Design
     call costs one device -> host round trip before its kernels run, whatever it validates.
 (c) Importing this module imports neither CuPy nor the CUDA module; nothing here touches a GPU until a
     CuPy array is passed.
+(d) Any other array with ``__dlpack__`` (torch tensors, JAX arrays, ...) is read once, at the public
+    function's entry (:func:`call_foreign`), by where it lives: ``__dlpack_device__()`` CPU -> NumPy
+    (``np.from_dlpack``, zero-copy), CUDA -> CuPy (``cupy.from_dlpack``); from there (a) decides as for
+    NumPy and CuPy arrays, so a torch tensor and a NumPy target mix on the CPU.  The results go back as
+    ``input``'s kind: a torch tensor (``torch.from_dlpack``, zero-copy), a JAX array
+    (``jax.numpy.asarray``, a copy: JAX arrays are immutable), else the ``__array_namespace__``'s
+    ``from_dlpack``; an ``out=`` or in-place gradient is returned as the caller's own object.  Two
+    exchanges DLPack cannot make are done by hand: bfloat16 (NumPy has no DLPack code for it), as its
+    int16 bits viewed as ``ml_dtypes.bfloat16``, and JAX's bfloat16 through ``numpy.asarray``.  A torch
+    tensor that requires grad is refused: DLPack would only export it detached, and a loss without its
+    graph would be a silent wrong answer in a training loop; ``xentfast.torch`` has the autograd ops.
+    NumPy reads a JAX array read-only, which is enough for inputs; ``inplace=True`` on one is refused.
 """
 
 import contextlib
@@ -21,6 +33,7 @@ import sys
 
 import numpy as np
 
+from . import _dtypes
 from ._core import _binary, _xent
 
 
@@ -194,3 +207,145 @@ class Checks:
                 raise AssertionError("explain() must raise")  # pragma: no cover
         self.flags, self.explains = [], []
         return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# arrays of other libraries, through DLPack: see (d)
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
+
+
+def is_foreign(a):
+    """Whether `a` is an array xentfast reads through DLPack: it has ``__dlpack__`` and is neither NumPy's
+    nor a device backend's own."""
+    return (not isinstance(a, (np.ndarray, np.generic)) and hasattr(a, "__dlpack__")
+            and not is_device_array(a))
+
+
+def has_foreign(args, kwargs):
+    for a in args:
+        if is_foreign(a):
+            return True
+    for a in kwargs.values():
+        if is_foreign(a):
+            return True
+    return False
+
+
+def _kind(a):
+    t = type(a)
+    return f"{t.__module__.split('.')[0]}.{t.__name__}"
+
+
+def _torch_tensor(a):
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and isinstance(a, torch.Tensor) else None
+
+
+def _jax_array(a):
+    jax = sys.modules.get("jax")
+    return jax if jax is not None and isinstance(a, jax.Array) else None
+
+
+def _ml_dtypes(name):
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError(f"{name}: reading a bfloat16 array needs ml_dtypes (pip install ml_dtypes)") from None
+    return ml_dtypes
+
+
+def _import(a, name):
+    """`a` as a NumPy (CPU) or CuPy (CUDA) array sharing its memory where the exchange allows."""
+    torch = _torch_tensor(a)
+    if torch is not None:
+        if a.requires_grad:
+            raise TypeError(
+                f"{name}: the torch.Tensor requires grad, and xentfast's array functions record no autograd "
+                f"graph; use xentfast.torch (ops with backward formulas), or pass {name}.detach() for values only")
+        if a.dtype == torch.bfloat16:
+            return _import(a.view(torch.int16), name).view(_ml_dtypes(name).bfloat16)
+    try:
+        device_type = int(a.__dlpack_device__()[0])
+    except Exception as exc:
+        raise TypeError(f"{name}: cannot tell where the {_kind(a)} lives (__dlpack_device__: {exc})") from exc
+    if device_type == _DL_CPU:
+        try:
+            return np.from_dlpack(a)
+        except Exception as exc:
+            # JAX bfloat16 has no DLPack exchange with NumPy; its own conversion gives ml_dtypes.bfloat16
+            if _jax_array(a) is None:
+                raise TypeError(f"{name}: NumPy cannot read the {_kind(a)} through DLPack ({exc})") from exc
+            return np.asarray(a)
+    if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+        try:
+            import cupy
+        except ImportError:
+            raise TypeError(f"{name}: a {_kind(a)} on a CUDA device needs CuPy (pip install cupy-cuda12x)") from None
+        return cupy.from_dlpack(a)
+    raise TypeError(f"{name}: the {_kind(a)} is on DLPack device type {device_type}; xentfast runs on the CPU "
+                    f"(NumPy) and on CUDA devices (CuPy)")
+
+
+def _exporter(original):
+    """The function that hands a NumPy or CuPy result back as `original`'s kind (see (d))."""
+    if not is_foreign(original):
+        return None
+    torch = _torch_tensor(original)
+    if torch is not None:
+        def to_torch(v):
+            a = xp(v).asarray(v)            # a NumPy scalar becomes a 0-d array, as torch returns
+            if _dtypes.is_bfloat16(a.dtype):
+                return torch.from_dlpack(a.view(np.int16)).view(torch.bfloat16)
+            return torch.from_dlpack(a)
+        return to_torch
+    jax = _jax_array(original)
+    if jax is not None:
+        import jax.numpy as jnp
+
+        def to_jax(v):
+            return jnp.asarray(v) if isinstance(v, (np.ndarray, np.generic)) else jnp.from_dlpack(v)
+        return to_jax
+    namespace = getattr(original, "__array_namespace__", None)
+    if namespace is None:
+        return None
+    ns = namespace()
+
+    def to_namespace(v):
+        a = xp(v).asarray(v)
+        try:
+            return ns.from_dlpack(a)
+        except (BufferError, TypeError, ValueError, RuntimeError):
+            return ns.asarray(a)   # a dtype DLPack cannot carry (bfloat16)
+    return to_namespace
+
+
+def _export(value, to_kind, imported):
+    if isinstance(value, tuple):
+        return tuple(_export(v, to_kind, imported) for v in value)
+    hit = imported.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]                       # out= or the in-place input: the caller's own object
+    return value if to_kind is None else to_kind(value)
+
+
+def call_foreign(fn, signature, args, kwargs):
+    """Call public function `fn` with its DLPack arguments read as NumPy or CuPy arrays, and hand the
+    results back as ``input``'s kind (see (d))."""
+    bound = signature.bind(*args, **kwargs)
+    imported = {}   # id(local array) -> (local array, the caller's object)
+    for name, value in bound.arguments.items():
+        if is_foreign(value):
+            local = _import(value, name)
+            imported[id(local)] = (local, value)
+            bound.arguments[name] = local
+    original = bound.arguments.get("input")
+    original = imported.get(id(original), (None, original))[1]
+    if bound.arguments.get("inplace") and is_foreign(original):
+        local = bound.arguments["input"]
+        if not getattr(local.flags, "writeable", True):
+            raise ValueError(f"input: inplace=True, but the {_kind(original)} can only be read (JAX arrays are "
+                             f"immutable); use the returned gradient instead")
+    with device_of_call(bound.args, bound.kwargs):
+        result = fn(*bound.args, **bound.kwargs)
+    return _export(result, _exporter(original), imported)

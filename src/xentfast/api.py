@@ -6,12 +6,13 @@ the offending value.
 """
 
 import functools
+import inspect
 import math
 import operator
 
 import numpy as np
 
-from . import _backend
+from . import _backend, _dtypes
 from ._backend import xp as _xp
 from ._threads import threads_for
 
@@ -35,10 +36,11 @@ _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _as_logits(input, name="input", writeable=False, backend=_backend.CPU):
-    x = _as_float_input(input, name=name, writeable=writeable, backend=backend)
+    """(x, given) as :func:`_as_float_input`, with at least one dimension (the class axis)."""
+    x, given = _as_float_input(input, name=name, writeable=writeable, backend=backend)
     if x.ndim == 0:
         raise ValueError(f"{name}: expected at least 1 dimension (the class axis), got a 0-d array")
-    return x
+    return x, given
 
 
 def _class_axis(axis, ndim, name="axis"):
@@ -146,7 +148,7 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backen
     t = backend.xp.asarray(target)
     if t.dtype.kind in "iu":
         return _index_targets(t, batch_shape, C, ignore_index, backend, checks), None
-    if t.dtype.kind == "f":
+    if t.dtype.kind == "f" or _dtypes.is_bfloat16(t.dtype):
         if t.shape == batch_shape and t.shape != x.shape:
             raise TypeError(
                 f"target: got floating-point values of shape {t.shape}, the shape of class indices; "
@@ -171,7 +173,7 @@ def _class_weights(weight, C, backend=_backend.CPU, checks=None):
         return None
     checks = checks or backend.checks(immediate=True)
     w = backend.xp.asarray(weight)
-    if w.dtype.kind not in "fiu" or w.dtype.kind == "b":
+    if not _dtypes.is_real(w.dtype):
         raise TypeError(f"weight: expected real class weights, got dtype {w.dtype}")
     if w.shape != (C,):
         raise ValueError(f"weight: expected shape ({C},), one weight per class; got shape {w.shape}")
@@ -191,7 +193,7 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
         if grad_output is None:
             return None, 1.0
         g = backend.xp.asarray(grad_output)
-        if g.dtype.kind not in "fiu":
+        if not _dtypes.is_real(g.dtype):
             raise TypeError(f"grad_output: expected real values, got dtype {g.dtype}")
         if g.shape != loss_shape:
             raise ValueError(f"grad_output: expected the loss's shape {loss_shape} (reduction='none'); "
@@ -202,7 +204,7 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
     ga = backend.xp.asarray(grad_output)
     if ga.shape != ():
         raise ValueError(f"grad_output: expected a scalar for reduction={reduction!r}; got shape {ga.shape}")
-    if ga.dtype.kind not in "fiu":
+    if not _dtypes.is_real(ga.dtype):
         raise TypeError(f"grad_output: expected a real scalar, got dtype {ga.dtype}")
     return None, float(ga)
 
@@ -258,8 +260,8 @@ class _Problem:
         self.xp = self.backend.xp
         self.k = self.backend.softmax
         checks = self.backend.checks()
-        self.x_orig = _as_logits(input, writeable=inplace, backend=self.backend)
-        self.dtype = self.x_orig.dtype
+        self.x_orig, self.x_given = _as_logits(input, writeable=inplace, backend=self.backend)
+        self._set_dtypes()
         self.axis = _class_axis(axis, self.x_orig.ndim)
         self.reduction = _check_choice(reduction, _REDUCTIONS, "reduction")
         self.empty_mean = _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
@@ -279,6 +281,13 @@ class _Problem:
         self.N = self.rows.shape[0]
         self.n_threads = threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
+
+    def _set_dtypes(self):
+        """dtype: the kernels' (float64 for half inputs); loss_dtype: losses and reductions; grad_dtype: the
+        gradient, the caller's dtype (xentfast._dtypes (a))."""
+        self.dtype = self.x_orig.dtype
+        self.grad_dtype = self.x_given.dtype
+        self.loss_dtype = _dtypes.loss_dtype(self.grad_dtype)
 
     def _finish_checks(self, checks):
         """Raise on any failed data check; on the GPU the mean's denominator rides along with the
@@ -378,7 +387,7 @@ class _Problem:
     def reduce(self, row_losses):
         if self.reduction == "none":
             with np.errstate(over="ignore"):  # a double loss beyond float32's range is inf, as it should be
-                return row_losses.astype(self.dtype).reshape(self.batch_shape)
+                return row_losses.astype(self.loss_dtype).reshape(self.batch_shape)
         hi, lo, biggest = _sum_and_max(self.backend, row_losses)
         k = self.loss_scale()  # the rows came scaled by 2^-k (run); undo it after dividing
         if _tiny_terms(biggest):
@@ -394,33 +403,39 @@ class _Problem:
         else:
             den = self.denominator()
             if den == 0:
-                return self.backend.result(np.nan if self.empty_mean == "nan" else 0.0, self.dtype)
+                return self.backend.result(np.nan if self.empty_mean == "nan" else 0.0, self.loss_dtype)
             total = (hi / den + lo / den) * math.ldexp(1.0, k)  # inf if the mean itself overflows
-        return self.backend.result(total, self.dtype)
+        return self.backend.result(total, self.loss_dtype)
 
 
 def _grad_target(problem, out, inplace):
-    """The (N, C) C-contiguous buffer the kernel writes the gradient into, and how to hand it back."""
+    """The (N, C) C-contiguous buffer the kernel writes the gradient into, and how to hand it back.
+
+    Half-precision inputs (problem.x_orig is then a float64 copy of problem.x_given) always get a float64
+    buffer of their own, rounded into `out` or the input by _finish_grad: the widened copy itself is not
+    reused, because a reduction may launch the kernel on the logits again after the gradient pass."""
     x = problem.x_orig
+    given = problem.x_given
     backend = problem.backend
     xp = backend.xp
-    last_axis_contiguous = problem.axis == x.ndim - 1 and x.flags.c_contiguous
+    direct = problem.grad_dtype == problem.dtype
+    last_axis_contiguous = direct and problem.axis == x.ndim - 1 and x.flags.c_contiguous
     if inplace:
         if out is not None:
             raise ValueError("out: cannot be combined with inplace=True (the gradient goes into input)")
         if last_axis_contiguous:
-            return problem.rows, x
-        return xp.empty_like(problem.rows), x
+            return problem.rows, given
+        return xp.empty_like(problem.rows), given
     if out is not None:
         if not backend.owns(out):
             raise TypeError(f"out: expected a {backend.array_type.__module__}.{backend.array_type.__name__} "
                             f"(the input's kind), got {type(out).__name__}")
-        if out.shape != x.shape or out.dtype != x.dtype:
-            raise ValueError(f"out: expected shape {x.shape} and dtype {x.dtype}; got shape {out.shape}, "
+        if out.shape != given.shape or out.dtype != given.dtype:
+            raise ValueError(f"out: expected shape {given.shape} and dtype {given.dtype}; got shape {out.shape}, "
                              f"dtype {out.dtype}")
         if not getattr(out.flags, "writeable", True):
             raise ValueError("out: the array is read-only")
-        if backend.overlaps(out, x):
+        if backend.overlaps(out, given):
             raise ValueError("out: overlaps input; use inplace=True to write the gradient into input")
         if last_axis_contiguous and out.flags.c_contiguous:
             return out.reshape(problem.rows.shape), out
@@ -429,9 +444,12 @@ def _grad_target(problem, out, inplace):
 
 
 def _finish_grad(problem, buf, dest):
-    """Return the gradient in the input's layout, copying into `dest` when the kernel wrote elsewhere."""
+    """Return the gradient in the input's layout and dtype, copying into `dest` when the kernel wrote
+    elsewhere; a half-precision gradient is rounded here, once (xentfast._dtypes (c))."""
     xp = problem.backend.xp
     shaped = _restore(buf, problem.batch_shape, problem.axis, problem.x_orig.ndim)
+    if problem.grad_dtype != buf.dtype:
+        shaped = _dtypes.round_to(shaped, problem.grad_dtype)
     if dest is None:
         return xp.ascontiguousarray(shaped)
     if not problem.backend.overlaps(buf, dest):
@@ -441,9 +459,15 @@ def _finish_grad(problem, buf, dest):
 
 def _on_input_device(fn):
     """Run a public function with the device of its first CuPy argument current (kernels and outputs
-    land there); a no-op for NumPy calls."""
+    land there); a no-op for NumPy calls.  Arrays of other libraries (torch, JAX, anything with
+    ``__dlpack__``) are read through DLPack and the results handed back as ``input``'s kind
+    (xentfast._backend (d))."""
+    signature = inspect.signature(fn)
+
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if _backend.has_foreign(args, kwargs):
+            return _backend.call_foreign(fn, signature, args, kwargs)
         with _backend.device_of_call(args, kwargs):
             return fn(*args, **kwargs)
     return call
@@ -452,12 +476,32 @@ def _on_input_device(fn):
 # ---------------------------------------------------------------------------------------------------
 # public functions
 
+# shared by every public function of both families (xentfast.api_binary imports them)
+_HALF_BOUND = """
+    float16 / bfloat16 input: every loss (per row or element, 'mean', 'sum') in float32 within 1 ULP of
+    float32, and every gradient entry in the input's dtype within 1 ULP of that dtype (relative, or in ulps
+    of the same scale as above), of the exact value for the half-precision inputs.  Analysis: 0.5 ULP (the
+    one final rounding) plus under 2^-26; measured maximum 0.50."""
+
+_HALF_NOTES = """
+    Half precision and other array types: float16 and ``ml_dtypes.bfloat16`` inputs are widened exactly
+    to float64 and run through the float64 kernels, so a call holds a float64 copy of the input (4x its
+    memory) and, for a gradient, a float64 gradient buffer as well; a kernel that reads half precision
+    directly may come later.  The loss is then rounded once to float32, the gradient once to the input's
+    dtype (bfloat16 through float32 rounded to odd, so not twice).  Half-precision targets, weights and
+    ``grad_output`` are widened exactly too, never rounded to half.  torch tensors, JAX arrays and any
+    other array with ``__dlpack__`` are read through DLPack (CPU: NumPy, CUDA: CuPy), and the results
+    come back as ``input``'s kind (``out=`` and an in-place gradient as the caller's own object).  A torch
+    tensor that requires grad raises TypeError: ``xentfast.torch`` has the autograd ops.  JAX arrays are
+    read-only here, so ``inplace=True`` on one raises ValueError."""
+
 _XENT_DOC_PARAMS = """
-    input : array_like of float32 or float64
-        Logits; the class axis is ``axis``.
+    input : array_like of float16, bfloat16, float32 or float64, or any array with ``__dlpack__``
+        Logits; the class axis is ``axis``.  Half precision costs a float64 copy (Notes).
     target : array_like
         Integer class indices, shape of ``input`` without ``axis`` (any integer dtype), or class
-        probabilities of ``input``'s shape (cast to ``input``'s dtype).
+        probabilities of ``input``'s shape (cast to ``input``'s dtype; to float64, exactly, for half
+        precision).
     weight : array_like, shape (C,), optional
         Class weights, finite and >= 0.
     ignore_index : int, default -100
@@ -504,7 +548,8 @@ _XENT_DOC_NOTES = """
     Deliberate differences from ``torch.nn.functional.cross_entropy``: label smoothing spreads over the
     classes with finite logits (torch spreads over all C and returns +inf when one is -inf); rows with a
     ``+inf`` logit are NaN (torch: NaN as well, through inf - inf); label smoothing in (0, 2**-900)
-    is refused; ``z_loss``, ``empty_mean`` and ``nan_policy`` are extras."""
+    is refused; ``z_loss``, ``empty_mean`` and ``nan_policy`` are extras.
+""" + _HALF_NOTES
 
 
 @_on_input_device
@@ -522,13 +567,13 @@ cross_entropy.__doc__ = f"""Softmax cross-entropy between logits and targets (to
 
     Returns
     -------
-    loss : ndarray or scalar of input's dtype
+    loss : ndarray or scalar of input's dtype (float32 for float16 / bfloat16 input)
         Shape of ``input`` without ``axis`` for ``reduction='none'``, else a NumPy scalar.
 
     Error bound
     -----------
     Per-row loss: <= 2 ULP (float32), <= 4 ULP (float64) of the exact value of the rounded inputs.
-    'mean' / 'sum' (with weights, ignore_index): <= 4 ULP.  Measured against ``xentfast.reference``.
+    'mean' / 'sum' (with weights, ignore_index): <= 4 ULP.  Measured against ``xentfast.reference``.{_HALF_BOUND}
 
     Notes
     -----{_XENT_DOC_NOTES}
@@ -570,7 +615,7 @@ cross_entropy_backward.__doc__ = f"""Gradient of :func:`cross_entropy` with resp
     -----------
     Index targets without smoothing or z-loss: <= 2 ULP (float32), <= 4 ULP (float64), relative, every
     entry including the target class.  Probability targets, smoothing, z-loss (where ``p_j A - q_j``
-    cancels by nature): the same numbers in units of ``ulp(|p_j A| + |q_j|)`` times the upstream scale.
+    cancels by nature): the same numbers in units of ``ulp(|p_j A| + |q_j|)`` times the upstream scale.{_HALF_BOUND}
 
     Notes
     -----{_XENT_DOC_NOTES}
@@ -603,7 +648,8 @@ cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
         Buffer of ``input``'s shape and dtype for the gradient (must not overlap ``input``).
     inplace : bool, default False
         Write the gradient into ``input`` (a writeable ndarray); no N x C allocation when the class axis is
-        last and ``input`` is C-contiguous.
+        last and ``input`` is C-contiguous (half precision: always a float64 buffer, rounded into
+        ``input``).
 
     Returns
     -------
@@ -612,7 +658,8 @@ cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
 
     Error bound
     -----------
-    As :func:`cross_entropy` for the loss and :func:`cross_entropy_backward` for the gradient.
+    As :func:`cross_entropy` for the loss and :func:`cross_entropy_backward` for the gradient, half
+    precision included.
 
     Notes
     -----{_XENT_DOC_NOTES}
@@ -622,27 +669,32 @@ cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
 def _softmax_family(input, axis, n_threads, mode):
     backend = _backend.for_call(input=input)
     xp = backend.xp
-    x = _as_logits(input, backend=backend)
+    x, given = _as_logits(input, backend=backend)
+    # logsumexp and log_softmax are loss-like (float32 for half inputs), softmax a probability (the
+    # input's dtype): xentfast._dtypes (a)
+    out_dtype = given.dtype if mode == 2 else _dtypes.loss_dtype(given.dtype)
     ax = _class_axis(axis, x.ndim)
     rows, batch_shape, C = _rows(x, ax)
     nt = threads_for(n_threads, rows.size)
     lse = xp.empty(rows.shape[0], dtype=np.float64)
     if mode == 0:
         if C == 0:
-            return xp.full(batch_shape, -np.inf, dtype=x.dtype)
+            return xp.full(batch_shape, -np.inf, dtype=out_dtype)
         backend.softmax.softmax_family(rows, xp.empty((0, 0), dtype=x.dtype), lse, 0, nt, True)
-        return lse.astype(x.dtype).reshape(batch_shape)
+        return lse.astype(out_dtype).reshape(batch_shape)
     out = xp.empty_like(rows)
     if C:
         backend.softmax.softmax_family(rows, out, lse, mode, nt, False)
-    return xp.ascontiguousarray(_restore(out, batch_shape, ax, x.ndim))
+    return xp.ascontiguousarray(_dtypes.round_to(_restore(out, batch_shape, ax, x.ndim), out_dtype))
 
 
 @_on_input_device
 def logsumexp(input, axis=-1, *, n_threads=None):
     """log(sum(exp(input))) along ``axis``, without overflow.
 
-    Returns an array of ``input``'s dtype and shape without ``axis``.  Special values: a row of only
+    Returns an array of ``input``'s dtype (float32 for float16 / bfloat16 input) and shape without
+    ``axis``.  ``input`` may be any array type and dtype the losses take (:func:`cross_entropy`, Notes: a
+    half-precision input is widened to a float64 copy).  Special values: a row of only
     ``-inf`` gives ``-inf`` (the empty sum), any ``+inf`` gives ``+inf``, any NaN gives NaN; an empty
     class axis gives ``-inf``.
 
@@ -655,7 +707,7 @@ def logsumexp(input, axis=-1, *, n_threads=None):
     (double-double, then 160-, 480- and 1216-bit fixed point) until a proven error bound is small
     enough; such rows cost about 100x (float32) to 300x (float64) an ordinary row, other rows nothing.
     The fixed-point steps hold rows of fewer than 2**32 classes; a cancelling row wider than that keeps
-    the double-double value, whose bound is not proven.
+    the double-double value, whose bound is not proven.  float16 / bfloat16 input: <= 1 ULP of float32.
     """
     return _softmax_family(input, axis, n_threads, 0)
 
@@ -665,11 +717,12 @@ def log_softmax(input, axis=-1, *, n_threads=None):
     """``input - logsumexp(input)`` along ``axis``, evaluated as ``(x - m) - log1p(s)``.
 
     Rows with a NaN, a ``+inf`` logit or only ``-inf`` logits are NaN; ``-inf`` entries of other rows
-    give ``-inf``.
+    give ``-inf``.  Returns ``input``'s dtype, float32 for float16 / bfloat16 input (a float64 copy is
+    made); any array type the losses take.
 
     Error bound
     -----------
-    <= 2 ULP (float32), <= 4 ULP (float64), every entry.
+    <= 2 ULP (float32), <= 4 ULP (float64), every entry; float16 / bfloat16 input: <= 1 ULP of float32.
     """
     return _softmax_family(input, axis, n_threads, 1)
 
@@ -679,11 +732,13 @@ def softmax(input, axis=-1, *, n_threads=None):
     """``exp(input - logsumexp(input))`` along ``axis``.
 
     Same special-value policy as :func:`log_softmax`; ``-inf`` entries give exactly 0.  Tiny
-    probabilities are not flushed to 0 before they underflow the dtype.
+    probabilities are not flushed to 0 before they underflow the dtype.  Returns ``input``'s dtype, half
+    precision included (computed from a float64 copy, rounded once); any array type the losses take.
 
     Error bound
     -----------
-    <= 2 ULP (float32), <= 4 ULP (float64), every entry (relative, subnormal spacing below the normals).
+    <= 2 ULP (float32), <= 4 ULP (float64), every entry (relative, subnormal spacing below the normals);
+    <= 1 ULP of float16 / bfloat16 for half-precision input.
     """
     return _softmax_family(input, axis, n_threads, 2)
 
@@ -694,22 +749,31 @@ def softmax(input, axis=-1, *, n_threads=None):
 
 
 def _as_float_input(input, name="input", what="logits", writeable=False, backend=_backend.CPU):
-    """A float32/float64 array of any rank (0-d included); messages call the values `what`."""
+    """(x, given) for a float16, bfloat16, float32 or float64 array of any rank (0-d included).
+
+    `given` is the caller's array (it receives an in-place gradient); `x` is what the kernels read:
+    `given` itself for float32/float64, a float64 copy for half precision (exact, and 4x the memory of
+    `given`: xentfast._dtypes (a)).  Messages call the values `what`."""
     if writeable:
         if not backend.owns(input):
             raise TypeError(f"{name}: inplace=True needs a NumPy or CuPy array to write into, "
                             f"got {type(input).__name__}")
         if not getattr(input.flags, "writeable", True):
             raise ValueError(f"{name}: inplace=True on a read-only array; pass a writeable copy or use out=")
-    x = backend.xp.asarray(input)
-    if x.dtype not in _FLOAT_DTYPES:
-        hint = ""
-        if x.dtype.kind in "iub":
-            hint = f" ({what} must be floating point; cast with .astype(np.float32) if integers were meant)"
-        elif x.dtype.kind == "f":
-            hint = " (cast half precision to float32 first)"
-        raise TypeError(f"{name}: expected float32 or float64 {what}, got dtype {x.dtype}{hint}")
-    return x
+    given = backend.xp.asarray(input)
+    dt = given.dtype
+    if dt in _FLOAT_DTYPES:
+        return given, given
+    if _dtypes.is_half(dt):
+        return given.astype(np.float64), given
+    hint = ""
+    if dt.kind in "iub":
+        hint = f" ({what} must be floating point; cast with .astype(np.float32) if integers were meant)"
+    elif dt.kind == "f":
+        hint = " (cast to float64: wider formats are not supported)"
+    elif dt.kind == "c":
+        hint = f" ({what} must be real)"
+    raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64 {what}, got dtype {dt}{hint}")
 
 
 def _first_bad(mask, shape):

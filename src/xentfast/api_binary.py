@@ -12,13 +12,15 @@ import operator
 
 import numpy as np
 
-from . import _backend
+from . import _backend, _dtypes
 from . import api as _api
 from ._backend import xp as _xp
 from ._core import _binary
 from ._threads import threads_for
 from .api import (
     _EMPTY_MEAN,
+    _HALF_BOUND,
+    _HALF_NOTES,
     _REDUCTIONS,
     _as_float_input,
     _check_choice,
@@ -86,10 +88,11 @@ def _raise_not_unit(tc, ignore, name):
 
 
 def _unit_targets(target, x, ignore, name="target", backend=_backend.CPU, checks=None):
-    """Targets of x's shape, cast to x's dtype, every value in [0, 1] or equal to `ignore`."""
+    """Targets of x's shape, cast to x's dtype (the kernels': float64, exactly, for half inputs), every
+    value in [0, 1] or equal to `ignore`."""
     checks = checks or backend.checks(immediate=True)
     t = backend.xp.asarray(target)
-    if t.dtype.kind not in "fiub":
+    if not (_dtypes.is_real(t.dtype) or t.dtype.kind == "b"):
         raise TypeError(f"{name}: expected real values in [0, 1], got dtype {t.dtype}")
     if t.shape != x.shape:
         raise ValueError(f"{name}: expected the input's shape {x.shape}; got {t.shape}")
@@ -137,7 +140,7 @@ def _broadcast_weight(weight, shape, name, backend=_backend.CPU, checks=None):
     checks = checks or backend.checks(immediate=True)
     xp = backend.xp
     w = xp.asarray(weight)
-    if w.dtype.kind not in "fiu":
+    if not _dtypes.is_real(w.dtype):
         raise TypeError(f"{name}: expected real weights, got dtype {w.dtype}")
     try:
         ok = np.broadcast_shapes(w.shape, shape) == tuple(shape)
@@ -208,10 +211,13 @@ class _Elementwise:
         self.backend = _backend.for_call(input=input, target=target, weight=weight, pos_weight=pos_weight)
         self.xp = xp = self.backend.xp
         checks = self.backend.checks()
-        x = _as_float_input(input, writeable=inplace, what=what, backend=self.backend)
+        x, given = _as_float_input(input, writeable=inplace, what=what, backend=self.backend)
         self.scalar = x.ndim == 0
         self.x_orig = x.reshape(1) if self.scalar else x
-        self.dtype = x.dtype
+        self.x_given = given.reshape(1) if self.scalar else given
+        self.dtype = x.dtype                                   # the kernels'
+        self.grad_dtype = given.dtype                          # the caller's
+        self.loss_dtype = _dtypes.loss_dtype(given.dtype)      # float32 for half inputs
         self.shape = x.shape
         self.reduction = _check_choice(reduction, _REDUCTIONS, "reduction")
         self.empty_mean = _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
@@ -273,21 +279,22 @@ class _Elementwise:
 
     def reduce(self, losses):
         if self.reduction == "none":
-            return losses.reshape(self.shape)
+            with np.errstate(over="ignore"):
+                return losses.astype(self.loss_dtype, copy=False).reshape(self.shape)
         b = self.backend
         hi, lo, biggest = _sum_and_max(b, losses)
         if _tiny_terms(biggest):
             return _reduce_scaled(b, self.run(loss_k=_TINY_K), self.reduction, self.kept, self.empty_mean,
-                                  self.dtype)
+                                  self.loss_dtype)
         if self.reduction == "sum":
             total = hi + lo
         else:
             if self.kept == 0:
-                return b.result(np.nan if self.empty_mean == "nan" else 0.0, self.dtype)
+                return b.result(np.nan if self.empty_mean == "nan" else 0.0, self.loss_dtype)
             total = hi / self.kept + lo / self.kept
             if hi == np.inf:
                 total = self._mean_beyond_overflow(losses)
-        return b.result(total, self.dtype)
+        return b.result(total, self.loss_dtype)
 
     def _mean_beyond_overflow(self, losses):
         """float64 only: the sum of the element losses beyond DBL_MAX while the mean may not be.
@@ -367,10 +374,11 @@ def _elementwise(op, input, target, inplace=False, **kw):
 # BCE with logits
 
 _BCE_LOGITS_PARAMS = """
-    input : array_like of float32 or float64
-        Logits, any shape (0-d included).
+    input : array_like of float16, bfloat16, float32 or float64, or any array with ``__dlpack__``
+        Logits, any shape (0-d included).  Half precision costs a float64 copy (Notes).
     target : array_like
-        Targets in [0, 1] (soft targets allowed), the input's shape; cast to the input's dtype.
+        Targets in [0, 1] (soft targets allowed), the input's shape; cast to the input's dtype (to
+        float64, exactly, for half precision).
     weight : array_like, optional
         Element weights, finite and >= 0, broadcast to the input (torch's ``weight``).
     pos_weight : array_like, optional
@@ -412,14 +420,15 @@ _BCE_LOGITS_NOTES = """
     [0, 1] are rejected (torch computes a loss that can be negative); weights must be >= 0.
     Differences from Paddle's ``sigmoid_cross_entropy_with_logits``: ``pos_weight`` has torch's meaning
     (Paddle before PR #65859 weighted only the log term); the gradient at ``x = 0`` is ``1/2 - y`` for
-    ``q = 1`` (Paddle's CPU kernel gives ``-1/2 - y``)."""
+    ``q = 1`` (Paddle's CPU kernel gives ``-1/2 - y``).
+""" + _HALF_NOTES
 
 _BOUND_BCE = """
     Per element, reduction='none': loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same,
     relative, for targets in {0, 1}, and in units of ulp(w (|(1-y) sigmoid(x)| + |q y sigmoid(-x)|)) for
     soft targets.  'mean' / 'sum' <= 4 ULP; gradients of 'mean' / 'sum' or with an element-wise
     ``grad_output``: one more ULP (the upstream factor's rounding).  Measured against
-    ``xentfast.reference``; the README lists the measured maxima."""
+    ``xentfast.reference``; the README lists the measured maxima.""" + _HALF_BOUND
 
 
 @_on_input_device
@@ -456,7 +465,8 @@ binary_cross_entropy_with_logits.__doc__ = f"""Sigmoid (binary) cross-entropy fr
 
     Returns
     -------
-    loss : ndarray of the input's shape and dtype for reduction='none', else a NumPy scalar
+    loss : ndarray of the input's shape and dtype (float32 for half precision) for reduction='none',
+        else a NumPy scalar
 
     Error bound
     -----------{_BOUND_BCE}
@@ -530,10 +540,10 @@ def _check_focal(alpha, gamma):
 
 
 _FOCAL_PARAMS = """
-    input : array_like of float32 or float64
-        Logits, any shape.
+    input : array_like of float16, bfloat16, float32 or float64, or any array with ``__dlpack__``
+        Logits, any shape.  Half precision costs a float64 copy (Notes).
     target : array_like
-        Targets in [0, 1], the input's shape; cast to the input's dtype.
+        Targets in [0, 1], the input's shape; cast to the input's dtype (float64 for half precision).
     alpha : float <= 1, default 0.25
         Weight of the positive class, ``alpha_t = alpha y + (1 - alpha)(1 - y)``; negative switches the
         weighting off (``alpha_t = 1``), as in torchvision.
@@ -566,12 +576,13 @@ _FOCAL_NOTES = """
 
     Deliberate differences from torchvision: ``alpha`` above 1 is rejected (it makes ``alpha_t``
     negative); ``ignore_index``, ``empty_mean`` and the backward functions are extras (torchvision relies
-    on autograd through the plain formula, whose gradient is 0 wherever ``1 - p_t`` rounds to 0)."""
+    on autograd through the plain formula, whose gradient is 0 wherever ``1 - p_t`` rounds to 0).
+""" + _HALF_NOTES
 
 _BOUND_FOCAL = """
     Per element: loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same, relative, for targets in
     {0, 1}, and in units of ulp(alpha_t u**gamma (u + gamma ce W |1 - 2y|)) for soft targets.
-    'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one more ULP."""
+    'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one more ULP.""" + _HALF_BOUND
 
 
 @_on_input_device
@@ -609,7 +620,8 @@ sigmoid_focal_loss.__doc__ = f"""Sigmoid focal loss (Lin et al. 2017) with torch
 
     Returns
     -------
-    loss : ndarray of the input's shape and dtype for reduction='none', else a NumPy scalar
+    loss : ndarray of the input's shape and dtype (float32 for half precision) for reduction='none',
+        else a NumPy scalar
 
     Error bound
     -----------{_BOUND_FOCAL}
@@ -667,10 +679,10 @@ def _prob_modes(eps, log_clamp):
 
 
 _BCE_PROB_PARAMS = """
-    input : array_like of float32 or float64
-        Probabilities in [0, 1] (NaN propagates), any shape.
+    input : array_like of float16, bfloat16, float32 or float64, or any array with ``__dlpack__``
+        Probabilities in [0, 1] (NaN propagates), any shape.  Half precision costs a float64 copy (Notes).
     target : array_like
-        Targets in [0, 1], the input's shape; cast to the input's dtype.
+        Targets in [0, 1], the input's shape; cast to the input's dtype (float64 for half precision).
     weight : array_like, optional
         Element weights, finite and >= 0, broadcast to the input.
     reduction : {'none', 'mean', 'sum'}, default 'mean'
@@ -702,12 +714,13 @@ _BCE_PROB_NOTES = """
     clamp or the 1e-12 bites; ``log_clamp=-100`` reproduces its forward and gives the derivative of that
     forward.  Keras clips to ``[eps, 1 - eps]`` with ``1 - eps`` rounded to the tensor's dtype (float32:
     ``1 - 1e-7`` is ``1 - 1.19e-7``) and its ``binary_crossentropy`` then adds ``eps`` inside the logs
-    again (keras#15249); xentfast clips once, with exact bounds."""
+    again (keras#15249); xentfast clips once, with exact bounds.
+""" + _HALF_NOTES
 
 _BOUND_BCE_PROB = """
     Per element: loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same, relative, for targets in
     {0, 1}, and in units of ulp(w ((1-y)/(1-p) + y/p)) for soft targets.  'mean' / 'sum' <= 4 ULP;
-    gradients of reductions or with ``grad_output``: one more ULP."""
+    gradients of reductions or with ``grad_output``: one more ULP.""" + _HALF_BOUND
 
 
 @_on_input_device
@@ -745,7 +758,8 @@ binary_cross_entropy.__doc__ = f"""Binary cross-entropy from probabilities (torc
 
     Returns
     -------
-    loss : ndarray of the input's shape and dtype for reduction='none', else a NumPy scalar
+    loss : ndarray of the input's shape and dtype (float32 for half precision) for reduction='none',
+        else a NumPy scalar
 
     Error bound
     -----------{_BOUND_BCE_PROB}
@@ -809,11 +823,11 @@ class _ProbsProblem(_api._Problem):
         self.xp = self.backend.xp
         self.k = self.backend.softmax
         checks = self.backend.checks()
-        x = _as_float_input(input, writeable=inplace, what="probabilities", backend=self.backend)
+        x, self.x_given = _as_float_input(input, writeable=inplace, what="probabilities", backend=self.backend)
         if x.ndim == 0:
             raise ValueError("input: expected at least 1 dimension (the class axis), got a 0-d array")
         self.x_orig = x
-        self.dtype = x.dtype
+        self._set_dtypes()
         self.axis = _class_axis(axis, x.ndim)
         self.reduction = _check_choice(reduction, _REDUCTIONS, "reduction")
         self.empty_mean = _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
@@ -857,8 +871,9 @@ class _ProbsProblem(_api._Problem):
 
 
 _CE_PROBS_PARAMS = """
-    input : array_like of float32 or float64
-        Class probabilities in [0, 1] (NaN propagates); the class axis is ``axis``.  Rows need not sum
+    input : array_like of float16, bfloat16, float32 or float64, or any array with ``__dlpack__``
+        Class probabilities in [0, 1] (NaN propagates); the class axis is ``axis``.  Half precision costs a
+        float64 copy (Notes).  Rows need not sum
         to 1 (no renormalisation; Keras divides by the row sum first).
     target : array_like
         Integer class indices (the input's shape without ``axis``) or class probabilities (the input's
@@ -893,12 +908,13 @@ _CE_PROBS_NOTES = """
     digits of ``1 - p_y``); see the README, "Logits or probabilities?".
 
     Deliberate differences: torch's ``nll_loss`` takes log-probabilities (this takes probabilities);
-    Keras renormalises rows and clips with ``1 - eps`` rounded to float32."""
+    Keras renormalises rows and clips with ``1 - eps`` rounded to float32.
+""" + _HALF_NOTES
 
 _BOUND_CE_PROBS = """
     Per row: loss <= 2 ULP (float32), <= 4 ULP (float64); every gradient entry the same, relative (no
     entry is a difference).  'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one
-    more ULP."""
+    more ULP.""" + _HALF_BOUND
 
 
 @_on_input_device
@@ -936,7 +952,8 @@ cross_entropy_from_probs.__doc__ = f"""Cross-entropy from class probabilities (t
 
     Returns
     -------
-    loss : ndarray (the input's shape without ``axis``) for reduction='none', else a NumPy scalar
+    loss : ndarray (the input's shape without ``axis``) for reduction='none', else a NumPy scalar;
+        the input's dtype, float32 for half precision
 
     Error bound
     -----------{_BOUND_CE_PROBS}

@@ -73,6 +73,8 @@ import mpmath
 import numpy as np
 from mpmath import libmp, mpf
 
+from . import _dtypes
+
 __all__ = [
     "cross_entropy",
     "cross_entropy_grad",
@@ -112,12 +114,20 @@ _FORMATS = {
 }
 
 
+# bfloat16 (ml_dtypes) is float32's exponent range with 8 bits of precision; it is recognised by identity
+# with ml_dtypes.bfloat16 (xentfast._dtypes), so ml_dtypes stays optional
+_BFLOAT16 = (8, -126, 127)
+
+
 def _format(dtype):
     dt = np.dtype(dtype)
     try:
         return _FORMATS[dt]
     except KeyError:
-        raise ValueError(f"unsupported floating-point dtype {dt}; expected float16, float32 or float64")
+        if _dtypes.is_bfloat16(dt):
+            return _BFLOAT16
+        raise ValueError(f"unsupported floating-point dtype {dt}; expected float16, bfloat16, float32 or "
+                         f"float64") from None
 
 
 def _pow2(n):
@@ -1225,7 +1235,7 @@ def rounded(values, dtype):
     values : mpf, float or array_like (object array of mpf)
         Exact values, e.g. the result of any function of this module.
     dtype : dtype-like
-        ``numpy.float32`` or ``numpy.float64`` (``numpy.float16`` is accepted too).
+        ``numpy.float32`` or ``numpy.float64`` (``numpy.float16`` and ``ml_dtypes.bfloat16`` are accepted too).
 
     Returns
     -------

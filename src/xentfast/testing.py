@@ -13,7 +13,8 @@ The accuracy contract of xentfast is stated in ulps of the output format.  This 
   tiny magnitudes, ties, confident rows with gaps around the exp underflow edge, ``-inf`` masks; and for
   the binary family (:func:`binary_logits`, :func:`binary_targets`, :func:`unit_probabilities`,
   :func:`element_weights`, :func:`binary_xent_cases`): exact 0.0 and -0.0, +-tiny, both tails,
-  +-large, +-inf, NaN, soft targets, broadcast weights;
+  +-large, +-inf, NaN, soft targets, broadcast weights.  Every strategy takes float32 and float64, and
+  float16 and ``ml_dtypes.bfloat16`` for the half-precision inputs;
 * :func:`check_conformance` -- the conformance kit: runs the adversarial case families of a loss on ANY
   implementation (forward and backward callables on NumPy arrays) and reports, per family, the max ULP
   error of loss and gradient against :mod:`xentfast.reference`, with the worst input.
@@ -40,7 +41,7 @@ import mpmath
 import numpy as np
 from mpmath import libmp, mpf
 
-from . import reference
+from . import _dtypes, reference
 from .reference import _exact_mpf, _format, _round_one, rounded
 
 __all__ = [
@@ -101,13 +102,14 @@ def ulp(x, dtype):
     x : mpf, float or array_like
         Value(s), converted exactly.
     dtype : dtype-like
-        ``numpy.float32`` or ``numpy.float64``.
+        ``numpy.float32`` or ``numpy.float64``; ``numpy.float16`` and ``ml_dtypes.bfloat16`` too.
 
     Returns
     -------
     mpf or numpy.ndarray of mpf
-        ``2**(e - p + 1)`` for ``|x|`` in ``[2**e, 2**(e+1))`` (``p`` = 24 or 53); below the smallest
-        normal (and at 0) the subnormal spacing ``2**-149`` / ``2**-1074``.  ``ulp(±inf)`` is ``inf``
+        ``2**(e - p + 1)`` for ``|x|`` in ``[2**e, 2**(e+1))`` (``p`` = 24 or 53; 11 for float16, 8 for
+        bfloat16); below the smallest normal (and at 0) the subnormal spacing ``2**-149`` / ``2**-1074``
+        (``2**-24`` float16, ``2**-133`` bfloat16).  ``ulp(±inf)`` is ``inf``
         and ``ulp(nan)`` is ``nan``.  Exact powers of two, independent of mpmath's precision.
     """
     p, emin, _ = _format(dtype)
@@ -158,7 +160,8 @@ def ulp_error(actual, exact, dtype, scale=None):
     exact : mpf, float or array_like of mpf
         Exact values, e.g. from :mod:`xentfast.reference`; broadcast against `actual`.
     dtype : dtype-like
-        Format whose ulp is the unit (``numpy.float32`` or ``numpy.float64``).
+        Format whose ulp is the unit (``numpy.float32`` or ``numpy.float64``; ``numpy.float16`` and
+        ``ml_dtypes.bfloat16`` too).
     scale : array_like of mpf, optional
         If given, errors are measured in ``ulp(scale)`` instead of ``ulp(exact)`` -- for quantities
         that are differences of larger terms (e.g. soft-target gradients), where a relative bound
@@ -199,7 +202,7 @@ def _default_dtype(actual, dtype):
     if dtype is not None:
         return np.dtype(dtype)
     dt = np.asarray(actual).dtype
-    return dt if dt.kind == "f" else np.dtype(np.float64)
+    return dt if dt.kind == "f" or _dtypes.is_bfloat16(dt) else np.dtype(np.float64)
 
 
 def max_ulp_error(actual, exact, dtype=None, scale=None):
@@ -317,19 +320,49 @@ def assert_ulp_close(actual, exact, max_ulp, dtype=None, scale=None, inputs=None
 # Hypothesis strategies
 
 
+_EDGES_32 = (15.0, 17.0, 20.0, 36.0, 88.0, 89.0, 103.0, 104.0)
+_EDGES_64 = (20.0, 36.0, 37.0, 38.0, 709.0, 710.0, 745.0, 746.0, 1e5)
+
+
 def _fmt_consts(dtype):
+    """Per format: Hypothesis width, magnitudes, the row strategy's confident gaps, and the binary family's
+    tail and edges (where sigmoid rounds to 1 and where exp underflows to the subnormals and to 0)."""
     dt = np.dtype(dtype)
     if dt == np.float32:
         return dict(width=32, huge=3e38, max=float(np.finfo(np.float32).max),
                     tiny=float(np.finfo(np.float32).smallest_subnormal),
-                    normal=float(np.finfo(np.float32).smallest_normal),
-                    gaps=(87.0, 88.0, 89.0, 103.0, 104.0), gap_max=100.0)
+                    normal=float(np.finfo(np.float32).smallest_normal), moderate=1e5,
+                    gaps=(87.0, 88.0, 89.0, 103.0, 104.0), gap_max=100.0, tail=100.0, edges=_EDGES_32)
     if dt == np.float64:
         return dict(width=64, huge=1e300, max=float(np.finfo(np.float64).max),
                     tiny=float(np.finfo(np.float64).smallest_subnormal),
-                    normal=float(np.finfo(np.float64).smallest_normal),
-                    gaps=(709.0, 710.0, 745.0), gap_max=700.0)
-    raise ValueError(f"strategies support float32 and float64; got {dt}")
+                    normal=float(np.finfo(np.float64).smallest_normal), moderate=1e5,
+                    gaps=(709.0, 710.0, 745.0), gap_max=700.0, tail=740.0, edges=_EDGES_64)
+    # Half inputs give float32 losses and half gradients, so the gaps and edges sit at both formats' exp
+    # underflow thresholds: float16 reaches 2^-14 and 2^-24 near gaps of 9.7 and 16.6, float32 and
+    # bfloat16 underflow near 87-104; sigmoid rounds to 1 in float16 from ~7.6, in bfloat16 from ~5.5
+    if dt == np.float16:
+        return dict(width=16, huge=6e4, max=float(np.finfo(np.float16).max), tiny=2.0**-24, normal=2.0**-14,
+                    moderate=1e4, gaps=(9.0, 10.0, 16.0, 17.0, 18.0, 87.0, 88.0, 103.0, 104.0), gap_max=100.0,
+                    tail=100.0, edges=(5.0, 8.0, 9.0, 10.0, 16.0, 17.0, 18.0, 88.0, 89.0, 103.0, 104.0))
+    if _dtypes.is_bfloat16(dt):
+        # Hypothesis draws no bfloat16: elements are drawn as float32 within bfloat16 bounds and rounded
+        return dict(width=32, huge=3e38, max=float(_dtypes.round_to(np.array(3.4e38), dt).astype(np.float64)),
+                    tiny=2.0**-133, normal=2.0**-126, moderate=1e5,
+                    gaps=(87.0, 88.0, 89.0, 92.0, 93.0, 103.0, 104.0), gap_max=100.0, tail=100.0,
+                    edges=(5.0, 6.0, 15.0, 17.0, 20.0, 36.0, 88.0, 89.0, 92.0, 93.0, 103.0, 104.0))
+    raise ValueError(f"strategies support float16, bfloat16 (ml_dtypes), float32 and float64; got {dt}")
+
+
+def _arrays(dtype, shape, elements):
+    """``hnp.arrays`` of `dtype`; bfloat16, which Hypothesis cannot hold, is drawn as float32 and rounded
+    (bounds given as bfloat16 values stay bounds)."""
+    from hypothesis.extra import numpy as hnp
+
+    dt = np.dtype(dtype)
+    if not _dtypes.is_bfloat16(dt):
+        return hnp.arrays(dt, shape, elements=elements)
+    return hnp.arrays(np.float32, shape, elements=elements).map(lambda a: a.astype(dt))
 
 
 def _caster(dtype):
@@ -370,21 +403,21 @@ def _row_strategy(dtype, n, allow_neginf):
         return st.floats(cast(lo), cast(hi), width=w, allow_nan=False, allow_infinity=False)
 
     ordinary = fl(-20.0, 20.0)
+    m = c["moderate"]
     huge = st.one_of(fl(-c["huge"], c["huge"]),
-                     st.sampled_from([cast(v) for v in (c["huge"], -c["huge"], c["max"], -c["max"],
-                                                        1e5, -1e5)]))
-    moderate = st.one_of(fl(-1e5, 1e5), st.sampled_from([1e5, -1e5, 1e4, -1e4]))
+                     st.sampled_from([cast(v) for v in (c["huge"], -c["huge"], c["max"], -c["max"], m, -m)]))
+    moderate = st.one_of(fl(-m, m), st.sampled_from([m, -m, 1e4, -1e4]))
     tiny = st.one_of(
         st.sampled_from([cast(v) for v in (0.0, -0.0, c["tiny"], -c["tiny"], c["normal"],
                                            -c["normal"], 1e-30, -1e-30)]),
         fl(-1e-30, 1e-30))
-    specials = [0.0, -0.0, 1.0, -1.0, c["huge"], -c["huge"], c["tiny"], 1e-30, 1e5, -1e5]
+    specials = [0.0, -0.0, 1.0, -1.0, c["huge"], -c["huge"], c["tiny"], 1e-30, m, -m]
     if allow_neginf:
         specials.append(-math.inf)
     mixed = st.one_of(ordinary, huge, tiny, st.sampled_from([cast(v) for v in specials]))
 
     def arr(elements):
-        return hnp.arrays(dtype, n, elements=elements)
+        return _arrays(dtype, n, elements)
 
     @st.composite
     def row(draw):
@@ -435,7 +468,8 @@ def logits(dtype=np.float64, shape=None, min_classes=1, max_classes=40, max_rows
     Parameters
     ----------
     dtype : dtype-like, optional
-        ``numpy.float32`` or ``numpy.float64``.
+        ``numpy.float32`` or ``numpy.float64``; ``numpy.float16`` and ``ml_dtypes.bfloat16`` too (the
+        gaps then also sit at the half format's own underflow edges).
     shape : tuple of int, optional
         Exact shape, class axis last (default: ``(rows, classes)`` drawn from the bounds below).
     min_classes, max_classes : int, optional
@@ -590,7 +624,7 @@ def prob_targets(shape, dtype=np.float64):
             elif kind == "uniform":
                 out[i] = dt.type(1.0 / C)
             else:
-                row = draw(hnp.arrays(dt, C, elements=unit)).astype(np.float64)
+                row = draw(_arrays(dt, C, unit)).astype(np.float64)
                 if kind == "zeros":
                     row[draw(hnp.arrays(np.bool_, C, elements=st.booleans()))] = 0.0
                 if kind == "unnormalized":
@@ -619,14 +653,13 @@ def class_weights(n_classes, dtype=np.float64):
         Finite, non-negative arrays of shape ``(C,)``, often containing exact zeros and ones.
     """
     from hypothesis import strategies as st
-    from hypothesis.extra import numpy as hnp
 
     dt = np.dtype(dtype)
     w = _fmt_consts(dt)["width"]
     cast = _caster(dt)
     el = st.one_of(st.sampled_from([cast(v) for v in (0.0, 1.0, 0.5, 2.0, 1e-3)]),
                    st.floats(0.0, 10.0, width=w))
-    return st.one_of(hnp.arrays(dt, int(n_classes), elements=el),
+    return st.one_of(_arrays(dt, int(n_classes), el),
                      st.just(np.ones(int(n_classes), dtype=dt)))
 
 
@@ -711,10 +744,7 @@ def naive_cross_entropy_with_grad(x, y):
 
 def _binary_specials(dtype):
     c = _fmt_consts(dtype)
-    if c["width"] == 32:
-        edges = (15.0, 17.0, 20.0, 36.0, 88.0, 89.0, 103.0, 104.0)
-    else:
-        edges = (20.0, 36.0, 37.0, 38.0, 709.0, 710.0, 745.0, 746.0, 1e5)
+    edges = c["edges"]
     out = [0.0, -0.0, c["tiny"], -c["tiny"], c["normal"], -c["normal"], 1e-30, -1e-30, c["huge"], -c["huge"],
            c["max"], -c["max"]]
     for e in edges:
@@ -729,7 +759,7 @@ def binary_logits(dtype=np.float64, shape=None, max_size=48, allow_nan=True, all
     Parameters
     ----------
     dtype : dtype-like
-        ``numpy.float32`` or ``numpy.float64``.
+        ``numpy.float32`` or ``numpy.float64``; ``numpy.float16`` and ``ml_dtypes.bfloat16`` too.
     shape : tuple of int, optional
         Exact shape (default: 1-D or 2-D with at most `max_size` elements).
     allow_nan, allow_inf : bool
@@ -742,7 +772,7 @@ def binary_logits(dtype=np.float64, shape=None, max_size=48, allow_nan=True, all
     c = _fmt_consts(dt)
     cast = _caster(dt)
     w = c["width"]
-    tail = 100.0 if w == 32 else 740.0
+    tail = c["tail"]
 
     def fl(lo, hi):
         return st.floats(cast(lo), cast(hi), width=w, allow_nan=False, allow_infinity=False)
@@ -756,14 +786,13 @@ def binary_logits(dtype=np.float64, shape=None, max_size=48, allow_nan=True, all
         el = st.one_of(el, st.just(math.nan))
     shp = st.just(tuple(shape)) if shape is not None else hnp.array_shapes(min_dims=1, max_dims=2, min_side=1,
                                                                             max_side=max(1, max_size // 4))
-    return shp.flatmap(lambda s: hnp.arrays(dt, s, elements=el))
+    return shp.flatmap(lambda s: _arrays(dt, s, el))
 
 
 def binary_targets(shape, dtype=np.float64, soft=None):
     """Hypothesis strategy for targets in [0, 1] of `shape`: hard {0, 1} or soft (0.5, tiny, 1 - tiny,
     uniform, subnormal).  ``soft=None`` draws either kind, per array."""
     from hypothesis import strategies as st
-    from hypothesis.extra import numpy as hnp
 
     dt = np.dtype(dtype)
     w = _fmt_consts(dt)["width"]
@@ -775,14 +804,13 @@ def binary_targets(shape, dtype=np.float64, soft=None):
         kinds = st.sampled_from([False, True])
     else:
         kinds = st.just(bool(soft))
-    return kinds.flatmap(lambda s: hnp.arrays(dt, tuple(shape), elements=soft_el if s else hard))
+    return kinds.flatmap(lambda s: _arrays(dt, tuple(shape), soft_el if s else hard))
 
 
 def unit_probabilities(shape, dtype=np.float64):
     """Hypothesis strategy for probabilities in [0, 1]: exact 0 and 1, subnormals, tiny, 1 - tiny, 1e-7 and
     1 - 1e-7 (Keras's clip edges), exp(-100) (torch's log clamp) and uniform values."""
     from hypothesis import strategies as st
-    from hypothesis.extra import numpy as hnp
 
     dt = np.dtype(dtype)
     c = _fmt_consts(dt)
@@ -791,21 +819,20 @@ def unit_probabilities(shape, dtype=np.float64):
     specials = [0.0, 1.0, c["tiny"], c["normal"], 1e-30, 1e-7, 1 - 1e-7, math.exp(-100.0), 0.5, 1 - 2**-24,
                 1 - 2**-53 if w == 64 else 1 - 2**-24]
     el = st.one_of(st.floats(0.0, 1.0, width=w), st.sampled_from([cast(v) for v in specials]))
-    return hnp.arrays(dt, tuple(shape), elements=el)
+    return _arrays(dt, tuple(shape), el)
 
 
 def element_weights(shape, dtype=np.float64):
     """Hypothesis strategy for weights that broadcast to `shape`: None, a scalar, the last axis, or the
     full shape; values in [0, 10] with exact 0, 1, 0.5, 2 and 1e-3."""
     from hypothesis import strategies as st
-    from hypothesis.extra import numpy as hnp
 
     dt = np.dtype(dtype)
     w = _fmt_consts(dt)["width"]
     cast = _caster(dt)
     el = st.one_of(st.sampled_from([cast(v) for v in (0.0, 1.0, 0.5, 2.0, 1e-3)]), st.floats(0.0, 10.0, width=w))
     shapes = [(), tuple(shape), tuple(shape[-1:]) if shape else ()]
-    return st.one_of(st.none(), st.sampled_from(shapes).flatmap(lambda s: hnp.arrays(dt, s, elements=el)))
+    return st.one_of(st.none(), st.sampled_from(shapes).flatmap(lambda s: _arrays(dt, s, el)))
 
 
 class BinaryCase(NamedTuple):
@@ -1162,7 +1189,8 @@ def check_conformance(forward, backward=None, loss="binary_cross_entropy_with_lo
     if loss not in _SUITES:
         raise ValueError(f"loss: expected one of {', '.join(map(repr, _SUITES))}; got {loss!r}")
     dt = np.dtype(dtype)
-    _fmt_consts(dt)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype: the conformance suites are float32 and float64; got {dt}")
     bound = float(max_ulp) if max_ulp is not None else (2.0 if dt == np.float32 else 4.0)
     ref = reference if reference is not None else _NamedReference(loss)
     suite = _SUITES[loss](np.random.default_rng(seed), dt, int(size))

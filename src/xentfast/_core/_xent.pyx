@@ -38,6 +38,7 @@ cdef extern from "xent_kernels.h" nogil:
         long long argmax
         double m
         double S
+        int exp_normal
         double log_s
         double lse
     void xf_rowmax_init(xf_rowmax *st)
@@ -45,6 +46,7 @@ cdef extern from "xent_kernels.h" nogil:
     void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale,
                         double loss_scale, int prob)
     void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
+    void xf_rowjob_set_exp_form(xf_rowjob *job, long long C)
     void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
     void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
     double xf_rowjob_finish(xf_rowjob *job, const double *terms)
@@ -56,7 +58,7 @@ cdef extern from "xent_kernels.h" nogil:
 
     ctypedef struct xf_softmax_table_f32:
         void (*max_block)(const float *, long long, long long, xf_rowmax *) noexcept nogil
-        void (*sumexp_block)(const float *, long long, double, long long, double *, double *,
+        void (*sumexp_block)(const float *, long long, double, long long, int, double *, double *,
                              float *) noexcept nogil
         void (*terms_block)(const float *, long long, long long, const xf_rowjob *, const float *,
                             const double *, double *) noexcept nogil
@@ -70,7 +72,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
         void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
-        void (*sumexp_block)(const double *, long long, double, long long, double *, double *,
+        void (*sumexp_block)(const double *, long long, double, long long, int, double *, double *,
                              double *) noexcept nogil
         void (*terms_block)(const double *, long long, long long, const xf_rowjob *, const double *,
                             const double *, double *) noexcept nogil
@@ -213,6 +215,7 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         for b in range(nb):
             xf_rowmax_merge(&st, &bmax[i * nb + b])
         xf_rowjob_set_max(&jobs[i], &st)
+        xf_rowjob_set_exp_form(&jobs[i], C)
         x_y = <double>x[i * C + jobs[i].y] if jobs[i].y >= 0 else 0.0
         xf_rowjob_plan(&jobs[i], x_y, grad != NULL)
     # pass 2: block sums of exponentials
@@ -225,11 +228,11 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
         store = grad + i * C + b0 if jobs[i].stored else NULL
         if floating is float:
-            K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1],
-                             store)
+            K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
+                             &bsum[2 * task + 1], store)
         else:
-            K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, &bsum[2 * task], &bsum[2 * task + 1],
-                             store)
+            K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
+                             &bsum[2 * task + 1], store)
     for i in range(N):
         if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
             continue

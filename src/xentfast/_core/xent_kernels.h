@@ -57,7 +57,7 @@
 #define XF_DECLARE_TABLE(T, SFX)                                                                          \
     typedef struct {                                                                                      \
         void (*max_block)(const T *, long long, long long, xf_rowmax *);                                 \
-        void (*sumexp_block)(const T *, long long, double, long long, double *, double *, T *);          \
+        void (*sumexp_block)(const T *, long long, double, long long, int, double *, double *, T *);     \
         void (*terms_block)(const T *, long long, long long, const xf_rowjob *, const T *, const double *, \
                             double *);                                                                    \
         void (*grad_block)(const T *, T *, long long, long long, const xf_rowjob *, const T *,            \

@@ -138,6 +138,15 @@ XF_HD double xf_exp_shifted(double x, double m)
     return xf_exp_dd(d, d_err);
 }
 
+/* xf_exp_shifted for finite x with x - m in [-708, 0]: the same bits (xf_exp_dd_normal), no special
+ * cases. */
+XF_HD double xf_exp_shifted_normal(double x, double m)
+{
+    double d, d_err;
+    xf_two_sum(x, -m, &d, &d_err);
+    return xf_exp_dd_normal(d, d_err);
+}
+
 /* exp(x - m) * 2^600 for float64 data, the shift and the scale k ln 2 both carried as double-doubles
  * (k * LN2_HI is exact; k * LN2_LO is off by ~2^-80 relative).  Where exp(x - m) is subnormal, every
  * later product would scale up its fixed absolute rounding error; computed 2^600 larger, the value is

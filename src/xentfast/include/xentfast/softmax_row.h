@@ -49,6 +49,7 @@ typedef struct {
     long long n_finite;
     double min_finite;
     double eps_per_class; /* eps / C_eff: smoothing spreads over classes with finite logits */
+    int exp_normal;      /* CPU passes may use the unclamped exponentials (xf_rowjob_set_exp_form) */
     /* set by the sum pass */
     double s_hi, s_lo;   /* s = sum over j != argmax of exp(x_j - m) */
     double S;            /* 1 + s */
@@ -128,6 +129,7 @@ XF_HD void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
     job->n_finite = st->n_finite;
     job->min_finite = st->min_finite;
     job->eps_per_class = (st->n_finite > 0) ? job->eps / (double)st->n_finite : 0.0;
+    job->exp_normal = 0;
 }
 
 /* After the max pass: remember the target logit, and decide whether the sum pass may keep the
@@ -493,6 +495,27 @@ XF_HD double xf_exp_minus_f64(double x, double m)
 XF_HD double xf_exp_minus_f32(float x, double m)
 {
     return xf_exp_lite((double)x - m);
+}
+
+/* The same exponentials without the clamp and with one scale multiplication, bit for bit equal where
+ * they apply: rows whose entries are all finite and within XF_NORMAL_SPREAD of the max, so that every
+ * 2^n is a normal number (xf_exp_scale_normal).  That is every row of ordinary logits; the sum pass
+ * and the gradient pass pick the form per row (xf_rowjob_set_exp_form, after the max pass). */
+#define XF_NORMAL_SPREAD 708.0
+XF_HD double xf_exp_minus_f64_normal(double x, double m)
+{
+    return xf_exp_shifted_normal(x, m);
+}
+
+XF_HD double xf_exp_minus_f32_normal(float x, double m)
+{
+    return xf_exp_lite_normal((double)x - m);
+}
+
+XF_HD void xf_rowjob_set_exp_form(xf_rowjob *job, long long C)
+{
+    job->exp_normal = job->status == XF_ROW_OK && job->n_finite == C &&
+                      job->m - job->min_finite <= XF_NORMAL_SPREAD;
 }
 
 /* exp(x_j - m) as kept in a float32 output buffer between passes: scaled by 2^64 so that values down to
