@@ -10,6 +10,8 @@ What is checked, and against what:
 - 'mean' / 'sum' against the mpmath reference within the bound xentfast.torch documents;
 - torch.compile(fullgraph=True) and torch.export of a small model, and a short training run that
   reproduces torch's own loss trajectory;
+- float16 / bfloat16: float32 losses and half gradients with the NumPy API's bits, opcheck on both;
+- the NumPy API's refusal of a tensor that requires grad points to xentfast.torch;
 - CUDA tensors (marker gpu): the CPU's bits, on a side stream.
 """
 import math
@@ -641,3 +643,81 @@ def test_opcheck_cuda(name):
     torch.library.opcheck(fwd, (x, t) + args)
     rows = fwd(x.detach(), t, *args)
     torch.library.opcheck(bwd, (torch.ones_like(rows), x.detach(), t) + args)
+
+
+# ---- half precision: float32 losses, gradients in the input's dtype ------------------------------------
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def _np_view(t):
+    """A tensor's NumPy view, bfloat16 through its int16 bits (NumPy has no bfloat16 buffer format)."""
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _torch_view(a):
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _half_case(name, dtype):
+    # the float32 case with half logits (and half probability targets); class weights stay float32
+    case = _case(name, torch.float32)
+    case.x = case.x.to(dtype)
+    if case.t.dtype.is_floating_point:
+        case.t = case.t.to(dtype)
+    return case
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=ids)
+@pytest.mark.parametrize("name", LOSSES)
+def test_half_losses_are_float32_and_gradients_half(name, dtype):
+    case = _half_case(name, dtype)
+    x, t = _np_view(case.x), _np_view(case.t)
+    np_kw = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in case.np_kw.items()}
+    got, grad = _grad_of(case.fn, case.x, case.t, reduction="none", **case.kw)
+    want = case.np_fwd(x, t, reduction="none", **np_kw)
+    g = np.ones(want.shape, dtype=np.float32)
+    want_grad = case.np_bwd(g, x, t, reduction="none", **np_kw)
+    assert got.dtype == torch.float32 and grad.dtype == dtype
+    assert torch.equal(got, _torch_view(want)) and torch.equal(grad, _torch_view(want_grad))
+    mean = case.fn(case.x, case.t, **case.kw, reduction="mean")
+    assert mean.dtype == torch.float32
+
+
+@pytest.mark.parametrize("which", ["fwd", "bwd"])
+@pytest.mark.parametrize("dtype", HALF, ids=ids)
+@pytest.mark.parametrize("name", LOSSES)
+def test_opcheck_half(name, dtype, which):
+    case = _half_case(name, dtype)
+    fwd, bwd = xt._OPS[name]
+    if which == "fwd":
+        torch.library.opcheck(fwd, (case.x.clone().requires_grad_(), case.t) + case.op_args)
+    else:
+        rows = fwd(case.x, case.t, *case.op_args)
+        torch.library.opcheck(bwd, (torch.ones_like(rows), case.x, case.t) + case.op_args)
+
+
+def test_bfloat16_mean_is_the_float32_mean_of_exact_rows():
+    # torch's own bfloat16 cross-entropy returns a bfloat16 loss (spacing 0.0625 near 10); here the loss is
+    # float32, within 1.5 ULP of the exact mean of the bfloat16 inputs
+    rng = _rng("bf16-mean")
+    x = torch.from_numpy(rng.standard_normal((64, 50)) * 4).to(torch.bfloat16)
+    y = torch.from_numpy(rng.integers(0, 50, 64))
+    exact = ref.cross_entropy(x.double().numpy(), y.numpy(), dps=40)
+    got = xt.cross_entropy(x, y)
+    assert got.dtype == torch.float32
+    err, _ = max_ulp_error(got.numpy(), exact, np.float32)
+    assert err <= 1.5, err
+
+
+def test_numpy_api_refuses_a_tensor_that_requires_grad():
+    x = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(TypeError, match="xentfast.torch"):
+        xf.cross_entropy(x, torch.tensor([0, 1, 2]))
+    with pytest.raises(TypeError, match="xentfast.torch"):
+        xf.binary_cross_entropy_with_logits(x, torch.rand(3, 4))

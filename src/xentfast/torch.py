@@ -27,8 +27,9 @@ Design
 (d) Tensors reach NumPy without copies: ``t.detach().numpy()`` is a view, strided or not (xentfast
     copies only where its kernels need a row-contiguous layout), and results come back through
     ``torch.from_numpy``.  bfloat16 has no NumPy buffer format: it travels as int16 bits viewed as
-    ``ml_dtypes.bfloat16``.  Half inputs give float32 losses (the NumPy API's convention) and a gradient
-    in the input's dtype.
+    ``ml_dtypes.bfloat16``.  Half inputs follow the NumPy API: widened exactly to float64 there (a
+    float64 copy of the logits per op call), float32 losses, which the reductions keep (torch's own
+    returns a bfloat16 loss, spaced 0.0625 near 10), and a gradient in the input's dtype, rounded once.
 (e) CUDA tensors go to the CuPy kernels through DLPack, inside a context that makes torch's current
     stream CuPy's current stream and routes CuPy's allocations to torch's caching allocator, so
     outputs and temporaries are torch's memory, ordered on torch's stream.  xentfast's GPU validation
