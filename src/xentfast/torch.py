@@ -1,0 +1,510 @@
+"""PyTorch drop-ins: ``xentfast.torch.cross_entropy`` where you had ``torch.nn.functional.cross_entropy``.
+
+Design
+(a) Real custom ops (``torch.library.custom_op`` + ``register_fake`` + ``register_autograd``), not an
+    ``autograd.Function``: Dynamo cannot trace into a Cython call, so a Function breaks the graph and
+    ``torch.compile(fullgraph=True)`` fails; an op is an opaque node that compile and ``torch.export``
+    keep whole.  Each loss is one pair of ops, ``xentfast::<loss>_fwd`` (unreduced losses) and
+    ``xentfast::<loss>_bwd`` (the input's gradient for a per-row upstream gradient), generated from one
+    table (:data:`_LOSSES`) by one mechanism.
+(b) The ops call xentfast's public NumPy (or CuPy) functions with ``reduction="none"``.  The backward op
+    calls ``<loss>_backward(grad_rows, ...)``, so the gradient is xentfast's own, with its documented
+    bound plus one rounding of the upstream factor (the README's "per-row grad_output" row); saving the
+    fused gradient and multiplying it afterwards would round twice.  Forward saves its inputs only
+    (logits, target, weights: tensors the graph holds anyway), no N x C buffer and no per-row
+    logsumexp: xentfast's backward takes none and rebuilds the row statistics in its own pass.
+(c) Reductions happen outside the ops, as torch ops: no ``.item()``, no host sync, and compile may fuse
+    them.  torch's denominators (weighted index targets: the target weights of kept rows; probability
+    targets: the number of rows; elementwise losses: the number of elements).  Below float64 the sum is
+    accumulated in float64 and rounded once.  This is torch's summation, not xentfast's compensated
+    one, so the bounds differ from the NumPy API's 4 ULP.  float32: <= 1.5 ULP of the exact mean or
+    sum, because float32 rows are a double rounded once (<= 0.5 ULP each), non-negative, so their sum
+    keeps that relative error (< 1 ULP of the result), and the float64 mean is rounded once more
+    (results below float32's normal range excepted: xentfast rescales those, torch's sum does not).
+    float64: the rows' documented 4 ULP (at most 8 ULP of a sum of non-negative rows) plus torch's
+    summation error; measured <= 2.2 ULP against the NumPy API's 1.3 on the same inputs.  The mean's
+    gradient reaches the backward op as one rounded ``grad / denominator`` per row.
+(d) Tensors reach NumPy without copies: ``t.detach().numpy()`` is a view, strided or not (xentfast
+    copies only where its kernels need a row-contiguous layout), and results come back through
+    ``torch.from_numpy``.  bfloat16 has no NumPy buffer format: it travels as int16 bits viewed as
+    ``ml_dtypes.bfloat16``.  Half inputs follow the NumPy API: widened exactly to float64 there (a
+    float64 copy of the logits per op call), float32 losses, which the reductions keep (torch's own
+    returns a bfloat16 loss, spaced 0.0625 near 10), and a gradient in the input's dtype, rounded once.
+(e) CUDA tensors go to the CuPy kernels through DLPack, inside a context that makes torch's current
+    stream CuPy's current stream and routes CuPy's allocations to torch's caching allocator, so
+    outputs and temporaries are torch's memory, ordered on torch's stream.  xentfast's GPU validation
+    reads its flags back once per call (xentfast._backend (b)); the ops are tagged
+    ``cudagraph_unsafe`` so that a CUDA graph is never captured across that read or a first-use NVRTC
+    compile.
+(f) Double backward is not provided: the backward ops have no derivative of their own.
+"""
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+
+from . import api as _api
+from . import api_binary as _api_binary
+
+__all__ = [
+    "cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "sigmoid_focal_loss",
+    "binary_cross_entropy",
+    "cross_entropy_from_probs",
+    "CrossEntropyLoss",
+    "BCEWithLogitsLoss",
+]
+
+_REDUCTIONS = ("none", "mean", "sum")
+_EMPTY_MEAN = ("nan", "zero")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------------
+# tensors <-> arrays
+
+
+def _to_numpy(t):
+    if t is None:
+        return None
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _from_array(a, xp):
+    """A torch tensor over array `a`'s memory (NumPy or CuPy), bfloat16 through its int16 bits."""
+    a = xp.asarray(a)
+    bf16 = a.dtype.name == "bfloat16"
+    if bf16:
+        a = a.view(np.int16)
+    t = torch.from_numpy(a) if xp is np else torch.from_dlpack(a)
+    return t.view(torch.bfloat16) if bf16 else t
+
+
+def _loss_dtype(dtype):
+    return torch.float32 if dtype in _HALF else dtype
+
+
+# ---------------------------------------------------------------------------------------------------
+# the table of losses and the ops generated from it
+
+
+class _Loss:
+    """One loss: its NumPy-level forward and backward, the optional tensors and scalar options its ops
+    take (schema types), and whether it has a class axis (torch's: dimension 1, or 0 unbatched)."""
+
+    def __init__(self, name, forward, backward, tensors, options, class_axis):
+        self.name = name
+        self.forward = forward
+        self.backward = backward
+        self.tensors = tensors
+        self.options = options
+        self.class_axis = class_axis
+
+    def schema_args(self):
+        return ", ".join(["Tensor input", "Tensor target"] + [f"Tensor? {n}" for n in self.tensors]
+                         + [f"{ty} {n}" for n, ty in self.options])
+
+    def loss_shape(self, shape):
+        if not self.class_axis:
+            return tuple(shape)
+        axis = 1 if len(shape) >= 2 else 0
+        return tuple(shape[:axis]) + tuple(shape[axis + 1:])
+
+    def kwargs(self, input, rest):
+        """NumPy keyword arguments from an op's trailing arguments (optional tensors, then options)."""
+        nt = len(self.tensors)
+        kw = dict(zip(self.tensors, rest[:nt]))
+        kw.update(zip((n for n, _ in self.options), rest[nt:]))
+        if self.class_axis:
+            kw["axis"] = 1 if input.ndim >= 2 else 0
+        return kw
+
+
+_NAN = ("nan_policy", "str")
+_LOSSES = {
+    loss.name: loss for loss in (
+        _Loss("cross_entropy", _api.cross_entropy, _api.cross_entropy_backward, ("weight",),
+              (("ignore_index", "int"), ("label_smoothing", "float"), ("z_loss", "float"), _NAN), True),
+        _Loss("cross_entropy_from_probs", _api_binary.cross_entropy_from_probs,
+              _api_binary.cross_entropy_from_probs_backward, ("weight",),
+              (("ignore_index", "int"), ("eps", "float?"), _NAN), True),
+        _Loss("binary_cross_entropy_with_logits", _api_binary.binary_cross_entropy_with_logits,
+              _api_binary.binary_cross_entropy_with_logits_backward, ("weight", "pos_weight"),
+              (("ignore_index", "float?"), _NAN), False),
+        _Loss("sigmoid_focal_loss", _api_binary.sigmoid_focal_loss, _api_binary.sigmoid_focal_loss_backward, (),
+              (("alpha", "float"), ("gamma", "float"), ("ignore_index", "float?"), _NAN), False),
+        _Loss("binary_cross_entropy", _api_binary.binary_cross_entropy, _api_binary.binary_cross_entropy_backward,
+              ("weight",), (("eps", "float?"), ("log_clamp", "float?"), _NAN), False),
+    )
+}
+
+
+def _run_cpu(fn, loss, arrays_first, input, target, rest):
+    nt = len(loss.tensors)
+    kw = loss.kwargs(input, [_to_numpy(t) for t in rest[:nt]] + list(rest[nt:]))
+    # torch.set_num_threads governs xentfast's threads too; results do not depend on the count
+    out = fn(*[_to_numpy(t) for t in arrays_first], _to_numpy(input), _to_numpy(target), reduction="none",
+             n_threads=torch.get_num_threads(), **kw)
+    return _from_array(out, np)
+
+
+def _run_cuda(fn, loss, arrays_first, input, target, rest):
+    import cupy
+    nt = len(loss.tensors)
+    with _on_torch_stream(cupy, input.device):
+        kw = loss.kwargs(input, [_to_cupy(cupy, t) for t in rest[:nt]] + list(rest[nt:]))
+        out = fn(*[_to_cupy(cupy, t) for t in arrays_first], _to_cupy(cupy, input), _to_cupy(cupy, target),
+                 reduction="none", **kw)
+        return _from_array(out, cupy)
+
+
+def _tags():
+    """custom_op's tags argument, where this torch has both it and the cudagraph_unsafe tag (older
+    releases lack one or the other; there, leave inductor's CUDA graphs off around these ops)."""
+    import inspect
+    if "tags" in inspect.signature(torch.library.custom_op).parameters and hasattr(torch.Tag, "cudagraph_unsafe"):
+        return {"tags": (torch.Tag.cudagraph_unsafe,)}
+    return {}
+
+
+def _make_ops(loss):
+    ns = f"xentfast::{loss.name}"
+    n_args = 2 + len(loss.tensors) + len(loss.options)
+    extra = _tags()
+    fwd = torch.library.custom_op(f"{ns}_fwd", mutates_args=(), device_types="cpu", **extra,
+                                  schema=f"({loss.schema_args()}) -> Tensor")(
+        lambda input, target, *rest: _run_cpu(loss.forward, loss, (), input, target, rest))
+    bwd = torch.library.custom_op(f"{ns}_bwd", mutates_args=(), device_types="cpu", **extra,
+                                  schema=f"(Tensor grad, {loss.schema_args()}) -> Tensor")(
+        lambda grad, input, target, *rest: _run_cpu(loss.backward, loss, (grad,), input, target, rest))
+    fwd.register_kernel("cuda")(lambda input, target, *rest: _run_cuda(loss.forward, loss, (), input, target, rest))
+    bwd.register_kernel("cuda")(
+        lambda grad, input, target, *rest: _run_cuda(loss.backward, loss, (grad,), input, target, rest))
+
+    @fwd.register_fake
+    def _(input, target, *rest):
+        return input.new_empty(loss.loss_shape(input.shape), dtype=_loss_dtype(input.dtype))
+
+    @bwd.register_fake
+    def _(grad, input, target, *rest):
+        return input.new_empty(input.shape)
+
+    nt = len(loss.tensors)
+
+    def setup_context(ctx, inputs, output):
+        # without this, an unused output's gradient would arrive as a dense zeros tensor
+        ctx.set_materialize_grads(False)
+        input, target, *rest = inputs
+        ctx.save_for_backward(input, target, *rest[:nt])
+        ctx.options = tuple(rest[nt:])
+
+    def backward(ctx, grad):
+        if grad is None:
+            return (None,) * n_args
+        input, target, *tensors = ctx.saved_tensors
+        dinput = bwd(grad, input, target, *tensors, *ctx.options) if ctx.needs_input_grad[0] else None
+        return (dinput,) + (None,) * (n_args - 1)
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    return fwd, bwd
+
+
+_OPS = {name: _make_ops(loss) for name, loss in _LOSSES.items()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# CUDA: CuPy on torch's stream, with torch's allocator
+
+
+@contextlib.contextmanager
+def _on_torch_stream(cupy, device):
+    """`device` current for CuPy, torch's current stream CuPy's current stream, and torch's caching
+    allocator CuPy's allocator, for the duration of one op call."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(index)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cupy.cuda.Device(index))
+        if hasattr(cupy.cuda.Stream, "from_external"):      # CuPy >= 14, where ExternalStream is deprecated
+            stack.enter_context(cupy.cuda.Stream.from_external(stream))
+        else:
+            stack.enter_context(cupy.cuda.ExternalStream(stream.cuda_stream, index))
+        stack.enter_context(cupy.cuda.using_allocator(_torch_allocator(cupy)))
+        yield
+
+
+_allocator = None
+
+
+def _torch_allocator(cupy):
+    """CuPy allocations from torch's caching allocator, on torch's current stream (the one the op runs
+    on): memory torch can see, reuse and order, never CuPy's pool handed over behind torch's back."""
+    global _allocator
+    if _allocator is None:
+        def malloc(size, device_id):
+            return torch.cuda.caching_allocator_alloc(size, device_id)
+
+        def free(ptr, device_id):
+            torch.cuda.caching_allocator_delete(ptr)
+
+        _allocator = cupy.cuda.memory.PythonFunctionAllocator(malloc, free).malloc
+    return _allocator
+
+
+def _to_cupy(cupy, t):
+    if t is None:
+        return None
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return cupy.from_dlpack(t.view(torch.int16)).view(ml_dtypes.bfloat16)
+    return cupy.from_dlpack(t)
+
+
+# ---------------------------------------------------------------------------------------------------
+# reductions (outside the ops) and argument checks
+
+
+def _check_legacy(size_average, reduce):
+    if size_average is not None or reduce is not None:
+        raise ValueError("size_average and reduce: torch's deprecated arguments are not supported; "
+                         "pass reduction='none', 'mean' or 'sum'")
+
+
+def _check_choice(value, choices, name):
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+
+
+def _check_no_grad(**tensors):
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise NotImplementedError(
+                f"{name}: xentfast differentiates with respect to the input only; {name} requires grad "
+                f"(pass {name}.detach() if no gradient is wanted for it)")
+
+
+def _as_tensor(value, like):
+    """Array-like weights as tensors on the input's device (None stays None)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    return torch.as_tensor(value, device=like.device)
+
+
+def _reduce(rows, reduction, denominator, empty_mean):
+    """rows -> 'none' / 'sum' / 'mean' with torch ops.
+
+    `denominator` is a count known from shapes (an int, symbolic under dynamic shapes) or a 0-d float64
+    tensor.  The sum runs in
+    float64 and is rounded once to the rows' dtype.  A mean with nothing to average is NaN
+    (``empty_mean='nan'``, torch's 0/0) or 0, and its gradient is 0: the division only ever sees a
+    nonzero denominator, so no inf or NaN flows back into rows that contribute nothing.
+    """
+    if reduction == "none":
+        return rows
+    total = rows.to(torch.float64).sum()
+    if reduction == "sum":
+        return total.to(rows.dtype)
+    fill = math.nan if empty_mean == "nan" else 0.0
+    if not isinstance(denominator, torch.Tensor):
+        mean = total / denominator if denominator else total * 0.0 + fill
+    else:
+        ok = denominator > 0
+        mean = torch.where(ok, total / torch.where(ok, denominator, 1.0), fill)
+    return mean.to(rows.dtype)
+
+
+def _target_weight_sum(target, weight, ignore_index, n_classes):
+    """torch's weighted mean denominator: the sum of weight[target] over rows not ignored, in float64."""
+    kept = target != ignore_index
+    if weight is None:
+        return kept.sum(dtype=torch.float64)
+    # clamp: an ignored row's label may lie outside [0, C) and must not index out of bounds
+    picked = weight.to(torch.float64)[target.clamp(0, n_classes - 1)]
+    return torch.where(kept, picked, 0.0).sum()
+
+
+def _n_classes(input):
+    return input.shape[1] if input.ndim >= 2 else input.shape[0]
+
+
+def _class_mean_denominator(input, target, weight, ignore_index):
+    if target.dtype.is_floating_point:
+        return input.numel() // _n_classes(input) if _n_classes(input) else 0
+    return _target_weight_sum(target, weight, ignore_index, _n_classes(input))
+
+
+def _elementwise_denominator(input, target, ignore_index):
+    if ignore_index is None:
+        return input.numel()
+    return (target != ignore_index).sum(dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------------
+# functions
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0, *, z_loss=0.0, empty_mean="nan",
+                  nan_policy="propagate"):
+    """``torch.nn.functional.cross_entropy`` with xentfast's forward and backward.
+
+    Same arguments (``size_average`` and ``reduce``, deprecated in torch, must be None), plus
+    ``z_loss``, ``empty_mean`` and ``nan_policy`` as in :func:`xentfast.cross_entropy`.  ``input`` is
+    ``(N, C)``, ``(N, C, d1, ...)`` or ``(C,)``; ``target`` holds class indices (any integer dtype) or
+    class probabilities of ``input``'s shape.  Differentiable with respect to ``input`` only.
+
+    Error bound: per-row losses (``reduction='none'``) and the gradient as :func:`xentfast.cross_entropy`
+    and :func:`xentfast.cross_entropy_backward` (the gradient with one more ULP for the upstream factor);
+    'mean' and 'sum' are reduced with torch's summation, module docstring (c).
+    """
+    _check_legacy(size_average, reduce)
+    _check_choice(reduction, _REDUCTIONS, "reduction")
+    _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
+    weight = _as_tensor(weight, input)
+    _check_no_grad(target=target, weight=weight)
+    fwd, _ = _OPS["cross_entropy"]
+    rows = fwd(input, target, weight, int(ignore_index), float(label_smoothing), float(z_loss), nan_policy)
+    if reduction != "mean":
+        return _reduce(rows, reduction, None, empty_mean)
+    return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
+
+
+def cross_entropy_from_probs(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                             reduction="mean", *, eps=None, empty_mean="nan", nan_policy="propagate"):
+    """torch's ``nll_loss(input.log(), target, ...)`` computed from the probabilities ``input`` directly.
+
+    ``nll_loss``'s arguments, with probabilities in place of log-probabilities, plus ``eps`` (Keras's
+    clip), ``empty_mean`` and ``nan_policy`` as in :func:`xentfast.cross_entropy_from_probs`.  Index or
+    probability targets; ``input`` is ``(N, C)``, ``(N, C, d1, ...)`` or ``(C,)``.  If you have logits,
+    call :func:`cross_entropy`.
+    """
+    _check_legacy(size_average, reduce)
+    _check_choice(reduction, _REDUCTIONS, "reduction")
+    _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
+    weight = _as_tensor(weight, input)
+    _check_no_grad(target=target, weight=weight)
+    fwd, _ = _OPS["cross_entropy_from_probs"]
+    rows = fwd(input, target, weight, int(ignore_index), None if eps is None else float(eps), nan_policy)
+    if reduction != "mean":
+        return _reduce(rows, reduction, None, empty_mean)
+    return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction="mean", pos_weight=None, *, ignore_index=None, empty_mean="nan",
+                                     nan_policy="propagate"):
+    """``torch.nn.functional.binary_cross_entropy_with_logits`` with xentfast's forward and backward.
+
+    Same arguments (``size_average``/``reduce`` must be None), plus ``ignore_index``, ``empty_mean`` and
+    ``nan_policy`` as in :func:`xentfast.binary_cross_entropy_with_logits`.  Targets must lie in [0, 1];
+    ``weight`` and ``pos_weight`` broadcast to the input (must be >= 0).  'mean' divides by the number of
+    elements (those not ignored).  Differentiable with respect to ``input`` only.
+    """
+    _check_legacy(size_average, reduce)
+    _check_choice(reduction, _REDUCTIONS, "reduction")
+    _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
+    weight, pos_weight = _as_tensor(weight, input), _as_tensor(pos_weight, input)
+    _check_no_grad(target=target, weight=weight, pos_weight=pos_weight)
+    ignore = None if ignore_index is None else float(ignore_index)
+    fwd, _ = _OPS["binary_cross_entropy_with_logits"]
+    rows = fwd(input, target, weight, pos_weight, ignore, nan_policy)
+    return _reduce(rows, reduction, _elementwise_denominator(input, target, ignore), empty_mean)
+
+
+def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
+                       empty_mean="nan", nan_policy="propagate"):
+    """``torchvision.ops.sigmoid_focal_loss`` with xentfast's forward and backward.
+
+    torchvision's arguments (``reduction='none'`` by default), plus ``ignore_index``, ``empty_mean`` and
+    ``nan_policy`` as in :func:`xentfast.sigmoid_focal_loss`.  ``alpha`` must be <= 1 (negative: no
+    weighting).  Differentiable with respect to ``inputs`` only.
+    """
+    _check_choice(reduction, _REDUCTIONS, "reduction")
+    _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
+    _check_no_grad(targets=targets)
+    ignore = None if ignore_index is None else float(ignore_index)
+    fwd, _ = _OPS["sigmoid_focal_loss"]
+    rows = fwd(inputs, targets, float(alpha), float(gamma), ignore, nan_policy)
+    return _reduce(rows, reduction, _elementwise_denominator(inputs, targets, ignore), empty_mean)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean", *,
+                         eps=None, log_clamp=None, empty_mean="nan", nan_policy="propagate"):
+    """``torch.nn.functional.binary_cross_entropy`` (probabilities in) with xentfast's forward and backward.
+
+    Same arguments (``size_average``/``reduce`` must be None), plus ``eps``, ``log_clamp``,
+    ``empty_mean`` and ``nan_policy`` as in :func:`xentfast.binary_cross_entropy`.  By default the log
+    is not clamped (``-log 0 = inf``); ``log_clamp=-100.0`` gives torch's forward values, with the
+    gradient of that clamped function.  If you have logits, call :func:`binary_cross_entropy_with_logits`.
+    """
+    _check_legacy(size_average, reduce)
+    _check_choice(reduction, _REDUCTIONS, "reduction")
+    _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
+    weight = _as_tensor(weight, input)
+    _check_no_grad(target=target, weight=weight)
+    fwd, _ = _OPS["binary_cross_entropy"]
+    rows = fwd(input, target, weight, None if eps is None else float(eps),
+               None if log_clamp is None else float(log_clamp), nan_policy)
+    return _reduce(rows, reduction, input.numel(), empty_mean)
+
+
+# ---------------------------------------------------------------------------------------------------
+# modules
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """``torch.nn.CrossEntropyLoss`` with xentfast's forward and backward (see :func:`cross_entropy`).
+
+    Same constructor arguments, plus ``z_loss``, ``empty_mean`` and ``nan_policy``; ``weight`` is a
+    buffer named as torch names it, so state dicts load either way.
+    """
+
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                 label_smoothing=0.0, *, z_loss=0.0, empty_mean="nan", nan_policy="propagate"):
+        super().__init__()
+        _check_legacy(size_average, reduce)
+        _check_choice(reduction, _REDUCTIONS, "reduction")
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.empty_mean = empty_mean
+        self.nan_policy = nan_policy
+
+    def forward(self, input, target):
+        return cross_entropy(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+                             label_smoothing=self.label_smoothing, z_loss=self.z_loss, empty_mean=self.empty_mean,
+                             nan_policy=self.nan_policy)
+
+
+class BCEWithLogitsLoss(torch.nn.Module):
+    """``torch.nn.BCEWithLogitsLoss`` with xentfast's forward and backward (see
+    :func:`binary_cross_entropy_with_logits`).
+
+    Same constructor arguments, plus ``ignore_index``, ``empty_mean`` and ``nan_policy``; ``weight`` and
+    ``pos_weight`` are buffers named as torch names them.
+    """
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None, *,
+                 ignore_index=None, empty_mean="nan", nan_policy="propagate"):
+        super().__init__()
+        _check_legacy(size_average, reduce)
+        _check_choice(reduction, _REDUCTIONS, "reduction")
+        self.register_buffer("weight", weight)
+        self.register_buffer("pos_weight", pos_weight)
+        self.reduction = reduction
+        self.ignore_index = ignore_index
+        self.empty_mean = empty_mean
+        self.nan_policy = nan_policy
+
+    def forward(self, input, target):
+        return binary_cross_entropy_with_logits(input, target, self.weight, reduction=self.reduction,
+                                                pos_weight=self.pos_weight, ignore_index=self.ignore_index,
+                                                empty_mean=self.empty_mean, nan_policy=self.nan_policy)
