@@ -58,6 +58,30 @@ def copy_bandwidth(nbytes=1 << 27, repeats=5):
     return 2 * src.nbytes / min(median_time(lambda: np.copyto(dst, src), 1) for _ in range(repeats))
 
 
+def integrations():
+    """(name, status) of every optional integration: what a user of this install can switch to."""
+    import importlib.metadata
+    import importlib.util
+
+    def version(dist):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    rows = []
+    for module, dist, what in (("xentfast.torch", "torch", "PyTorch custom ops with autograd"),
+                               ("xentfast.jax", "jax", "JAX custom_vjp functions"),
+                               (None, "cupy", "CuPy arrays on the GPU kernels"),
+                               (None, "ml_dtypes", "bfloat16 NumPy arrays")):
+        if module is not None and importlib.util.find_spec(module) is None:
+            continue
+        ver = version(dist) or (version("cupy-cuda12x") if dist == "cupy" else None)
+        label = module or dist
+        rows.append((label, f"{what}: available ({dist} {ver})" if ver else f"{what}: {dist} not installed"))
+    return rows
+
+
 def check(dtype, n, c, n_threads):
     x, y = default_batch(n, c, dtype)
     loss, grad = xentfast.cross_entropy_with_grad(x, y, reduction="none", n_threads=n_threads)
@@ -79,6 +103,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     xentfast.show_config()
+    print()
+    print("integrations:")
+    for label, status in integrations():
+        print(f"  {label:>15}: {status}")
     print()
     print(f"fused cross-entropy + gradient on the embedded batch ({args.rows} x {args.classes}):")
     bandwidth = copy_bandwidth()
