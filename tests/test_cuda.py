@@ -936,6 +936,9 @@ def test_model_ce_probs_long_rows(binary_model, dtype):
 
 
 DD_BLOCK = _cuda.XF_DDSUM_BLOCK
+# lanes inside a dd_sum block, read from the header itself so the Python restatement cannot drift
+DD_LANES = int(re.search(r"#define XF_DDSUM_LANES (\d+)",
+                         (PKG / "include" / "xentfast" / "ddsum.h").read_text()).group(1))
 
 
 def _py_dd_add(hi, lo, bh, bl):
@@ -959,16 +962,26 @@ def py_dd_sum_serial(v):
     return hi, lo
 
 
-def py_dd_sum_tree(v):
-    """xentfast/ddsum.h, restated in Python from its comment: the specification the C code must meet."""
-    v = np.asarray(v, dtype=np.float64).tolist()
-    parts = [py_dd_sum_serial(v[b:b + DD_BLOCK]) for b in range(0, len(v), DD_BLOCK)]
+def _py_dd_pairwise(parts):
+    """ddsum.h's fixed pairwise tree: at level s, part i absorbs part i + s for i a multiple of 2s."""
     nb, s = len(parts), 1
     while s < nb:
         for i in range(0, nb - s, 2 * s):
             parts[i] = _py_dd_add(*parts[i], *parts[i + s])
         s *= 2
     return parts[0] if parts else (0.0, 0.0)
+
+
+def py_dd_sum_block(v):
+    """ddsum.h's block partial: element i to lane i % DD_LANES, each lane in index order, lanes merged by
+    the pairwise tree (all DD_LANES lanes, empty ones as (0, 0))."""
+    return _py_dd_pairwise([py_dd_sum_serial(v[k::DD_LANES]) for k in range(DD_LANES)])
+
+
+def py_dd_sum_tree(v):
+    """xentfast/ddsum.h, restated in Python from its comment: the specification the C code must meet."""
+    v = np.asarray(v, dtype=np.float64).tolist()
+    return _py_dd_pairwise([py_dd_sum_block(v[b:b + DD_BLOCK]) for b in range(0, len(v), DD_BLOCK)])
 
 
 def _exact_scaled(v):
@@ -1018,11 +1031,15 @@ DD_SPECIALS = [(), (np.inf,), (-np.inf,), (np.nan,), (np.inf, -np.inf), (np.inf,
 
 
 def test_dd_sum_small_vectors_are_the_index_order_sum():
-    # up to one block the shape is the old serial sum, operation for operation
+    # up to three elements the lane tree is the serial sum, operation for operation; up to one block it
+    # is the block partial alone
     rng = np.random.default_rng(1)
-    for n in (0, 1, 5, 1000, 1024):
+    for n in range(4):
         v = rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))
         assert _xent.dd_sum(v) == py_dd_sum_serial(v)
+    for n in (4, 7, 8, 9, 15, 1000, 1023, 1024):
+        v = rng.standard_normal(n) * np.exp2(rng.uniform(-60, 60, n))
+        assert _xent.dd_sum(v) == py_dd_sum_tree(v) == py_dd_sum_block(v.tolist())
 
 
 @pytest.mark.parametrize("kind", DD_KINDS)

@@ -420,7 +420,7 @@ cdef extern from "xentfast/ddsum.h" nogil:
 
 def dd_sum(const double[::1] v, int n_threads=-1):
     """Double-double sum of v: (hi, lo).  The fixed shape of xentfast/ddsum.h (blocks of XF_DDSUM_BLOCK
-    consecutive elements summed in index order, then a fixed pairwise tree of the partials), so the bits
+    consecutive elements summed in fixed interleaved lanes, then a fixed pairwise tree of the partials), so the bits
     depend on v alone: not on `n_threads` (-1: OpenMP's default, capped so that each thread gets at
     least 16 blocks) and not on the device (xentfast._cuda.dd_sum runs the same header)."""
     cdef long long n = v.shape[0]
