@@ -1,36 +1,197 @@
-"""The implementations xentfast is measured against, all computing mean softmax cross-entropy + gradient.
+"""The implementations xentfast is measured against, and the memory floor they are all judged by.
 
-Each factory returns a zero-argument callable doing forward + backward on the given data, or None when the
-peer is not installed.  Threads: every peer gets the same count (set by the caller).
+Three families, one factory per (family, implementation).  A factory takes the data and a thread count and
+returns a zero-argument callable that runs one call, or None when that peer is not installed.
+
+- ``FUSED``: mean softmax cross-entropy with index targets, loss and gradient in one call.
+- ``FORWARD``: the same loss, forward only.
+- ``BINARY``: mean sigmoid (binary) cross-entropy from logits with hard 0/1 targets, loss and gradient.
+
+Threads.  xentfast takes ``n_threads`` per call and torch a process-wide ``torch.set_num_threads``.  NumPy's
+element-wise loops are single-threaded whatever is asked.  JAX (XLA's CPU client, jax 0.10.2) sizes its
+thread pool from the CPUs the process may run on when the client is created (the first JAX call), and no
+flag changes that afterwards: ``--xla_cpu_multi_thread_eigen=false`` only concerns Eigen's matmul and
+convolution kernels (the fusions here still ran on both cores), and ``intra_op_parallelism_threads`` is not
+an XLA flag at all (after a valid ``--flag`` XLA ignores it without a word; on its own it is an error).  So
+JAX gets N threads by restricting the process to N CPUs before the first JAX call: see ``limit_cpus``.
 """
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 import xentfast
 from xentfast.testing import naive_cross_entropy_with_grad
 
 
-def xentfast_fused(x, y, n_threads):
-    out = np.empty_like(x)
+def limit_cpus(n_threads):
+    """Restrict this process to its first ``n_threads`` allowed CPUs; return the CPUs it may now use.
+
+    Call before the first JAX call (and before any thread pool starts): JAX cannot be told a thread count
+    any other way.  Every other implementation is also given ``n_threads`` explicitly, so this only makes
+    sure none of them (JAX, NumPy's BLAS, OpenMP's default) spreads over more cores than the others.  When
+    fewer CPUs are allowed than asked for, nothing changes and the caller should say so.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) > n_threads:
+        os.sched_setaffinity(0, allowed[:n_threads])
+    return sorted(os.sched_getaffinity(0))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Data
+
+_DATA = {}
+
+
+def _logits(rng, n, c, dtype):
+    # Drawn in the target dtype: a float64 draw of 262M values would need 2 GiB more for nothing.
+    x = rng.standard_normal((n, c), dtype=np.dtype(dtype))
+    x *= 3
+    return x
+
+
+def make_problem(n, c, dtype, seed=0):
+    """Logits (N, C) ~ 3 N(0, 1) and index targets, one problem kept alive at a time."""
+    key = ("index", n, c, np.dtype(dtype).name)
+    if key not in _DATA:
+        _DATA.clear()  # keep one (large) problem alive at a time
+        rng = np.random.default_rng(seed)
+        x = _logits(rng, n, c, dtype)
+        y = rng.integers(0, c, size=n)
+        _DATA[key] = (x, y)
+    return _DATA[key]
+
+
+def make_binary_problem(n, c, dtype, seed=0):
+    """Logits (N, C) ~ 3 N(0, 1) and hard 0/1 targets of the same dtype and shape."""
+    key = ("binary", n, c, np.dtype(dtype).name)
+    if key not in _DATA:
+        _DATA.clear()
+        rng = np.random.default_rng(seed)
+        x = _logits(rng, n, c, dtype)
+        t = (rng.random((n, c), dtype=np.float32) < 0.5).astype(dtype)
+        _DATA[key] = (x, t)
+    return _DATA[key]
+
+
+def drop_problems():
+    _DATA.clear()
+
+
+# ------------------------------------------------------------------------------------------------------
+# Bytes that must move, per family (the numerator of the memory floor)
+
+def fused_bytes(x, y):
+    """Logits read once, gradient written once, targets read once (the scalar loss is negligible)."""
+    return 2 * x.nbytes + y.nbytes
+
+
+def forward_bytes(x, y):
+    """Logits read once, targets read once: the forward pass writes nothing of size N*C."""
+    return x.nbytes + y.nbytes
+
+
+def binary_bytes(x, t):
+    """Logits and targets read once, gradient written once."""
+    return x.nbytes + t.nbytes + x.nbytes
+
+
+def copy_bandwidth(n_threads=1, nbytes=1 << 29, repeats=5):
+    """Copy bandwidth in bytes/s, read and write both counted, best of ``repeats``.
+
+    The arrays (``nbytes`` each, 512 MiB by default) are larger than the last-level cache, so this is
+    DRAM bandwidth.  With ``n_threads`` > 1 the copy is split into that many slices copied by Python
+    threads (NumPy releases the GIL while copying), since one core alone may not saturate memory.
+    """
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    bounds = np.linspace(0, src.size, n_threads + 1).astype(np.intp)
+
+    def copy_slice(i):
+        np.copyto(dst[bounds[i]:bounds[i + 1]], src[bounds[i]:bounds[i + 1]])
+
+    best = float("inf")
+    with ThreadPoolExecutor(n_threads) as pool:
+        for _ in range(repeats + 1):  # the first copy also faults dst's pages in
+            t0 = time.perf_counter()
+            list(pool.map(copy_slice, range(n_threads)))
+            best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best
+
+
+# ------------------------------------------------------------------------------------------------------
+# xentfast
+
+def xentfast_fused(x, y, n_threads, out=None):
+    # A preallocated gradient buffer, as a training loop would pass: the time is the kernel's, not the
+    # page faults of a fresh N*C array.  Callers timing several thread counts may share one.
+    out = np.empty_like(x) if out is None else out
     return lambda: xentfast.cross_entropy_with_grad(x, y, out=out, n_threads=n_threads)
 
 
-def xentfast_forward(x, y, n_threads):
+def xentfast_forward(x, y, n_threads, out=None):
+    """``out`` is accepted for a uniform signature; the forward pass writes no N*C array."""
     return lambda: xentfast.cross_entropy(x, y, n_threads=n_threads)
 
 
+def xentfast_binary(x, t, n_threads, out=None):
+    out = np.empty_like(x) if out is None else out
+    return lambda: xentfast.binary_cross_entropy_with_logits_with_grad(x, t, out=out, n_threads=n_threads)
+
+
+# ------------------------------------------------------------------------------------------------------
+# NumPy: the plain expressions a user would write (max-shifted, no overflow)
+
+def naive_cross_entropy(x, y):
+    rows = np.arange(x.shape[0])
+    m = x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(x - m).sum(axis=1)) + m[:, 0]
+    return (lse - x[rows, y]).mean()
+
+
+def naive_binary_cross_entropy_with_logits_with_grad(x, t):
+    e = np.exp(-np.abs(x))
+    loss = (np.maximum(x, 0) - x * t + np.log1p(e)).mean()
+    # sigmoid(x) from exp(-|x|), so that no exponential overflows for large |x|
+    g = np.where(x >= 0, 1, e) / (1 + e)
+    g -= t
+    g /= x.size
+    return loss, g
+
+
 def numpy_fused(x, y, n_threads=None):
-    """The plain NumPy expression a user would write (NumPy's own threading is not configurable here)."""
     return lambda: naive_cross_entropy_with_grad(x, y)
 
 
-def torch_fused(x, y, n_threads):
+def numpy_forward(x, y, n_threads=None):
+    return lambda: naive_cross_entropy(x, y)
+
+
+def numpy_binary(x, t, n_threads=None):
+    return lambda: naive_binary_cross_entropy_with_logits_with_grad(x, t)
+
+
+# ------------------------------------------------------------------------------------------------------
+# PyTorch (CPU): the functional losses, gradient through autograd's .backward()
+
+def _torch(n_threads):
     try:
         import torch
     except ImportError:
         return None
     torch.set_num_threads(n_threads)
-    xt = torch.from_numpy(x)
-    yt = torch.from_numpy(y)
+    return torch
+
+
+def torch_fused(x, y, n_threads):
+    torch = _torch(n_threads)
+    if torch is None:
+        return None
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
 
     def run():
         xr = xt.detach().requires_grad_(True)
@@ -41,15 +202,97 @@ def torch_fused(x, y, n_threads):
     return run
 
 
-def copy_bandwidth(nbytes=1 << 28, repeats=5):
-    """Measured copy bandwidth in bytes/s (read + write counted), best of `repeats`."""
-    import time
+def torch_forward(x, y, n_threads):
+    torch = _torch(n_threads)
+    if torch is None:
+        return None
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
 
-    src = np.ones(nbytes // 8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best
+    def run():
+        with torch.no_grad():
+            return torch.nn.functional.cross_entropy(xt, yt)
+
+    return run
+
+
+def torch_binary(x, t, n_threads):
+    torch = _torch(n_threads)
+    if torch is None:
+        return None
+    xt, tt = torch.from_numpy(x), torch.from_numpy(t)
+
+    def run():
+        xr = xt.detach().requires_grad_(True)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(xr, tt)
+        loss.backward()
+        return loss, xr.grad
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------------
+# JAX (CPU) with optax's losses, jit-compiled once per shape and dtype
+
+_JAX = {}
+
+
+def _jax():
+    """(jax, compiled functions) or None; float64 enabled, since the float64 rows need it."""
+    if "jax" not in _JAX:
+        try:
+            import jax
+            import optax
+        except ImportError:
+            _JAX["jax"] = None
+            return None
+        jax.config.update("jax_enable_x64", True)
+
+        def xent(x, y):
+            return optax.softmax_cross_entropy_with_integer_labels(x, y).mean()
+
+        def bce(x, t):
+            return optax.sigmoid_binary_cross_entropy(x, t).mean()
+
+        _JAX["jax"] = jax
+        _JAX["fused"] = jax.jit(jax.value_and_grad(xent))
+        _JAX["forward"] = jax.jit(xent)
+        _JAX["binary"] = jax.jit(jax.value_and_grad(bce))
+    return _JAX["jax"]
+
+
+def _jax_peer(kind, a, b):
+    jax = _jax()
+    if jax is None:
+        return None
+    # Device arrays made once, outside the timed call; every call waits for its results.
+    ad, bd = jax.device_put(a), jax.device_put(b)
+    fn = _JAX[kind]
+    return lambda: jax.block_until_ready(fn(ad, bd))
+
+
+def jax_fused(x, y, n_threads=None):
+    """n_threads is not used: JAX's thread count is the process's CPU count (``limit_cpus``)."""
+    return _jax_peer("fused", x, y)
+
+
+def jax_forward(x, y, n_threads=None):
+    return _jax_peer("forward", x, y)
+
+
+def jax_binary(x, t, n_threads=None):
+    return _jax_peer("binary", x, t)
+
+
+def jax_threads():
+    """The number of CPUs JAX's CPU client sizes its pool from (the process's affinity), or None."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
+FUSED = {"xentfast": xentfast_fused, "torch": torch_fused, "jax": jax_fused, "numpy": numpy_fused}
+FORWARD = {"xentfast": xentfast_forward, "torch": torch_forward, "jax": jax_forward, "numpy": numpy_forward}
+BINARY = {"xentfast": xentfast_binary, "torch": torch_binary, "jax": jax_binary, "numpy": numpy_binary}
+FAMILIES = {"fused": FUSED, "forward": FORWARD, "binary": BINARY}
+BYTES = {"fused": fused_bytes, "forward": forward_bytes, "binary": binary_bytes}
+PROBLEMS = {"fused": make_problem, "forward": make_problem, "binary": make_binary_problem}

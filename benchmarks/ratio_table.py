@@ -1,8 +1,21 @@
-"""Print the ratio table for this machine in one run: median times, ratios to xentfast, memory floor.
+"""Print the issue's ratio table for this machine in one run, with the memory floor and a targets checklist.
 
-    python benchmarks/ratio_table.py [--threads 2] [--repeats 5] [--quick]
+For every target row: the median seconds of each implementation (xentfast, PyTorch, JAX, NumPy, all on the
+same thread count, timed round by round in rotating order so that they share the machine's load), the
+memory floor (bytes that must move / copy bandwidth measured in this run), xentfast's time as a multiple
+of it, each peer's time over xentfast's, and xentfast's 1-thread time over its N-thread time.  Then tiny
+problems in microseconds per call against the NumPy expression, and the checklist of the issue's targets.
+
+    python benchmarks/ratio_table.py                     # everything (5 to 10 minutes on 2 cores)
+    python benchmarks/ratio_table.py --quick             # no shape above 10^7 elements (under a minute)
+    python benchmarks/ratio_table.py --only binary       # rows whose label contains "binary"
+    python benchmarks/ratio_table.py --markdown          # tables ready to paste in benchmarks/README.md
 """
 import argparse
+import datetime
+import gc
+import os
+import platform
 import statistics
 import sys
 import time
@@ -12,43 +25,316 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402
-from conftest import make_problem  # noqa: E402
+
+# (family, N, C, dtype): the issue's target shapes
+ROWS = [
+    ("fused", 8192, 32000, "float32"),
+    ("fused", 2048, 128256, "float32"),
+    ("fused", 4096, 1000, "float32"),
+    ("fused", 4096, 1000, "float64"),
+    ("forward", 8192, 32000, "float32"),
+    ("forward", 2048, 128256, "float32"),
+    ("forward", 4096, 1000, "float32"),
+    ("forward", 4096, 1000, "float64"),
+    ("binary", 65536, 256, "float32"),
+    ("binary", 4096, 1000, "float32"),
+]
+# N*C <= 10^4: xentfast against the NumPy expression only
+TINY = [(family, n, c, "float32") for family in ("fused", "forward", "binary")
+        for n, c in ((8, 100), (32, 300), (100, 100))]
+TINY_SAMPLES, TINY_BATCH_S = 201, 0.0005
+QUICK_MAX_ELEMENTS = 10**7
+# The issue's goals, each row's with the sections it applies to
+GOAL_FLOOR = {"fused": 2.0, "forward": 1.5, "binary": 2.0}
+LARGE_SOFTMAX = {(8192, 32000), (2048, 128256)}
+PEERS = ("torch", "jax", "numpy")
+PEER_NAMES = {"torch": "torch", "jax": "JAX", "numpy": "NumPy"}
 
 
-def median_time(fn, repeats):
-    fn()  # warm-up (page faults, thread pool start)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def label(row):
+    family, n, c, dtype = row
+    return f"{family} {n}x{c} {dtype}"
+
+
+def say(*parts):
+    print(*parts, flush=True)
+
+
+def load():
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+class Stat:
+    def __init__(self, times, cpu, per_call=1):
+        self.times = [t / per_call for t in times]
+        self.median = statistics.median(self.times)
+        self.n = len(times)
+        self.cpu_per_wall = cpu / sum(times)
+
+
+def run_interleaved(fns, repeats, slow_repeats, slow_s, per_call=None):
+    """Median of each callable's timed runs, timed round by round in rotating order after one warm-up each.
+
+    A peer whose first timed run takes more than ``slow_s`` stops after ``slow_repeats`` runs, so that the
+    slow peers at the large shapes do not dominate the run time; xentfast itself always gets ``repeats``.
+    ``per_call``: how many calls each callable makes (tiny problems are timed in batches), to report the
+    time of one.
+    """
+    names = list(fns)
+    per_call = per_call or {}
+    for name in names:
+        fns[name]()  # warm-up: page faults, thread pools, JAX's compilation
+    times = {name: [] for name in names}
+    cpu = {name: 0.0 for name in names}
+    wanted = dict.fromkeys(names, repeats)
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            if len(times[name]) >= wanted[name]:
+                continue
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+            cpu[name] += time.process_time() - c0
+            if r == 0 and not name.startswith("xentfast") and times[name][0] > slow_s * per_call.get(name, 1):
+                wanted[name] = min(repeats, slow_repeats)
+    return {name: Stat(times[name], cpu[name], per_call.get(name, 1)) for name in names}
+
+
+def batched(fn, target_s):
+    """A callable making k calls of ``fn``, k chosen so one batch takes about ``target_s``; and k."""
+    fn()
+    k, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.005:
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        k += 1
+    k = max(1, int(target_s / ((time.perf_counter() - t0) / k)))
+
+    def run():
+        for _ in range(k):
+            fn()
+
+    return run, k
+
+
+def measure_row(row, args):
+    family, n, c, dtype = row
+    a, b = peers.PROBLEMS[family](n, c, dtype)
+    factories = peers.FAMILIES[family]
+    out = np.empty_like(a) if family != "forward" else None
+    fns = {"xentfast": factories["xentfast"](a, b, args.threads, out=out)}
+    if args.threads > 1:
+        fns["xentfast-1t"] = factories["xentfast"](a, b, 1, out=out)
+    for name in PEERS:
+        fn = factories[name](a, b, args.threads)
+        if fn is not None:
+            fns[name] = fn
+    stats = run_interleaved(fns, args.repeats, args.slow_repeats, args.slow_s)
+    nbytes = peers.BYTES[family](a, b)
+    del fns, a, b, out
+    peers.drop_problems()
+    gc.collect()
+    return stats, nbytes
+
+
+def measure_tiny(row, args):
+    family, n, c, dtype = row
+    a, b = peers.PROBLEMS[family](n, c, dtype)
+    factories = peers.FAMILIES[family]
+    fns, per_call = {}, {}
+    # Many short batches rather than a few long ones: on a shared machine a long batch always includes
+    # the time the process waited for a core, whereas the median of short ones is the time of a call.
+    for name in ("xentfast", "numpy"):
+        fns[name], per_call[name] = batched(factories[name](a, b, args.threads), TINY_BATCH_S)
+    stats = run_interleaved(fns, TINY_SAMPLES, TINY_SAMPLES, float("inf"), per_call)
+    peers.drop_problems()
+    return stats
+
+
+def fmt_s(t):
+    return f"{t:.4g}"
+
+
+def table(headers, rows, markdown):
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+        lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
+        lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    say("\n".join(lines))
+
+
+def versions():
+    found = [f"Python {platform.python_version()}", f"NumPy {np.__version__}"]
+    for mod in ("torch", "jax", "optax"):
+        try:
+            found.append(f"{mod} {__import__(mod).__version__}")
+        except ImportError:
+            found.append(f"{mod} not installed")
+    return ", ".join(found)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="small shapes only")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2, help="threads for every implementation (default 2)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per implementation (default 5)")
+    ap.add_argument("--slow-repeats", type=int, default=3,
+                    help="timed runs for a peer slower than --slow-s per call (default 3); never xentfast")
+    ap.add_argument("--slow-s", type=float, default=2.0, help="see --slow-repeats (default 2.0 s)")
+    ap.add_argument("--quick", action="store_true", help=f"only shapes of at most {QUICK_MAX_ELEMENTS:.0e} elements")
+    ap.add_argument("--only", metavar="SUBSTRING", help="only rows whose label contains it (e.g. 'binary', "
+                    "'128256', 'float64', 'tiny')")
+    ap.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     args = ap.parse_args(argv)
-    shapes = [(4096, 1000)] if args.quick else [(4096, 1000), (8192, 32000)]
-    bw = peers.copy_bandwidth()
-    print(f"copy bandwidth: {bw / 1e9:.1f} GB/s (read+write), threads: {args.threads}")
-    print(f"{'shape':>12} {'dtype':>8} {'impl':>9} {'median s':>10} {'x floor':>8} {'vs xentfast':>11}")
-    for shape in shapes:
-        for dtype in ("float32", "float64"):
-            x, y = make_problem(*shape, dtype)
-            floor = 2 * x.nbytes / bw  # logits read once + gradient written once
-            base = None
-            for name, factory in (("xentfast", peers.xentfast_fused), ("numpy", peers.numpy_fused),
-                                  ("torch", peers.torch_fused)):
-                run = factory(x, y, args.threads)
-                if run is None:
+
+    # Before torch or JAX starts a thread: JAX's thread count is the number of CPUs the process may use.
+    cpus = peers.limit_cpus(args.threads)
+    rows = [r for r in ROWS if not (args.quick and r[1] * r[2] > QUICK_MAX_ELEMENTS)]
+    tiny = list(TINY)
+    if args.only:
+        rows = [r for r in rows if args.only in label(r)]
+        tiny = [r for r in tiny if args.only in "tiny " + label(r)]
+
+    import xentfast
+    from xentfast._config import config
+
+    bullet = "- " if args.markdown else ""
+    say(f"{bullet}{datetime.datetime.now().isoformat(timespec='minutes')}, {cpu_model()}, "
+        f"{len(cpus) if cpus else os.cpu_count()} CPUs for this process")
+    say(f"{bullet}{versions()}, xentfast {xentfast.__version__} ({config()['cpu_code_path'].split()[0]} path)")
+    say(f"{bullet}threads: {args.threads} for xentfast (n_threads), torch (set_num_threads) and JAX (the "
+        f"process's CPUs: {peers.jax_threads()}); NumPy's element-wise loops use one")
+    if cpus is not None and len(cpus) < args.threads:
+        say(f"{bullet}WARNING: only {len(cpus)} CPUs for {args.threads} threads: JAX gets {len(cpus)}")
+    say(f"{bullet}at start: {load()}")
+    busy_at_start = os.getloadavg()[0] >= 1.0
+
+    bw = {}
+    for k in sorted({1, args.threads}):
+        bw[k] = [peers.copy_bandwidth(k)]
+
+    results = {}
+    if rows:
+        say("\nTimings (median, min-max, and CPU time / wall time: about the number of busy cores):")
+        if args.markdown:
+            say("\n```text")
+    for row in rows:
+        say(f"[{label(row)}]  {load()}")
+        stats, nbytes = measure_row(row, args)
+        results[row] = (stats, nbytes)
+        for name, st in stats.items():
+            say(f"    {name:<12} n={st.n}  median {fmt_s(st.median)} s  [{fmt_s(min(st.times))}, "
+                f"{fmt_s(max(st.times))}]  cpu/wall {st.cpu_per_wall:.2f}")
+    tiny_results = {}
+    if tiny:
+        say(f"Tiny problems  {load()}")
+    for row in tiny:
+        tiny_results[row] = measure_tiny(row, args)
+    if args.markdown and rows:
+        say("```")
+
+    for k in bw:
+        bw[k].append(peers.copy_bandwidth(k))
+    best_bw = max(max(v) for v in bw.values())
+    say(f"\n{bullet}at end: {load()}")
+    if busy_at_start:
+        say(f"{bullet}NOTE: the load average was 1 or more before this run started: other processes were using "
+            "the cores. Implementations timed in the same rounds shared that load, so their ratios compare; "
+            "absolute times, 'x floor' and the 1-thread/N-thread speedup are pessimistic.")
+    for k, v in bw.items():
+        say(f"{bullet}copy bandwidth, {k} thread{'s' if k > 1 else ''} (read + write, 512 MiB arrays): "
+            f"{v[0] / 1e9:.1f} GB/s at start, {v[1] / 1e9:.1f} GB/s at end")
+    say(f"{bullet}floor = bytes that must move / {best_bw / 1e9:.1f} GB/s (the best copy above). Bytes: fused = "
+        "logits read + gradient written + targets read; forward = logits + targets read; binary = logits "
+        "and targets read + gradient written")
+
+    checks = []
+    if results:
+        slow_note = False
+        headers = ["row", "floor s", "xentfast s", "x floor"]
+        if args.threads > 1:
+            headers += ["1 thread s", f"1t/{args.threads}t"]
+        for p in PEERS:
+            headers += [f"{PEER_NAMES[p]} s", f"{PEER_NAMES[p]}/xentfast"]
+        lines = []
+        for row, (stats, nbytes) in results.items():
+            family, n, c, dtype = row
+            xf = stats["xentfast"].median
+            floor = nbytes / best_bw
+            line = [label(row), fmt_s(floor), fmt_s(xf), f"{xf / floor:.2f}"]
+            checks.append((f"{label(row)}: xentfast / floor", xf / floor, "<=", GOAL_FLOOR[family]))
+            if args.threads > 1:
+                t1 = stats["xentfast-1t"].median
+                line += [fmt_s(t1), f"{t1 / xf:.2f}"]
+                checks.append((f"{label(row)}: 1 thread / {args.threads} threads", t1 / xf, ">=",
+                               0.9 * args.threads))
+            ratios = {}
+            for p in PEERS:
+                if p not in stats:
+                    line += ["-", "-"]
                     continue
-                t = median_time(run, args.repeats)
-                base = base or t
-                print(f"{shape[0]:>5}x{shape[1]:<6} {dtype:>8} {name:>9} {t:>10.4f} {t / floor:>8.1f} "
-                      f"{t / base:>10.2f}x")
+                st = stats[p]
+                mark = "*" if st.n < args.repeats else ""
+                slow_note = slow_note or bool(mark)
+                ratios[p] = st.median / xf
+                line += [fmt_s(st.median) + mark, f"{ratios[p]:.2f}"]
+            lines.append(line)
+            goals = {}
+            if family == "fused" and (n, c) in LARGE_SOFTMAX:
+                goals = {"jax": 4.0, "torch": 10.0}
+            elif family == "fused":
+                goals = {"torch": 3.0, "jax": 1.5}
+            elif family == "binary":
+                goals = {"torch": 5.0}
+            for p, goal in goals.items():
+                checks.append((f"{label(row)}: {PEER_NAMES[p]} / xentfast", ratios.get(p), ">=", goal))
+        say("\nRatio table (times are medians; 'x floor' = xentfast / floor; 'peer/xentfast' > 1: xentfast "
+            "is faster):\n")
+        table(headers, lines, args.markdown)
+        if slow_note:
+            say(f"\n* median of {args.slow_repeats} runs, not {args.repeats}: this peer took more than "
+                f"{args.slow_s} s per call.")
+
+    if tiny_results:
+        lines = []
+        for row, stats in tiny_results.items():
+            xf, npy = stats["xentfast"].median, stats["numpy"].median
+            lines.append([label(row), f"{xf * 1e6:.1f}", f"{min(stats['xentfast'].times) * 1e6:.1f}",
+                          f"{npy * 1e6:.1f}", f"{min(stats['numpy'].times) * 1e6:.1f}", f"{npy / xf:.2f}"])
+            checks.append((f"tiny {label(row)}: NumPy / xentfast", npy / xf, ">=", 1.0))
+        say(f"\nTiny problems (N*C <= 10^4), microseconds per call, median (and fastest) of "
+            f"{TINY_SAMPLES} batches of about {TINY_BATCH_S * 1e3:g} ms, interleaved; 'NumPy/xentfast' (of the "
+            "medians) > 1: xentfast is faster:\n")
+        table(["row", "xentfast us", "min", "NumPy us", "min", "NumPy/xentfast"], lines, args.markdown)
+
+    if checks:
+        met = 0
+        lines = []
+        for what, value, op, goal in checks:
+            if value is None:
+                verdict, shown = "n/a (peer not installed)", "-"
+            else:
+                ok = value <= goal if op == "<=" else value >= goal
+                met += ok
+                verdict, shown = ("met" if ok else "NOT MET"), f"{value:.2f}"
+            lines.append([what, shown, f"{op} {goal:g}", verdict])
+        say("\nTargets:\n")
+        table(["target", "measured", "goal", "verdict"], lines, args.markdown)
+        say(f"\n{met} of {len(checks)} targets met.")
 
 
 if __name__ == "__main__":

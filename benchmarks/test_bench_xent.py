@@ -1,29 +1,57 @@
-"""Fused softmax cross-entropy forward + backward: xentfast against NumPy and PyTorch, same threads.
+"""pytest-benchmark groups for every target shape of the speed issue: xentfast against PyTorch, JAX and NumPy.
 
-Run:  python -m pytest benchmarks -q --benchmark-group-by=group   (ratios: compare within a group)
+One group per (family, dtype, shape): compare within a group (same data, same thread count).  "xentfast-1t"
+is xentfast on one thread, for the thread-scaling target.  The shapes above 10^7 elements are marked
+``large`` and skipped unless XENTFAST_BENCH_LARGE=1; ``ratio_table.py`` prints the ratios and the floor.
+
+    python -m pytest benchmarks -q                                    # 4096x1000 rows and tiny problems
+    XENTFAST_BENCH_LARGE=1 python -m pytest benchmarks -q             # every shape (about 10 minutes)
+    python -m pytest benchmarks -q -k "binary and jax"                # a selection
 """
 import pytest
 
 import peers
-from conftest import make_problem
+from ratio_table import QUICK_MAX_ELEMENTS, ROWS, TINY
 
-SHAPES = [(4096, 1000), (8192, 32000)]
-DTYPES = ["float32", "float64"]
-IMPLS = {
-    "xentfast": peers.xentfast_fused,
-    "numpy": peers.numpy_fused,
-    "torch": peers.torch_fused,
-}
+IMPLS = ["xentfast", "xentfast-1t", "torch", "jax", "numpy"]
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_fused_fwd_bwd(benchmark, impl, dtype, shape, n_threads):
-    x, y = make_problem(*shape, dtype)
-    run = IMPLS[impl](x, y, n_threads)
+def _row_id(row):
+    family, n, c, dtype = row
+    return f"{family}-{dtype}-{n}x{c}"
+
+
+def _param(row):
+    large = row[1] * row[2] > QUICK_MAX_ELEMENTS
+    return pytest.param(row, id=_row_id(row), marks=[pytest.mark.large] if large else [])
+
+
+def _callable(family, impl, a, b, n_threads):
+    factory = peers.FAMILIES[family]["xentfast" if impl == "xentfast-1t" else impl]
+    return factory(a, b, 1 if impl == "xentfast-1t" else n_threads)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("row", [_param(r) for r in ROWS])
+def test_target_shape(benchmark, row, impl, n_threads):
+    family, n, c, dtype = row
+    a, b = peers.PROBLEMS[family](n, c, dtype)
+    run = _callable(family, impl, a, b, n_threads)
     if run is None:
         pytest.skip(f"{impl} not installed")
-    benchmark.group = f"xent-fwd-bwd-{dtype}-{shape[0]}x{shape[1]}"
-    rounds = 3 if shape[0] * shape[1] > 10**7 else 10
+    benchmark.group = _row_id(row)
+    benchmark.extra_info["bytes_that_must_move"] = peers.BYTES[family](a, b)
+    benchmark.extra_info["threads"] = 1 if impl == "xentfast-1t" else n_threads
+    # the issue asks for the median of at least 5 runs after a warm-up
+    rounds = 5 if n * c > QUICK_MAX_ELEMENTS else 10
     benchmark.pedantic(run, rounds=rounds, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("impl", ["xentfast", "numpy"])
+@pytest.mark.parametrize("row", TINY, ids=lambda r: "tiny-" + _row_id(r))
+def test_tiny(benchmark, row, impl, n_threads):
+    family, n, c, dtype = row
+    a, b = peers.PROBLEMS[family](n, c, dtype)
+    benchmark.group = "tiny-" + _row_id(row)
+    # pytest-benchmark calibrates the number of calls per round itself at this size
+    benchmark(_callable(family, impl, a, b, n_threads))
