@@ -3,7 +3,7 @@
 What is checked, and against what:
 * the same bits as xentfast's NumPy functions (the same kernel), loss and gradient, with a per-row
   cotangent, eagerly, under jit and under vmap, on both callback paths (so the other checks run on the
-  default path only: the two give the same bits);
+  default path only: the two give the same bits), subnormal results and special values included;
 * the documented bounds against the mpmath reference (loss: 2 / 4 ULP; gradient: the bound + 1 for the
   rounding of the upstream factor);
 * optax 0.2.8 on ordinary inputs, within xentfast's bound plus the rounding error optax's own formula
@@ -117,6 +117,82 @@ def test_sigmoid_same_bits_as_numpy(path, dtype):
     assert_same_bits(loss, xf.binary_cross_entropy_with_logits(x, y, reduction="none"))
     assert_same_bits(dx, xf.binary_cross_entropy_with_logits_backward(g, x, y, reduction="none"))
     assert_same_bits(dy, -(g * x))                        # the exact derivative in y is -x
+
+
+def test_special_values_same_bits(path, dtype):
+    """The README's special-value rows go through every path unchanged (NaN bits included)."""
+    inf, nan = np.inf, np.nan
+    tiny = np.finfo(dtype).smallest_subnormal
+    x = np.array([[0.0, -inf, 1.0, 2.0], [-inf, 0.0, 1.0, 2.0], [0.0, nan, 1.0, 2.0], [0.0, inf, 1.0, 2.0],
+                  [-inf, -inf, -inf, -inf], [30.0, 0.0, 0.0, 0.0], [-1e30, 1e30, 0.0, -0.0],
+                  [tiny, -tiny, 0.0, 5.0]], dtype)
+    y = np.array([2, 0, 2, 2, 1, 0, 0, 3])
+    g = np.linspace(0.25, 2.0, 8).astype(dtype)
+    loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(x, jnp.asarray(y)), jnp.asarray(x), ct=g)
+    assert_same_bits(loss, xf.cross_entropy(x, y, reduction="none"))
+    assert_same_bits(dx, xf.cross_entropy_backward(g, x, y, reduction="none"))
+    t = np.eye(4, dtype=dtype)[y] * 0.75 + 0.0625
+    loss, (dx, dt) = _vjp(xfj.softmax_cross_entropy, jnp.asarray(x), jnp.asarray(t), ct=g)
+    assert_same_bits(loss, xf.cross_entropy(x, t, reduction="none"))
+    assert_same_bits(dx, xf.cross_entropy_backward(g, x, t, reduction="none"))
+    assert_same_bits(dt, -(g[:, None] * xf.log_softmax(x)))
+    xb = np.array([-inf, inf, 0.0, -0.0, nan, -40.0, 20.0, tiny], dtype)
+    yb = np.array([1.0, 0.0, 1.0, 0.3, 1.0, 0.0, 1.0, 0.5], dtype)
+    loss, (dx,) = _vjp(lambda x: xfj.sigmoid_binary_cross_entropy(x, jnp.asarray(yb)), jnp.asarray(xb), ct=g)
+    assert_same_bits(loss, xf.binary_cross_entropy_with_logits(xb, yb, reduction="none"))
+    assert_same_bits(dx, xf.binary_cross_entropy_with_logits_backward(g, xb, yb, reduction="none"))
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (64, 1024)], ids=["small", "threads"])
+def test_subnormal_results_survive_xla(path, dtype, shape):
+    """XLA's CPU threads flush denormals; the kernels must not: a loss, probability or gradient below the
+    normal range keeps its bits (the bounds count the subnormal spacing), on one thread and on several."""
+    gap = 100.0 if dtype == np.float32 else 740.0          # exp(-gap) is subnormal in the dtype
+    normal = np.finfo(dtype).smallest_normal
+    rng = np.random.default_rng(12)
+    x = np.zeros(shape, dtype)
+    x[:, 1:] = -gap - rng.random((shape[0], shape[1] - 1)).astype(dtype)
+    y = np.zeros(shape[0], int)
+    g = (0.5 + rng.random(shape[0])).astype(dtype)
+    loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(x, jnp.asarray(y)), jnp.asarray(x), ct=g)
+    want = xf.cross_entropy(x, y, reduction="none")
+    assert 0 < want[0] < normal                           # the case is what it claims to be
+    assert_same_bits(loss, want)
+    assert_same_bits(dx, xf.cross_entropy_backward(g, x, y, reduction="none"))
+    # labels' gradient: -g log_softmax(x), whose confident entry -log1p(s) is subnormal
+    t = np.zeros(shape, dtype)
+    t[:, 0] = 1
+    _, (_, dt) = _vjp(xfj.softmax_cross_entropy, jnp.asarray(x), jnp.asarray(t), ct=g)
+    want = -(g[:, None] * xf.log_softmax(x))
+    assert 0 < want[0, 0] < normal
+    assert_same_bits(dt, want)
+    # binary: softplus(-gap) and sigma(-gap) are subnormal; -g x with a subnormal x
+    xb = np.where(rng.random(shape) < 0.5, -gap, np.finfo(dtype).smallest_subnormal * 3).astype(dtype)
+    yb = np.zeros(shape, dtype)
+    gb = (0.5 + rng.random(shape)).astype(dtype)
+    loss, (dx, dy) = _vjp(xfj.sigmoid_binary_cross_entropy, jnp.asarray(xb), jnp.asarray(yb), ct=gb)
+    assert_same_bits(loss, xf.binary_cross_entropy_with_logits(xb, yb, reduction="none"))
+    assert_same_bits(dx, xf.binary_cross_entropy_with_logits_backward(gb, xb, yb, reduction="none"))
+    assert_same_bits(dy, -(gb * xb))
+
+
+@pytest.mark.parametrize("shape", [(64, 1024), (1, 40000)], ids=["many-rows", "one-long-row"])
+def test_same_bits_on_several_threads(path, shape):
+    """Sizes where the kernels start OpenMP teams (one thread per 16384 elements), inside a callback on
+    one of XLA's threads."""
+    rng = np.random.default_rng(11)
+    x = (4 * rng.standard_normal(shape)).astype(np.float32)
+    y = rng.integers(0, shape[1], shape[0])
+    yb = (rng.random(shape) < 0.3).astype(np.float32)
+    g = (0.5 + rng.random(shape[0])).astype(np.float32)
+    loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(x, jnp.asarray(y)), jnp.asarray(x), ct=g)
+    assert_same_bits(loss, xf.cross_entropy(x, y, reduction="none"))
+    assert_same_bits(dx, xf.cross_entropy_backward(g, x, y, reduction="none"))
+    _, (_, dt) = _vjp(xfj.softmax_cross_entropy, jnp.asarray(x), jnp.asarray(yb), ct=g)
+    assert_same_bits(dt, -(g[:, None] * xf.log_softmax(x)))
+    loss, (dx,) = _vjp(lambda x: xfj.sigmoid_binary_cross_entropy(x, jnp.asarray(yb)), jnp.asarray(x), ct=np.ones_like(x))
+    assert_same_bits(loss, xf.binary_cross_entropy_with_logits(x, yb, reduction="none"))
+    assert_same_bits(dx, xf.binary_cross_entropy_with_logits_backward(np.ones_like(x), x, yb, reduction="none"))
 
 
 def test_vmap_is_one_call_on_more_rows(path, dtype):
@@ -414,8 +490,8 @@ def test_vmap_grad_of_an_ensemble():
 # ---- what is saved and what is computed ---------------------------------------------------------------------
 
 
-def _callbacks(jaxpr):
-    return sum(1 for e in jaxpr.jaxpr.eqns if "callback" in e.primitive.name)
+def _kernel_calls(jaxpr):
+    return sum(1 for e in jaxpr.jaxpr.eqns if e.primitive.name in ("buffer_callback", "pure_callback"))
 
 
 def test_label_gradient_only_when_asked(path):
@@ -423,14 +499,14 @@ def test_label_gradient_only_when_asked(path):
     for f, lab in ((xfj.softmax_cross_entropy, t), (xfj.sigmoid_binary_cross_entropy, yb)):
         loss = lambda x, t: f(x, t).sum()  # noqa: E731
         # forward + logits gradient: two kernel calls, no label gradient
-        assert _callbacks(jax.make_jaxpr(jax.grad(loss))(x, lab)) == 2
+        assert _kernel_calls(jax.make_jaxpr(jax.grad(loss))(x, lab)) == 2
         # labels only: no logits gradient kernel
         dt = jax.grad(loss, argnums=1)(jnp.asarray(x), jnp.asarray(lab))
         both = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(lab))
         assert_same_bits(dt, both[1])
         want = jax.grad(lambda t: f(jnp.asarray(x), t).sum())(jnp.asarray(lab))
         assert_same_bits(dt, want)
-    assert _callbacks(jax.make_jaxpr(jax.grad(lambda t: xfj.softmax_cross_entropy(x, t).sum()))(t)) == 2
+    assert _kernel_calls(jax.make_jaxpr(jax.grad(lambda t: xfj.softmax_cross_entropy(x, t).sum()))(t)) == 2
 
 
 def test_half_precision_in_float32():

@@ -19,20 +19,23 @@ Design
     carries one rounding of the upstream factor (the README's bound + 1).  Saving the fused gradient of
     the forward instead would keep a second N x C array alive between the passes and round twice (once
     in the kernel, once when the cotangent multiplies it).
-(c) How XLA reaches the kernel.  ``jax.experimental.buffer_callback`` when it exists (jax 0.10.2 has
-    it): the callback sees XLA's buffers without a copy and the kernel writes the gradient straight into
-    XLA's output buffer.  Otherwise ``jax.pure_callback``, which copies every input and output through
-    NumPy.  ``CALLBACK`` names the path in use; it is read when a function is traced.  On an accelerator
-    backend the data goes through host memory either way.  Measured on 2 shared vCPUs against the bare
-    NumPy calls (benchmarks/bench_jax_dropin.py, jit, float32, 1 OpenMP thread for steady numbers):
+(c) How XLA reaches the kernel (``CALLBACK`` names the path in use; it is read when a function is
+    traced):
+    ``"buffer_callback"``: ``jax.experimental.buffer_callback`` (jax 0.10.2 has it): Python sees XLA's
+    buffers without a copy and the kernel writes the gradient straight into XLA's output buffer.
+    ``"pure_callback"``: copies every input and output through NumPy; the fallback.
+    (Tested with jax 0.10.2; the callbacks need ``vmap_method``, which the jax changelog dates to 0.4.34.)
+    On an accelerator backend the callbacks move the data through host memory.  Measured on 2 shared,
+    busy vCPUs (load 3-4) against the bare NumPy calls the callbacks make (benchmarks/bench_jax_dropin.py,
+    jit, float32, integer labels; 1 OpenMP thread for steadier numbers):
 
-        over the bare calls          8 x 16 fwd / value_and_grad     4096 x 1000 fwd / value_and_grad
-        buffer_callback              +15-25 us / +30-45 us           within noise (+-0.5 ms of 11 / 27 ms)
-        pure_callback                +0.15 ms  / +0.3-0.4 ms         +4 ms / +7-14 ms (copies of the logits)
+        time over the bare calls     8 x 16 fwd / value_and_grad     4096 x 1000 fwd / value_and_grad
+        buffer_callback              +15-50 us / +30-90 us           within noise (~11 / ~30 ms)
+        pure_callback                +0.15-0.35 ms / +0.3-0.66 ms    +3.7-4 ms / +7-14 ms (logits copied)
 
-    At the small size ~7 us of that is jit's dispatch floor and ~2 us the callback itself; the NumPy
-    API's own argument checks (~20 us a call) are in the bare time too.  The kernel itself, not the
-    callback, is what separates xentfast.jax from optax (3-6x slower here; exact rows cost more).
+    At 8 x 16 most of the cost is Python: the callback itself costs ~2 us, jit's dispatch floor ~7 us,
+    and the NumPy API's own argument checks (~20 us a call) are in the bare time too.  At 4096 x 1000 the kernel is the cost, and it is what separates xentfast
+    from optax (2.5-3.5x slower here: every row is evaluated without cancellation, in double).
 (d) vmap: ``vmap_method="broadcast_all"``.  The kernels treat every leading axis as rows, so a batched
     call is one kernel call on more rows, not a loop.
 (e) Errors.  Everything static (dtypes, shapes, ``axis``, ``where``, ``z_loss``) is checked before
@@ -45,8 +48,15 @@ Design
     loss near 10 would carry a quantum of 0.0625.  The gradient comes back in the logits' dtype.
 (g) Label gradients.  ``softmax_cross_entropy`` and ``sigmoid_binary_cross_entropy`` are differentiable
     in their labels, as optax's are: ``-g * log_softmax(x)`` (xentfast's log_softmax) and ``-g * x`` (the
-    exact derivative of the binary loss in ``y``).  They are computed only when the labels are being
-    differentiated (symbolic zeros tell the forward which inputs are perturbed).
+    exact derivative of the binary loss in ``y``), each product rounded once, next to the kernels (see
+    (h)).  They are computed only when the labels are being differentiated (symbolic zeros tell the
+    forward which inputs are perturbed).
+(h) Subnormals.  XLA runs its CPU threads with denormals flushed to zero (x86: MXCSR's FTZ and DAZ),
+    and callbacks run on those threads: unguarded, a subnormal loss, probability or gradient comes back
+    as 0 (float32 logits ``[0, -100]``, target 0: loss 3.7e-44, XLA's flags give 0).  The callbacks
+    clear the flags around the kernels and restore them after, on Linux through the C library's
+    ``fesetenv`` (elsewhere they cannot, and results below the normal range may be flushed).  Whatever
+    XLA itself computes from the results (a mean, an optimizer step) is flushed as XLA always does.
 
 Deliberate differences from optax 0.2.8 (everything else is optax's semantics):
 
@@ -63,9 +73,11 @@ Deliberate differences from optax 0.2.8 (everything else is optax's semantics):
 * ``z_loss`` is an extra (PaLM's auxiliary loss, as in xentfast.cross_entropy).
 """
 
+import ctypes
 import functools
 import math
 import operator
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -86,6 +98,7 @@ __all__ = [
     "sigmoid_binary_cross_entropy",
     "CALLBACK",
 ]
+
 
 CALLBACK = "buffer_callback" if _buffer_callback is not None else "pure_callback"
 _CALLBACKS = ("buffer_callback", "pure_callback")
@@ -113,11 +126,13 @@ def _host_xent_bwd(g, x, y, *, z, out):
     return dx
 
 
-def _host_log_softmax(x, *, out):
-    lsm = _api.log_softmax(x)
+def _host_xent_dt(g, x, *, out):
+    # d loss / d t_c = lse - x_c = -log_softmax(x)_c, with or without z-loss; one rounding of the product
+    with np.errstate(all="ignore"):  # masked classes: 0 * -inf, replaced by 0 outside
+        dt = -(g[..., None] * _api.log_softmax(x))
     if out is None:
-        return lsm
-    out[...] = lsm
+        return dt
+    out[...] = dt
 
 
 def _host_bce_fwd(x, y, *, out):
@@ -133,6 +148,57 @@ def _host_bce_bwd(g, x, y, *, out):
     return dx
 
 
+def _host_bce_dy(g, x, *, out):
+    # the loss (1 - y) softplus(x) + y softplus(-x) is linear in y, with slope exactly -x
+    with np.errstate(all="ignore"):
+        dy = -(g * x)
+    if out is None:
+        return dy
+    out[...] = dy
+
+
+def _float_env():
+    """(save, restore) of the calling thread's floating-point environment, the saved one left with IEEE
+    subnormals, where the C library lets ctypes do it (Linux: glibc, musl); else None.
+
+    XLA runs its CPU threads with denormals flushed (x86: MXCSR's FTZ and DAZ), and the callbacks run on
+    those threads: unguarded, every subnormal loss, probability or gradient would come back as 0, and the
+    documented bounds count the subnormal spacing.  OpenMP workers started from a guarded thread inherit
+    its settings."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        fegetenv, fesetenv = libc.fegetenv, libc.fesetenv
+    except (OSError, AttributeError):
+        return None
+    fegetenv.argtypes = fesetenv.argtypes = [ctypes.c_void_p]
+    default = ctypes.c_void_p(-1)  # FE_DFL_ENV, ((const fenv_t *) -1) in glibc and musl
+
+    def save():
+        env = ctypes.create_string_buffer(256)  # larger than any fenv_t
+        fegetenv(env)
+        fesetenv(default)
+        return env
+
+    return save, fesetenv
+
+
+_FLOAT_ENV = _float_env()
+
+
+def _on_host(host, args, out, static):
+    """host(*args) with IEEE subnormals, XLA's floating-point environment restored afterwards."""
+    if _FLOAT_ENV is None:
+        return host(*args, out=out, **static)
+    save, restore = _FLOAT_ENV
+    env = save()
+    try:
+        return host(*args, out=out, **static)
+    finally:
+        restore(env)
+
+
 def _readonly(buf):
     # buffer_callback hands out XLA's input buffers writeable; the kernels never write their inputs,
     # and this makes sure nothing here can
@@ -141,23 +207,28 @@ def _readonly(buf):
     return a
 
 
-def _call(host, result, *args, **static):
-    """One kernel call from XLA, shape and dtype of the result given; `static` goes to `host` as is."""
+def _path():
     if CALLBACK not in _CALLBACKS:
         raise ValueError(f"xentfast.jax.CALLBACK: expected one of {', '.join(_CALLBACKS)}; got {CALLBACK!r}")
+    if CALLBACK == "buffer_callback" and _buffer_callback is None:
+        raise ValueError("xentfast.jax.CALLBACK: this jax has no jax.experimental.buffer_callback")
+    return CALLBACK
+
+
+def _call(host, result, *args, **static):
+    """One kernel call from XLA, shape and dtype of the result given; `static` goes to `host` as is."""
+    path = _path()
     if math.prod(result.shape) == 0:
         return jnp.zeros(result.shape, result.dtype)
-    if CALLBACK == "buffer_callback":
-        if _buffer_callback is None:
-            raise ValueError("xentfast.jax.CALLBACK: this jax has no jax.experimental.buffer_callback")
+    if path == "buffer_callback":
 
         def on_buffers(ctx, out, *bufs):
-            host(*map(_readonly, bufs), out=np.asarray(out), **static)
+            _on_host(host, tuple(map(_readonly, bufs)), np.asarray(out), static)
 
         return _buffer_callback(on_buffers, result, vmap_method="broadcast_all")(*args)
 
     def on_arrays(*arrays):
-        return host(*map(_readonly, arrays), out=None, **static)
+        return _on_host(host, tuple(map(_readonly, arrays)), None, static)
 
     return jax.pure_callback(on_arrays, result, *args, vmap_method="broadcast_all")
 
@@ -198,8 +269,7 @@ def _xent_op(z, prob_targets):
         dx = _call(_host_xent_bwd, _like(x), g, x, y, z=z) if want_dx is not None else None
         dy = None
         if want_dy is not None:
-            # d loss / d t_c = lse - x_c = -log_softmax(x)_c, with or without z-loss
-            dy = -(g[..., None] * _call(_host_log_softmax, _like(x), x))
+            dy = _call(_host_xent_dt, _like(x), g, x)
         return dx, dy
 
     op.defvjp(fwd, bwd, symbolic_zeros=True)
@@ -223,8 +293,7 @@ def _bce_op():
         if isinstance(g, SymbolicZero):
             return None, None
         dx = _call(_host_bce_bwd, _like(x), g, x, y) if want_dx is not None else None
-        # the loss (1 - y) softplus(x) + y softplus(-x) is linear in y, with slope exactly -x
-        dy = -(g * x) if want_dy is not None else None
+        dy = _call(_host_bce_dy, _like(x), g, x) if want_dy is not None else None
         return dx, dy
 
     op.defvjp(fwd, bwd, symbolic_zeros=True)
