@@ -6,8 +6,9 @@ For each shape (float32 logits, integer labels), the median wall time of
   bare     the NumPy calls the JAX path makes: fwd = cross_entropy(reduction="none");
            value_and_grad = that plus cross_entropy_with_grad(grad_output=g), which allocates its
            gradient as XLA does
-  buffer   xentfast.jax through jax.experimental.buffer_callback (the default where it exists)
-  pure     xentfast.jax through jax.pure_callback (the fallback)
+  ffi      xentfast.jax through its XLA FFI handlers (the default where they were built)
+  buffer   xentfast.jax through jax.experimental.buffer_callback
+  pure     xentfast.jax through jax.pure_callback (the fallback of last resort)
   optax    optax.losses.softmax_cross_entropy_with_integer_labels
 all under jax.jit, on device-resident inputs, each result waited for, timed round-robin.
 "value_and_grad" is of the mean loss.  "over bare" is the JAX time minus the bare time: what the callback
@@ -62,13 +63,20 @@ def traced_with(path, run, x):
     return lambda: run(x)
 
 
+def available_paths():
+    paths = ["ffi"] if xfj._ffi is not None else []
+    if xfj._buffer_callback is not None:
+        paths.append("buffer_callback")
+    return paths + ["pure_callback"]
+
+
 def bench_shape(n, c, repeats):
     rng = np.random.default_rng(0)
     xn = (4 * rng.standard_normal((n, c))).astype(np.float32)
     yn = rng.integers(0, c, n).astype(np.int32)
     g = np.full(n, 1.0 / n, np.float32)
     x, y = jnp.asarray(xn), jnp.asarray(yn)
-    paths = ["buffer_callback", "pure_callback"] if xfj._buffer_callback is not None else ["pure_callback"]
+    paths = available_paths()
     rows = []
     for mode in ("fwd", "value_and_grad"):
         if mode == "fwd":
@@ -96,16 +104,17 @@ def main(argv=None):
     print(f"jax {jax.__version__}, optax {optax.__version__}, xentfast {xf.__version__}, "
           f"xentfast threads: {xf._threads.effective_n_threads()}, load average: "
           f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}")
-    print(f"{'shape':>10} {'mode':>15} {'bare us':>9} {'buffer us':>10} {'over bare':>10} "
-          f"{'pure us':>9} {'over bare':>10} {'optax us':>9} {'buffer/optax':>12}")
+    paths = available_paths()
+    short = {"ffi": "ffi", "buffer_callback": "buffer", "pure_callback": "pure"}
+    print(f"{'shape':>10} {'mode':>15} {'bare us':>9}"
+          + "".join(f" {short[p] + ' us':>10} {'over bare':>10}" for p in paths)
+          + f" {'optax us':>9} {paths[0] + '/optax':>12}")
     for shape in args.shapes.split(","):
         n, c = (int(v) for v in shape.split("x"))
         repeats = args.repeats or (2000 if n * c < 10**5 else 20)
         for mode, t_bare, t in bench_shape(n, c, repeats):
-            b = t.get("buffer_callback", float("nan"))
-            p = t["pure_callback"]
-            print(f"{shape:>10} {mode:>15} {t_bare:>9.1f} {b:>10.1f} {b - t_bare:>+10.1f} "
-                  f"{p:>9.1f} {p - t_bare:>+10.1f} {t['optax']:>9.1f} {b / t['optax']:>11.2f}x")
+            cells = "".join(f" {t[p]:>10.1f} {t[p] - t_bare:>+10.1f}" for p in paths)
+            print(f"{shape:>10} {mode:>15} {t_bare:>9.1f}{cells} {t['optax']:>9.1f} {t[paths[0]] / t['optax']:>11.2f}x")
 
 
 if __name__ == "__main__":

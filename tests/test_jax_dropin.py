@@ -2,8 +2,8 @@
 
 What is checked, and against what:
 * the same bits as xentfast's NumPy functions (the same kernel), loss and gradient, with a per-row
-  cotangent, eagerly, under jit and under vmap, on both callback paths (so the other checks run on the
-  default path only: the two give the same bits), subnormal results and special values included;
+  cotangent, eagerly, under jit and under vmap, on every path (FFI handlers, buffer_callback,
+  pure_callback; so the other checks run on the default path only: all give the same bits);
 * the documented bounds against the mpmath reference (loss: 2 / 4 ULP; gradient: the bound + 1 for the
   rounding of the upstream factor);
 * optax 0.2.8 on ordinary inputs, within xentfast's bound plus the rounding error optax's own formula
@@ -32,9 +32,11 @@ DTYPES = [np.float32, np.float64]
 ids = lambda d: np.dtype(d).name  # noqa: E731
 
 
-@pytest.fixture(params=["buffer_callback", "pure_callback"])
+@pytest.fixture(params=["ffi", "buffer_callback", "pure_callback"])
 def path(request, monkeypatch):
-    """Both ways XLA reaches the kernel (CALLBACK is read at trace time: every test traces afresh)."""
+    """Every way XLA reaches the kernel (CALLBACK is read at trace time: every test traces afresh)."""
+    if request.param == "ffi" and xfj._ffi is None:
+        pytest.skip("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib): no FFI handlers")
     if request.param == "buffer_callback" and xfj._buffer_callback is None:
         pytest.skip("this jax has no jax.experimental.buffer_callback")
     monkeypatch.setattr(xfj, "CALLBACK", request.param)
@@ -178,8 +180,8 @@ def test_subnormal_results_survive_xla(path, dtype, shape):
 
 @pytest.mark.parametrize("shape", [(64, 1024), (1, 40000)], ids=["many-rows", "one-long-row"])
 def test_same_bits_on_several_threads(path, shape):
-    """Sizes where the kernels start OpenMP teams (one thread per 16384 elements), inside a callback on
-    one of XLA's threads."""
+    """Sizes where the kernels start OpenMP teams (one thread per 16384 elements): the FFI handlers run
+    rows on threads, the NumPy API splits a lone long row into blocks; the bits agree either way."""
     rng = np.random.default_rng(11)
     x = (4 * rng.standard_normal(shape)).astype(np.float32)
     y = rng.integers(0, shape[1], shape[0])
@@ -491,7 +493,7 @@ def test_vmap_grad_of_an_ensemble():
 
 
 def _kernel_calls(jaxpr):
-    return sum(1 for e in jaxpr.jaxpr.eqns if e.primitive.name in ("buffer_callback", "pure_callback"))
+    return sum(1 for e in jaxpr.jaxpr.eqns if e.primitive.name in ("ffi_call", "buffer_callback", "pure_callback"))
 
 
 def test_label_gradient_only_when_asked(path):
@@ -601,9 +603,23 @@ def test_static_errors_name_the_argument(call, exc, message):
 
 
 def test_unknown_callback_path(monkeypatch):
-    monkeypatch.setattr(xfj, "CALLBACK", "ffi")
-    with pytest.raises(ValueError, match=r"CALLBACK: expected one of buffer_callback, pure_callback; got 'ffi'"):
+    monkeypatch.setattr(xfj, "CALLBACK", "cffi")
+    with pytest.raises(ValueError, match=r"CALLBACK: expected one of ffi, buffer_callback, pure_callback; got 'cffi'"):
         xfj.sigmoid_binary_cross_entropy(jnp.zeros(3), jnp.zeros(3))
+
+
+def test_ffi_handlers_only_with_their_jaxlib_or_newer(monkeypatch):
+    """Handlers built against a newer FFI API than the running jaxlib's are refused by XLA, and registering
+    them can break the CPU backend: they must not be loaded at all then."""
+    if xfj._ffi is None:
+        pytest.skip("xentfast was built without jaxlib's FFI headers")
+    import jaxlib
+    assert xfj._load_ffi() is xfj._ffi
+    monkeypatch.setattr(xfj._ffi, "JAXLIB_VERSION", "999.0.0")
+    assert xfj._load_ffi() is None
+    monkeypatch.setattr(xfj._ffi, "JAXLIB_VERSION", jaxlib.__version__ + ".dev0")
+    assert xfj._load_ffi() is xfj._ffi
+    assert xfj._version("0.10.2rc1") == (0, 10, 2) and xfj._version("1.2") == (1, 2, 0)
 
 
 def test_core_package_needs_no_jax():

@@ -19,22 +19,32 @@ Design
     carries one rounding of the upstream factor (the README's bound + 1).  Saving the fused gradient of
     the forward instead would keep a second N x C array alive between the passes and round twice (once
     in the kernel, once when the cotangent multiplies it).
-(c) How XLA reaches the kernel (``CALLBACK`` names the path in use; it is read when a function is
-    traced):
+(c) How XLA reaches the kernel, in order of preference (``CALLBACK`` names the path in use; it is read
+    when a function is traced):
+    ``"ffi"``: XLA FFI handlers (``xentfast._core._xla_ffi``) that call the same C kernels from inside
+    the XLA program, with no Python and no copy.  They are compiled only when jaxlib's FFI headers are
+    installed at build time, and loaded only with the jaxlib whose headers built them or a newer one
+    (XLA refuses handlers built against a newer FFI API, and registering such handlers has left the CPU
+    backend unable to start); they are registered on first use.  CPU only.  The minimum jaxlib is the
+    one that built them: ``xentfast._core._xla_ffi.JAXLIB_VERSION`` (0.10.2, FFI API 0.3, for the
+    build tested here).  A pip install builds in isolation, without jaxlib, so it has no handlers;
+    ``pip install --no-build-isolation`` with jax installed builds them.
     ``"buffer_callback"``: ``jax.experimental.buffer_callback`` (jax 0.10.2 has it): Python sees XLA's
     buffers without a copy and the kernel writes the gradient straight into XLA's output buffer.
-    ``"pure_callback"``: copies every input and output through NumPy; the fallback.
+    ``"pure_callback"``: copies every input and output through NumPy; the fallback of last resort.
     (Tested with jax 0.10.2; the callbacks need ``vmap_method``, which the jax changelog dates to 0.4.34.)
     On an accelerator backend the callbacks move the data through host memory.  Measured on 2 shared,
     busy vCPUs (load 3-4) against the bare NumPy calls the callbacks make (benchmarks/bench_jax_dropin.py,
     jit, float32, integer labels; 1 OpenMP thread for steadier numbers):
 
         time over the bare calls     8 x 16 fwd / value_and_grad     4096 x 1000 fwd / value_and_grad
-        buffer_callback              +15-50 us / +30-90 us           within noise (~11 / ~30 ms)
+        ffi                          -25-50 us / -60-100 us          within noise (~11 / ~30 ms)
+        buffer_callback              +15-50 us / +30-90 us           within noise
         pure_callback                +0.15-0.35 ms / +0.3-0.66 ms    +3.7-4 ms / +7-14 ms (logits copied)
 
-    At 8 x 16 most of the cost is Python: the callback itself costs ~2 us, jit's dispatch floor ~7 us,
-    and the NumPy API's own argument checks (~20 us a call) are in the bare time too.  At 4096 x 1000 the kernel is the cost, and it is what separates xentfast
+    At 8 x 16 the FFI path takes optax's time (0.95-1.15x): no Python runs, not even the NumPy API's
+    argument checks (~20 us a call, which the bare calls pay).  The callback itself costs ~2 us; jit's
+    dispatch floor is ~7 us.  At 4096 x 1000 the kernel is the cost, and it is what separates xentfast
     from optax (2.5-3.5x slower here: every row is evaluated without cancellation, in double).
 (d) vmap: ``vmap_method="broadcast_all"``.  The kernels treat every leading axis as rows, so a batched
     call is one kernel call on more rows, not a loop.
@@ -52,11 +62,12 @@ Design
     (h)).  They are computed only when the labels are being differentiated (symbolic zeros tell the
     forward which inputs are perturbed).
 (h) Subnormals.  XLA runs its CPU threads with denormals flushed to zero (x86: MXCSR's FTZ and DAZ),
-    and callbacks run on those threads: unguarded, a subnormal loss, probability or gradient comes back
-    as 0 (float32 logits ``[0, -100]``, target 0: loss 3.7e-44, XLA's flags give 0).  The callbacks
-    clear the flags around the kernels and restore them after, on Linux through the C library's
-    ``fesetenv`` (elsewhere they cannot, and results below the normal range may be flushed).  Whatever
-    XLA itself computes from the results (a mean, an optimizer step) is flushed as XLA always does.
+    and callbacks and FFI handlers run on those threads: unguarded, a subnormal loss, probability or
+    gradient comes back as 0 (float32 logits ``[0, -100]``, target 0: loss 3.7e-44, XLA's flags give 0).
+    The FFI handlers clear the flags on every thread that runs a kernel and restore them after; the
+    callbacks do the same on Linux through the C library's ``fesetenv`` (elsewhere they cannot, and
+    results below the normal range may be flushed).  Whatever XLA itself computes from the results
+    (a mean, an optimizer step) is flushed as XLA always does.
 
 Deliberate differences from optax 0.2.8 (everything else is optax's semantics):
 
@@ -75,6 +86,7 @@ Deliberate differences from optax 0.2.8 (everything else is optax's semantics):
 
 import ctypes
 import functools
+import itertools
 import math
 import operator
 import sys
@@ -100,8 +112,34 @@ __all__ = [
 ]
 
 
-CALLBACK = "buffer_callback" if _buffer_callback is not None else "pure_callback"
-_CALLBACKS = ("buffer_callback", "pure_callback")
+def _version(text):
+    """(major, minor, patch) of a version string, ignoring any suffix ("0.10.2.dev1" -> (0, 10, 2))."""
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def _load_ffi():
+    """The compiled FFI handlers, or None.  XLA accepts handlers built against its own FFI API version or
+    an older one; a newer one is refused, and registering it has been seen to leave the CPU backend unable
+    to start.  So the handlers are used only with the jaxlib whose headers built them, or a newer one."""
+    try:
+        from ._core import _xla_ffi
+    except ImportError:  # built without jaxlib's FFI headers: the callbacks serve
+        return None
+    import jaxlib
+    if _version(jaxlib.__version__) < _version(_xla_ffi.JAXLIB_VERSION):
+        return None
+    return _xla_ffi
+
+
+_ffi = _load_ffi()
+_ffi_registered = False
+
+CALLBACK = "ffi" if _ffi is not None else "buffer_callback" if _buffer_callback is not None else "pure_callback"
+_CALLBACKS = ("ffi", "buffer_callback", "pure_callback")
 
 # The label that tells the kernel to skip a row (loss 0, gradient 0 whatever the row holds): rows masked
 # by `where` and rows whose label is invalid.  Every user label reaching the kernel is in [0, C).
@@ -207,9 +245,35 @@ def _readonly(buf):
     return a
 
 
+# The FFI target of each host function; the static arguments become the handler's attributes.
+_FFI_TARGETS = {
+    _host_xent_fwd: "xentfast_xent_fwd",
+    _host_xent_bwd: "xentfast_xent_bwd",
+    _host_xent_dt: "xentfast_xent_dt",
+    _host_bce_fwd: "xentfast_bce_fwd",
+    _host_bce_bwd: "xentfast_bce_bwd",
+    _host_bce_dy: "xentfast_bce_dy",
+}
+
+
+def _register_ffi():
+    global _ffi_registered
+    if not _ffi_registered:
+        for name, capsule in _ffi.targets().items():
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        _ffi_registered = True
+
+
 def _path():
     if CALLBACK not in _CALLBACKS:
         raise ValueError(f"xentfast.jax.CALLBACK: expected one of {', '.join(_CALLBACKS)}; got {CALLBACK!r}")
+    if CALLBACK == "ffi":
+        if _ffi is None:
+            raise ValueError("xentfast.jax.CALLBACK: the FFI handlers were not built, or were built for a newer "
+                             "jaxlib than this one")
+        # the handlers are CPU code; on an accelerator the callbacks move the data through the host
+        if jax.default_backend() != "cpu":
+            return "buffer_callback" if _buffer_callback is not None else "pure_callback"
     if CALLBACK == "buffer_callback" and _buffer_callback is None:
         raise ValueError("xentfast.jax.CALLBACK: this jax has no jax.experimental.buffer_callback")
     return CALLBACK
@@ -220,6 +284,10 @@ def _call(host, result, *args, **static):
     path = _path()
     if math.prod(result.shape) == 0:
         return jnp.zeros(result.shape, result.dtype)
+    if path == "ffi":
+        _register_ffi()
+        attrs = {k: np.float64(v) for k, v in static.items()}
+        return jax.ffi.ffi_call(_FFI_TARGETS[host], result, vmap_method="broadcast_all")(*args, **attrs)
     if path == "buffer_callback":
 
         def on_buffers(ctx, out, *bufs):
