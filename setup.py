@@ -10,11 +10,19 @@ Flags, and why:
   never fast-math or O-fast: they reassociate sums and assume no inf/NaN, which breaks the accuracy contract
   no -march=native:        the wheel must run on any x86-64
 
+XLA FFI handlers for xentfast.jax (xentfast._core._xla_ffi, C++17): built only when jaxlib's FFI headers
+are installed at build time (pip's isolated build has no jaxlib, so they are skipped there and
+xentfast.jax uses its callbacks), never required: a failed compile is a warning.  The build records the
+jaxlib version whose headers it used; xentfast.jax loads the handlers only with that jaxlib or a newer one
+(XLA refuses handlers built against a newer FFI API).  XENTFAST_NO_XLA_FFI=1 skips them.
+
 OpenMP: probed by compiling a tiny program with -fopenmp.  Without it the build falls back to a serial
 extension with a visible warning; XENTFAST_REQUIRE_OPENMP=1 turns the fallback into an error (CI sets it),
 XENTFAST_NO_OPENMP=1 forces the serial build.
 """
 
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -115,6 +123,34 @@ extensions = [
     for name in ("_xent", "_scalar", "_openmp_helpers", "_binary")
 ]
 
+
+def xla_ffi_extension():
+    """The FFI handlers, against the FFI headers of the installed jaxlib; None where there are none."""
+    if _env_flag("XENTFAST_NO_XLA_FFI"):
+        return None
+    spec = importlib.util.find_spec("jaxlib")      # locates the package without importing jax
+    if spec is None or spec.origin is None:
+        return None
+    headers = Path(spec.origin).parent / "include"
+    if not (headers / "xla" / "ffi" / "api" / "ffi.h").is_file():
+        return None
+    version = importlib.metadata.version("jaxlib")
+    cxxflags = [f for f in cflags if not f.startswith("-std=")] + ["-std=c++17"]
+    return Extension(
+        "xentfast._core._xla_ffi",
+        ["src/xentfast/_core/_xla_ffi.cc"],
+        include_dirs=[str(PKG / "include"), str(PKG / "_core")],
+        define_macros=[("XF_JAXLIB_VERSION", f'"{version}"')],
+        # -isystem: jaxlib's headers are not ours to warn about
+        extra_compile_args=cxxflags + ["-isystem", str(headers)],
+        extra_link_args=ldflags,
+        language="c++",
+        optional=True,
+    )
+
+
+ffi_extension = xla_ffi_extension()
+
 setup(
     ext_modules=cythonize(
         extensions,
@@ -127,4 +163,5 @@ setup(
             embedsignature=True,
         ),
     )
+    + ([ffi_extension] if ffi_extension is not None else [])
 )

@@ -1,0 +1,482 @@
+// XLA FFI handlers for xentfast.jax on CPU: the softmax and binary kernels called from inside an XLA
+// program, with no Python on the way.
+//
+// Design
+// (a) Same kernels, same bits.  The handlers call the dispatch tables of xent_kernels.h and
+//     binary_kernels.h, the entry points the Cython drivers (_xent.pyx, _binary.pyx) call, with the
+//     arguments those drivers receive for reduction="none".  tests/test_jax_dropin.py checks the bits
+//     against the NumPy functions on every path.
+// (b) Rows only.  _xent.pyx also has a "phased" split for fewer rows than threads; it gives the same
+//     bits as the row loop (tests/test_threads.py) and only changes which thread runs which block, so
+//     the handlers keep to the row loop.
+// (c) Threads: OpenMP, with the NumPy API's rule (xentfast._threads.threads_for): all of OpenMP's
+//     threads, but one per 16384 elements at most.  A row's result never depends on the count.
+// (d) Nothing is validated here: xentfast.jax checks shapes and dtypes while tracing and replaces
+//     invalid labels by the skip label -1 before the call.  A handler still refuses a dtype it has no
+//     kernel for, with an error XLA reports, instead of reading memory wrongly.
+// (e) ABI: XLA's FFI keeps accepting handlers built against older API versions, not newer ones.  The
+//     build records the jaxlib whose headers it used (XF_JAXLIB_VERSION); xentfast.jax registers these
+//     targets only with that jaxlib or a newer one.
+// (f) Subnormals.  XLA runs CPU code with denormals flushed (x86: MXCSR FTZ and DAZ set on its threads),
+//     which would turn every subnormal loss, probability or gradient into 0 and break the documented
+//     bounds (ulp counts the subnormal spacing).  Every thread that runs a kernel here clears the flags
+//     for the duration of its work and restores XLA's on the way out.  OpenMP workers keep their own
+//     control register, so the guard sits inside each parallel region, not only around it.
+// (g) The labels' gradients, -g log_softmax(x) and -g x, are computed here too (one rounding of the
+//     product in the storage type), not by XLA, for the same reason.
+//
+// Built only when jaxlib's FFI headers are present at build time (setup.py); xentfast.jax falls back
+// to buffer_callback / pure_callback without this module.
+
+#include <Python.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+#include "binary_kernels.h"
+#include "xent_kernels.h"
+
+namespace ffi = xla::ffi;
+
+#ifndef XF_JAXLIB_VERSION
+#error "XF_JAXLIB_VERSION must name the jaxlib whose FFI headers this build uses"
+#endif
+
+namespace {
+
+constexpr long long kMinElementsPerThread = 16384;  // xentfast._threads.MIN_ELEMENTS_PER_THREAD
+constexpr long long kSkip = -1;                      // xentfast.jax._SKIP
+
+// IEEE subnormals on this thread while in scope ((f)); a no-op where the flags are unknown
+class IeeeDenormals {
+public:
+#if defined(__x86_64__) || defined(_M_X64)
+    IeeeDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFtzDaz); }
+    ~IeeeDenormals() { _mm_setcsr(saved_); }
+
+private:
+    static constexpr unsigned kFtzDaz = 0x8040u;  // flush-to-zero (bit 15), denormals-are-zero (bit 6)
+    unsigned saved_;
+#elif defined(__aarch64__)
+    IeeeDenormals()
+    {
+        __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved_));
+        const unsigned long long cleared = saved_ & ~kFz;
+        __asm__ __volatile__("msr fpcr, %0" : : "r"(cleared));
+    }
+    ~IeeeDenormals() { __asm__ __volatile__("msr fpcr, %0" : : "r"(saved_)); }
+
+private:
+    static constexpr unsigned long long kFz = (1ull << 24) | (1ull << 19);  // FZ, FZ16
+    unsigned long long saved_;
+#endif
+};
+
+int threads_for(long long n_elements)
+{
+#ifdef _OPENMP
+    long long wanted = omp_get_max_threads();
+    return static_cast<int>(std::max(1LL, std::min(wanted, n_elements / kMinElementsPerThread)));
+#else
+    (void)n_elements;
+    return 1;
+#endif
+}
+
+// The best path this CPU runs; XENTFAST_CPU=baseline forces the baseline, as at import.  Both paths give
+// the same bits (xent_kernels.h), so this only decides the speed.
+int cpu_path()
+{
+    static const int path = [] {
+        const char *env = std::getenv("XENTFAST_CPU");
+        if (env != nullptr && std::strcmp(env, "baseline") == 0) {
+            return static_cast<int>(XF_PATH_BASELINE);
+        }
+        return xf_cpu_supports_path(XF_PATH_AVX2) ? static_cast<int>(XF_PATH_AVX2)
+                                                  : static_cast<int>(XF_PATH_BASELINE);
+    }();
+    return path;
+}
+
+template <typename T> struct Tables;
+template <> struct Tables<float> {
+    static const xf_softmax_table_f32 *softmax() { return xf_softmax_table_for_f32(cpu_path()); }
+    static const xf_binary_table_f32 *binary() { return xf_binary_table_for_f32(cpu_path()); }
+};
+template <> struct Tables<double> {
+    static const xf_softmax_table_f64 *softmax() { return xf_softmax_table_for_f64(cpu_path()); }
+    static const xf_binary_table_f64 *binary() { return xf_binary_table_for_f64(cpu_path()); }
+};
+
+// rows x classes of a buffer whose last axis is the class axis (a 0-d or 1-d buffer is one row)
+void rows_of(const ffi::AnyBuffer &x, long long *N, long long *C)
+{
+    auto dims = x.dimensions();
+    long long n = 1;
+    for (size_t k = 0; k + 1 < dims.size(); ++k) {
+        n *= dims[k];
+    }
+    *C = dims.size() ? dims[dims.size() - 1] : 1;
+    *N = *C ? n : 0;
+}
+
+template <typename T>
+void fill(T *p, long long n, double v)
+{
+    for (long long j = 0; j < n; ++j) {
+        p[j] = static_cast<T>(v);
+    }
+}
+
+// _xent.pyx's _xent_one_row with: no class weights, no smoothing, scale 1, loss_scale 1 (reduction
+// "none"), the row's upstream factor g[i] (double, exact) when there is one.
+template <typename T>
+void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N, long long C, double z,
+               T *loss, T *grad)
+{
+    const auto *K = Tables<T>::softmax();
+    const int nt = threads_for(N * C);
+#pragma omp parallel num_threads(nt)
+    {
+    IeeeDenormals ieee;
+#pragma omp for schedule(static)
+    for (long long i = 0; i < N; ++i) {
+        double l = 0.0;
+        if (y != nullptr && y[i] == kSkip) {
+            if (grad != nullptr) {
+                fill(grad + i * C, C, 0.0);
+            }
+        } else {
+            xf_rowjob job;
+            const double s = g != nullptr ? 1.0 * static_cast<double>(g[i]) : 1.0;
+            xf_rowjob_init(&job, y != nullptr ? y[i] : -1, 1.0, 0.0, z, s, 1.0, y == nullptr);
+            l = K->xent_row(x + i * C, grad != nullptr ? grad + i * C : nullptr, C, &job,
+                            t != nullptr ? t + i * C : nullptr, nullptr);
+        }
+        if (loss != nullptr) {
+            loss[i] = static_cast<T>(l);  // the NumPy API's astype: one rounding, inf beyond the range
+        }
+    }
+    }
+}
+
+// The labels' gradient of the probability-target loss: -g_i log_softmax(x)_ij.  log_softmax is
+// _xent.pyx's _softmax_family_row, mode 1, no logsumexp output; the product rounds once in T, as
+// NumPy's -(g[:, None] * xentfast.log_softmax(x)) does.
+template <typename T>
+void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
+{
+    const auto *K = Tables<T>::softmax();
+    const int nt = threads_for(N * C);
+#pragma omp parallel num_threads(nt)
+    {
+    IeeeDenormals ieee;
+#pragma omp for schedule(static)
+    for (long long i = 0; i < N; ++i) {
+        xf_rowjob job;
+        xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1);
+        K->row_max(x + i * C, C, &job);
+        K->row_sum(x + i * C, C, &job, nullptr);
+        if (job.status != XF_ROW_OK) {
+            fill(out + i * C, C, XF_NAN);
+        } else {
+            for (long long b0 = 0; b0 < C; b0 += XF_BLOCK) {
+                const long long blen = std::min(C - b0, static_cast<long long>(XF_BLOCK));
+                K->log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s);
+            }
+        }
+        const T gi = g[i];
+        for (long long j = 0; j < C; ++j) {
+            out[i * C + j] = -(gi * out[i * C + j]);
+        }
+    }
+    }
+}
+
+// _binary.pyx's elementwise(OP_BCE_LOGITS) with no weights, no ignore value, scale 1; the upstream
+// factor per element in double, as the NumPy API hands it over
+template <typename T>
+void bce_elements(const T *x, const T *y, const double *g, long long n, T *loss, T *grad)
+{
+    const auto *K = Tables<T>::binary();
+    xf_bin_args a;
+    a.w = nullptr;
+    a.w_div = 1;
+    a.w_mod = 1;
+    a.w_full = 0;
+    a.pw = nullptr;
+    a.pw_div = 1;
+    a.pw_mod = 1;
+    a.pw_full = 0;
+    a.g = g;
+    a.scale = 1.0;
+    a.has_ignore = 0;
+    a.ignore = 0.0;
+    a.alpha = 0.25;
+    a.gamma = 2.0;
+    a.loss_k = 0.0;
+    xf_bin_prob_mode_init(&a.mode, 0, 0.0, 0, 0.0);
+    const long long nb = (n + XF_BIN_BLOCK - 1) / XF_BIN_BLOCK;
+    const int nt = threads_for(n);
+#pragma omp parallel num_threads(nt)
+    {
+    IeeeDenormals ieee;
+#pragma omp for schedule(static)
+    for (long long b = 0; b < nb; ++b) {
+        const long long off = b * XF_BIN_BLOCK;
+        const long long blen = std::min(n - off, static_cast<long long>(XF_BIN_BLOCK));
+        K->bce_logits_block(x, y, off, blen, &a, nullptr, loss, grad);
+    }
+    }
+}
+
+// The labels' gradient of the binary loss, -g x: the loss is linear in y with slope exactly -x
+template <typename T>
+void neg_product(const T *g, const T *x, T *out, long long n)
+{
+    const int nt = threads_for(n);
+#pragma omp parallel num_threads(nt)
+    {
+    IeeeDenormals ieee;
+#pragma omp for schedule(static)
+    for (long long i = 0; i < n; ++i) {
+        out[i] = -(g[i] * x[i]);
+    }
+    }
+}
+
+template <typename T>
+T *data(ffi::AnyBuffer b)
+{
+    return static_cast<T *>(b.untyped_data());
+}
+
+ffi::Error unsupported(const char *what, ffi::DataType t)
+{
+    return ffi::Error::InvalidArgument(std::string("xentfast: no kernel for ") + what + " of XLA dtype " +
+                                       std::to_string(static_cast<int>(t)));
+}
+
+// y: int32 labels, one per row, or probabilities of x's dtype and shape; g: the per-row upstream factor
+// (backward) or null (forward)
+template <typename T>
+ffi::Error xent(const T *g, ffi::AnyBuffer x, ffi::AnyBuffer y, T *loss, T *grad, double z)
+{
+    IeeeDenormals ieee;
+    long long N, C;
+    rows_of(x, &N, &C);
+    if (N == 0 || C == 0) {
+        return ffi::Error::Success();
+    }
+    const bool index = y.element_type() == ffi::DataType::S32;
+    if (!index && y.element_type() != x.element_type()) {
+        return unsupported("labels", y.element_type());
+    }
+    xent_rows<T>(data<const T>(x), index ? data<const int32_t>(y) : nullptr, index ? nullptr : data<const T>(y),
+                 g, N, C, z, loss, grad);
+    return ffi::Error::Success();
+}
+
+ffi::Error XentFwdImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> loss, double z)
+{
+    switch (x.element_type()) {
+    case ffi::DataType::F32:
+        return xent<float>(nullptr, x, y, data<float>(*loss), nullptr, z);
+    case ffi::DataType::F64:
+        return xent<double>(nullptr, x, y, data<double>(*loss), nullptr, z);
+    default:
+        return unsupported("logits", x.element_type());
+    }
+}
+
+ffi::Error XentBwdImpl(ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx,
+                       double z)
+{
+    if (g.element_type() != x.element_type()) {
+        return unsupported("the cotangent", g.element_type());
+    }
+    switch (x.element_type()) {
+    case ffi::DataType::F32:
+        return xent<float>(data<const float>(g), x, y, nullptr, data<float>(*dx), z);
+    case ffi::DataType::F64:
+        return xent<double>(data<const double>(g), x, y, nullptr, data<double>(*dx), z);
+    default:
+        return unsupported("logits", x.element_type());
+    }
+}
+
+ffi::Error XentDtImpl(ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> dt)
+{
+    IeeeDenormals ieee;
+    long long N, C;
+    rows_of(x, &N, &C);
+    if (N == 0 || C == 0) {
+        return ffi::Error::Success();
+    }
+    if (g.element_type() != x.element_type()) {
+        return unsupported("the cotangent", g.element_type());
+    }
+    switch (x.element_type()) {
+    case ffi::DataType::F32:
+        labels_grad_rows<float>(data<const float>(g), data<const float>(x), data<float>(*dt), N, C);
+        return ffi::Error::Success();
+    case ffi::DataType::F64:
+        labels_grad_rows<double>(data<const double>(g), data<const double>(x), data<double>(*dt), N, C);
+        return ffi::Error::Success();
+    default:
+        return unsupported("logits", x.element_type());
+    }
+}
+
+template <typename T>
+ffi::Error bce(const T *g, ffi::AnyBuffer x, ffi::AnyBuffer y, T *loss, T *grad)
+{
+    if (y.element_type() != x.element_type()) {
+        return unsupported("labels", y.element_type());
+    }
+    const long long n = static_cast<long long>(x.element_count());
+    if (n == 0) {
+        return ffi::Error::Success();
+    }
+    IeeeDenormals ieee;  // the widening of a subnormal cotangent included
+    std::vector<double> g64;
+    if (g != nullptr) {
+        g64.assign(g, g + n);  // exact; the kernel takes the upstream factor in double
+    }
+    bce_elements<T>(data<const T>(x), data<const T>(y), g != nullptr ? g64.data() : nullptr, n, loss, grad);
+    return ffi::Error::Success();
+}
+
+ffi::Error BceFwdImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> loss)
+{
+    switch (x.element_type()) {
+    case ffi::DataType::F32:
+        return bce<float>(nullptr, x, y, data<float>(*loss), nullptr);
+    case ffi::DataType::F64:
+        return bce<double>(nullptr, x, y, data<double>(*loss), nullptr);
+    default:
+        return unsupported("logits", x.element_type());
+    }
+}
+
+ffi::Error BceBwdImpl(ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> dx)
+{
+    if (g.element_type() != x.element_type()) {
+        return unsupported("the cotangent", g.element_type());
+    }
+    switch (x.element_type()) {
+    case ffi::DataType::F32:
+        return bce<float>(data<const float>(g), x, y, nullptr, data<float>(*dx));
+    case ffi::DataType::F64:
+        return bce<double>(data<const double>(g), x, y, nullptr, data<double>(*dx));
+    default:
+        return unsupported("logits", x.element_type());
+    }
+}
+
+ffi::Error BceDyImpl(ffi::AnyBuffer g, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> dy)
+{
+    IeeeDenormals ieee;
+    if (g.element_type() != x.element_type()) {
+        return unsupported("the cotangent", g.element_type());
+    }
+    const long long n = static_cast<long long>(x.element_count());
+    switch (x.element_type()) {
+    case ffi::DataType::F32:
+        neg_product<float>(data<const float>(g), data<const float>(x), data<float>(*dy), n);
+        return ffi::Error::Success();
+    case ffi::DataType::F64:
+        neg_product<double>(data<const double>(g), data<const double>(x), data<double>(*dy), n);
+        return ffi::Error::Success();
+    default:
+        return unsupported("logits", x.element_type());
+    }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XfXentFwd, XentFwdImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>().Attr<double>("z"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XfXentBwd, XentBwdImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>().Attr<double>("z"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XfXentDt, XentDtImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XfBceFwd, BceFwdImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XfBceBwd, BceBwdImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XfBceDy, BceDyImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+// ---- the Python module: {target name: PyCapsule of the handler}, and the jaxlib it was built for ----
+
+static PyObject *targets(PyObject *, PyObject *)
+{
+    static const struct {
+        const char *name;
+        void *fn;
+    } table[] = {
+        {"xentfast_xent_fwd", reinterpret_cast<void *>(XfXentFwd)},
+        {"xentfast_xent_bwd", reinterpret_cast<void *>(XfXentBwd)},
+        {"xentfast_xent_dt", reinterpret_cast<void *>(XfXentDt)},
+        {"xentfast_bce_fwd", reinterpret_cast<void *>(XfBceFwd)},
+        {"xentfast_bce_bwd", reinterpret_cast<void *>(XfBceBwd)},
+        {"xentfast_bce_dy", reinterpret_cast<void *>(XfBceDy)},
+    };
+    PyObject *d = PyDict_New();
+    if (d == nullptr) {
+        return nullptr;
+    }
+    for (const auto &t : table) {
+        PyObject *cap = PyCapsule_New(t.fn, nullptr, nullptr);
+        if (cap == nullptr || PyDict_SetItemString(d, t.name, cap) < 0) {
+            Py_XDECREF(cap);
+            Py_DECREF(d);
+            return nullptr;
+        }
+        Py_DECREF(cap);
+    }
+    return d;
+}
+
+static PyMethodDef methods[] = {
+    {"targets", targets, METH_NOARGS, "FFI target names mapped to PyCapsules of their CPU handlers."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_xla_ffi",
+    "XLA FFI handlers (CPU) for xentfast.jax; JAXLIB_VERSION is the jaxlib whose headers built them.", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__xla_ffi(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == nullptr) {
+        return nullptr;
+    }
+    if (PyModule_AddStringConstant(m, "JAXLIB_VERSION", XF_JAXLIB_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "FFI_API_MAJOR", XLA_FFI_API_MAJOR) < 0 ||
+        PyModule_AddIntConstant(m, "FFI_API_MINOR", XLA_FFI_API_MINOR) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}
