@@ -14,7 +14,8 @@ XLA FFI handlers for xentfast.jax (xentfast._core._xla_ffi, C++17): built only w
 are installed at build time (pip's isolated build has no jaxlib, so they are skipped there and
 xentfast.jax uses its callbacks), never required: a failed compile is a warning.  The build records the
 jaxlib version whose headers it used; xentfast.jax loads the handlers only with that jaxlib or a newer one
-(XLA refuses handlers built against a newer FFI API).  XENTFAST_NO_XLA_FFI=1 skips them.
+(XLA refuses handlers built against a newer FFI API).  XENTFAST_NO_XLA_FFI=1 skips them;
+XENTFAST_ONLY_XLA_FFI=1 builds them alone (CI adds them to the isolated install that way).
 
 OpenMP: probed by compiling a tiny program with -fopenmp.  Without it the build falls back to a serial
 extension with a visible warning; XENTFAST_REQUIRE_OPENMP=1 turns the fallback into an error (CI sets it),
@@ -150,6 +151,12 @@ def xla_ffi_extension():
 
 
 ffi_extension = xla_ffi_extension()
+if _env_flag("XENTFAST_ONLY_XLA_FFI"):
+    # add the FFI handlers to an install built without jaxlib (pip's isolated build), without rebuilding
+    # the kernels: `XENTFAST_ONLY_XLA_FFI=1 python setup.py build_ext --inplace`
+    if ffi_extension is None:
+        raise SystemExit("XENTFAST_ONLY_XLA_FFI=1 but jaxlib's FFI headers are not installed")
+    extensions = []
 
 setup(
     ext_modules=cythonize(

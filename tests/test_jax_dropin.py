@@ -12,6 +12,7 @@ What is checked, and against what:
 * static mistakes raise at trace time naming the argument; invalid data gives NaN (JAX cannot raise on
   data under jit).
 """
+import os
 import subprocess
 import sys
 
@@ -32,13 +33,21 @@ DTYPES = [np.float32, np.float64]
 ids = lambda d: np.dtype(d).name  # noqa: E731
 
 
+def _skip_unless_required(why):
+    # CI builds the FFI handlers and sets XENTFAST_REQUIRE_PEERS=1: there every path must run
+    if os.environ.get("XENTFAST_REQUIRE_PEERS", "0") not in ("", "0"):
+        pytest.fail(f"XENTFAST_REQUIRE_PEERS=1 but {why}")
+    pytest.skip(why)
+
+
 @pytest.fixture(params=["ffi", "buffer_callback", "pure_callback"])
 def path(request, monkeypatch):
     """Every way XLA reaches the kernel (CALLBACK is read at trace time: every test traces afresh)."""
     if request.param == "ffi" and xfj._ffi is None:
-        pytest.skip("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib): no FFI handlers")
+        _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib): "
+                              "no FFI handlers")
     if request.param == "buffer_callback" and xfj._buffer_callback is None:
-        pytest.skip("this jax has no jax.experimental.buffer_callback")
+        _skip_unless_required("this jax has no jax.experimental.buffer_callback")
     monkeypatch.setattr(xfj, "CALLBACK", request.param)
     return request.param
 
@@ -612,7 +621,7 @@ def test_ffi_handlers_only_with_their_jaxlib_or_newer(monkeypatch):
     """Handlers built against a newer FFI API than the running jaxlib's are refused by XLA, and registering
     them can break the CPU backend: they must not be loaded at all then."""
     if xfj._ffi is None:
-        pytest.skip("xentfast was built without jaxlib's FFI headers")
+        _skip_unless_required("xentfast was built without jaxlib's FFI headers")
     import jaxlib
     assert xfj._load_ffi() is xfj._ffi
     monkeypatch.setattr(xfj._ffi, "JAXLIB_VERSION", "999.0.0")
