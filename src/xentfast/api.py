@@ -253,6 +253,10 @@ def _tiny_terms(biggest):
 class _Problem:
     """A validated cross-entropy call: rows, targets, weights and options, ready for the kernel."""
 
+    # set once an in-place gradient pass has overwritten the logits (_loss_and_grad): from then on no
+    # launch may read them
+    input_overwritten = False
+
     def __init__(self, input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss,
                  empty_mean, nan_policy, n_threads, inplace=False, grad_output=None, out=None):
         self.backend = _backend.for_call(input=input, target=target, weight=weight, grad_output=grad_output,
@@ -366,20 +370,64 @@ class _Problem:
                     # only target classes' weights enter, and w_y <= sum(w_y): a weight that overflows
                     # here belongs to a class no kept row targets
                     folded = xp.where(xp.isfinite(folded), folded, 0.0)
+                # the forward launch first: an in-place gradient overwrites the logits it reads
+                self._launch(self._w_or_empty(), None, 1.0, loss, None)
                 self._launch(folded, None, g, xp.empty(self.N, dtype=np.float64), grad)
-                grad, scale = None, 1.0
+                return loss
         self._launch(self._w_or_empty(), row_scale, scale, loss, grad)
         return loss
 
-    def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None):
+    def rerun_possible(self):
+        """Whether reduce() may launch the kernel on the logits again: the tiny-terms pass, taken when
+        every reduced row loss is below 2^-969 (_tiny_terms).  One row's loss settles it in every
+        ordinary case: a NaN or a loss >= 2^-969 in one row puts max |loss| there too (rows are
+        independent, so the row alone gives the bits it has in the full launch).  Costs a kernel call on
+        one row and, on a device, one transfer."""
+        if self.N == 0 or (self.reduction == "mean" and self.denominator() == 0):
+            return False
+        loss = self.xp.empty(1, dtype=np.float64)
+        self._launch(self._w_or_empty(), None, 1.0, loss, None, sel=self._probe_row())
+        v = float(loss[0])
+        return not (v != v or abs(v) >= 2.0**-969)
+
+    def _probe_row(self):
+        """A one-element index array naming a row likely to carry loss: the first kept row whose target
+        weight is positive (row 0 if there is none: the probe then proves nothing and costs only that)."""
+        y = self.y
+        if y is None:
+            return self.xp.zeros(1, dtype=np.int64)
+        if self.backend.is_cpu:
+            y0 = int(y[0])
+            if y0 != self.ignore_index and (self.w is None or self.w[y0] > 0):
+                return np.zeros(1, dtype=np.int64)
+        carries = y != self.ignore_index
+        if self.w is not None:
+            carries &= self.w[y.clip(0, self.C - 1)] > 0
+        # array methods, not module functions: no device round trip to pick the row
+        return carries.argmax().reshape(1)
+
+    def _logits_intact(self):
+        if self.input_overwritten:  # pragma: no cover - a broken rerun_possible() would land here
+            raise RuntimeError("internal error: a reduction would read the in-place gradient as the logits")
+
+    def _selected(self, sel):
+        """(rows, y, t) of the whole problem, or of the rows `sel` indexes (copies, for a probe)."""
+        if sel is None:
+            return self.rows, self.y, self.t
+        return (self.rows[sel], None if self.y is None else self.y[sel],
+                None if self.t is None else self.t[sel])
+
+    def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None, sel=None):
         """One kernel call; row losses come times 2^loss_exp (default: the mean's 2^-k, loss_scale()).
-        Subclasses with another kernel (cross_entropy_from_probs) override this alone."""
+        `sel`: only the rows it indexes, losses only (rerun_possible's probe).  Subclasses with another
+        kernel (cross_entropy_from_probs) override this alone."""
         xp = self.xp
-        y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
-        t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)
+        x, y, t = self._selected(sel)
+        y = y if y is not None else xp.empty(0, dtype=np.int64)
+        t = t if t is not None else xp.empty((0, 0), dtype=self.dtype)
         rs = row_scale if row_scale is not None else xp.empty(0)
         g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
-        self.k.softmax_xent(self.rows, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
+        self.k.softmax_xent(x, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
                             self.n_threads, self.y is not None, self.t is not None, self.w is not None,
                             row_scale is not None, grad is not None, False,
                             math.ldexp(1.0, -self.loss_scale() if loss_exp is None else int(loss_exp)))
@@ -394,6 +442,7 @@ class _Problem:
             # every row loss sits on (or near) the subnormal grid, where a sum or a mean of n of them
             # carries up to n/2 grid steps: take the losses again scaled by 2^600 instead (the kernel
             # applies the scale to the weights, exactly), and unscale once at the end
+            self._logits_intact()
             scaled = self.xp.empty(self.N, dtype=np.float64)
             self._launch(self._w_or_empty(), None, 1.0, scaled, None, loss_exp=_TINY_K)
             hi, lo = self.k.dd_sum(scaled)
@@ -406,6 +455,26 @@ class _Problem:
                 return self.backend.result(np.nan if self.empty_mean == "nan" else 0.0, self.loss_dtype)
             total = (hi / den + lo / den) * math.ldexp(1.0, k)  # inf if the mean itself overflows
         return self.backend.result(total, self.loss_dtype)
+
+
+def _loss_and_grad(problem, buf, grad_output, **grad_only):
+    """The reduced loss, with the gradient written into `buf` (a problem of either family).
+
+    When `buf` is the logits themselves (inplace=True, no copy) and the reduction may have to launch the
+    kernel on them again after the gradient pass (rerun_possible: never in ordinary cases), the loss is
+    reduced first, from a forward pass, and the gradient pass comes after it (one more pass, bits
+    unchanged: a fused pass gives the same losses and gradient as the separate ones).  `grad_only`: the
+    run() options of that gradient pass (the binary family can skip its losses)."""
+    if buf is problem.rows and problem.reduction != "none":
+        problem.upstream(grad_output)  # a bad grad_output still raises before any kernel runs
+    if buf is problem.rows and problem.reduction != "none" and problem.rerun_possible():
+        loss = problem.reduce(problem.run())
+        problem.run(grad=buf, grad_output=grad_output, **grad_only)
+        problem.input_overwritten = True
+        return loss
+    losses = problem.run(grad=buf, grad_output=grad_output)
+    problem.input_overwritten = buf is problem.rows
+    return problem.reduce(losses)
 
 
 def _grad_target(problem, out, inplace):
@@ -630,8 +699,8 @@ def cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduc
     p = _Problem(input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss, empty_mean,
                  nan_policy, n_threads, inplace=inplace, grad_output=grad_output, out=out)
     buf, dest = _grad_target(p, out, inplace)
-    losses = p.run(grad=buf, grad_output=grad_output)
-    return p.reduce(losses), _finish_grad(p, buf, dest)
+    loss = _loss_and_grad(p, buf, grad_output)
+    return loss, _finish_grad(p, buf, dest)
 
 
 cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
