@@ -153,6 +153,9 @@ def _broadcast_weight(weight, shape, name, backend=_backend.CPU, checks=None):
     checks.require(_bad_weight(w).any(), lambda: _raise_bad_weight(backend.to_host(w), name))
     wb = xp.broadcast_to(w, shape)
     n = int(np.prod(shape))
+    if n == 0:
+        # no element reads a weight, and the slicing below would index an axis of length 0
+        return _Bcast(xp.ones(1), 1, 1)
     # axes along which the weight really varies; a contiguous run of them is a (div, mod) pattern
     live = [i for i, (s, st) in enumerate(zip(shape, wb.strides)) if s > 1 and st != 0]
     if not live:
