@@ -535,6 +535,8 @@ def _on_input_device(fn):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if _backend.plain_call(args, kwargs):
+            return fn(*args, **kwargs)
         if _backend.has_foreign(args, kwargs):
             return _backend.call_foreign(fn, signature, args, kwargs)
         with _backend.device_of_call(args, kwargs):
