@@ -16,7 +16,6 @@ from . import _backend, _dtypes
 from . import api as _api
 from ._backend import xp as _xp
 from ._core import _binary
-from ._threads import threads_for
 from .api import (
     _EMPTY_MEAN,
     _HALF_BOUND,
@@ -33,10 +32,11 @@ from .api import (
     _loss_and_grad,
     _on_input_device,
     _TINY_K,
+    _placeholder,
     _rows,
     _split_target,
-    _sum_and_max,
-    _tiny_terms,
+    _sum_and_tiny,
+    _threads_for,
     _upstream_factor,
 )
 
@@ -97,8 +97,16 @@ def _unit_targets(target, x, ignore, name="target", backend=_backend.CPU, checks
         raise TypeError(f"{name}: expected real values in [0, 1], got dtype {t.dtype}")
     if t.shape != x.shape:
         raise ValueError(f"{name}: expected the input's shape {x.shape}; got {t.shape}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        tc = backend.xp.ascontiguousarray(t, dtype=x.dtype)
+    if backend.is_cpu and t.dtype == x.dtype:
+        # no cast, so nothing to warn about; [min, max] inside [0, 1] settles the check in two reductions
+        # (NaN propagates into them and fails it), instead of five NumPy operations and two errstates
+        tc = np.ascontiguousarray(t)
+        flat = tc.reshape(-1)
+        if not flat.size or (np.minimum.reduce(flat) >= 0 and np.maximum.reduce(flat) <= 1):
+            return tc
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            tc = backend.xp.ascontiguousarray(t, dtype=x.dtype)
     checks.require(_not_unit(tc, ignore).any(), lambda: _raise_not_unit(backend.to_host(tc), ignore, name))
     return tc
 
@@ -243,7 +251,7 @@ class _Elementwise:
             _check_probabilities(x, backend=self.backend, checks=checks)
         _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
         self.n = self.flat.shape[0]
-        self.n_threads = threads_for(n_threads, self.n)
+        self.n_threads = _threads_for(n_threads, self.n)
         if self.ignore is None:
             checks.fetch()
             self.kept = self.n
@@ -266,17 +274,18 @@ class _Elementwise:
         prefix, so that broadcast weights keep their element indices)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         xp = self.xp
-        empty = xp.empty(0)
-        n = self.n if count is None else count
+        empty = _placeholder(xp, 1, np.float64)
+        x, t, n = (self.flat, self.t, self.n) if count is None else (self.flat[:count], self.t[:count], count)
         keep_double = self.reduction != "none"
-        loss_d = xp.empty(n if (want_loss and keep_double) else 0, dtype=np.float64)
-        loss_o = xp.empty(n if (want_loss and not keep_double) else 0, dtype=self.dtype)
-        gflat = grad.reshape(-1) if grad is not None else xp.empty(0, dtype=self.dtype)
+        double_out, dtype_out = want_loss and keep_double, want_loss and not keep_double
+        loss_d = xp.empty(n, dtype=np.float64) if double_out else empty
+        loss_o = xp.empty(n, dtype=self.dtype) if dtype_out else _placeholder(xp, 1, self.dtype)
+        gflat = grad.reshape(-1) if grad is not None else _placeholder(xp, 1, self.dtype)
         w, pw = self.w, self.pw
         clip = self.eps is not None
         clamp = self.log_clamp is not None
         self.backend.binary.elementwise(
-            self.op, self.flat[:n], self.t[:n],
+            self.op, x, t,
             w.base if w else empty, w.div if w else 1, w.mod if w else 1,
             pw.base if pw else empty, pw.div if pw else 1, pw.mod if pw else 1,
             g_rows if g_rows is not None else empty, scale,
@@ -292,8 +301,8 @@ class _Elementwise:
             with np.errstate(over="ignore"):
                 return losses.astype(self.loss_dtype, copy=False).reshape(self.shape)
         b = self.backend
-        hi, lo, biggest = _sum_and_max(b, losses)
-        if _tiny_terms(biggest):
+        hi, lo, tiny = _sum_and_tiny(b, losses)
+        if tiny:
             self._logits_intact()
             return _reduce_scaled(b, self.run(loss_k=_TINY_K), self.reduction, self.kept, self.empty_mean,
                                   self.loss_dtype)
@@ -909,13 +918,13 @@ class _ProbsProblem(_api._Problem):
         self.rows, self.batch_shape, self.C = _rows(x, self.axis)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
-        self.y, self.t = _split_target(target, x, self.axis, self.batch_shape, self.C, self.ignore_index,
-                                       self.backend, checks)
+        self.y, self.t, self._kept = _split_target(target, x, self.axis, self.batch_shape, self.C,
+                                                   self.ignore_index, self.backend, checks)
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_probabilities(x, backend=self.backend, checks=checks)
         _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
         self.N = self.rows.shape[0]
-        self.n_threads = threads_for(n_threads, self.N * self.C)
+        self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
 
     def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None, sel=None):
@@ -924,12 +933,13 @@ class _ProbsProblem(_api._Problem):
         2^loss_exp (default 1: loss_scale() is 0 here); `sel` as in the softmax family."""
         xp = self.xp
         p, y, t = self._selected(sel)
-        y = y if y is not None else xp.empty(0, dtype=np.int64)
-        t = t if t is not None else xp.empty((0, 0), dtype=self.dtype)
-        g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
+        y = y if y is not None else _placeholder(xp, 1, np.int64)
+        t = t if t is not None else _placeholder(xp, 2, self.dtype)
+        g = grad if grad is not None else _placeholder(xp, 2, self.dtype)
         clip = self.clip_eps is not None
         self.backend.binary.ce_probs(p, y, t, w, self.ignore_index,
-                                     row_scale if row_scale is not None else xp.empty(0), scale, clip,
+                                     row_scale if row_scale is not None else _placeholder(xp, 1, np.float64),
+                                     scale, clip,
                                      self.clip_eps if clip else 0.0, loss, g, self.n_threads, self.y is not None,
                                      self.t is not None, self.w is not None, row_scale is not None,
                                      grad is not None, 0.0 if loss_exp is None else float(loss_exp))
