@@ -827,7 +827,9 @@ cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
     inplace : bool, default False
         Write the gradient into ``input`` (a writeable ndarray); no N x C allocation when the class axis is
         last and ``input`` is C-contiguous (half precision: always a float64 buffer, rounded into
-        ``input``).
+        ``input``).  The results have the bits of ``inplace=False``.  A 'mean' or 'sum' first computes
+        the loss of one row; if every row loss may be below 2**-969 (their reduction then reads the
+        logits again), the loss is reduced before the gradient pass, at the cost of one more pass.
 
     Returns
     -------

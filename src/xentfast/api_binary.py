@@ -591,7 +591,11 @@ binary_cross_entropy_with_logits_with_grad.__doc__ = f"""Loss and gradient of BC
     out : ndarray, optional
         Buffer of the input's shape and dtype for the gradient (must not overlap the input).
     inplace : bool, default False
-        Write the gradient into ``input`` (a writeable ndarray).
+        Write the gradient into ``input`` (a writeable ndarray), with the bits of ``inplace=False``.  A
+        'mean' or 'sum' whose reduction may read the logits again after the gradient pass (every element
+        loss below 2**-969, judged from the first 1024; or a 'mean' with weights or ``pos_weight`` above 1
+        on float64 logits large enough to overflow a weighted loss, judged from max |x|) reduces the loss
+        first, at the cost of one more pass.
 
     Returns
     -------
