@@ -16,6 +16,7 @@ from test_device_dispatch import _dev, _host, device  # noqa: F401  (device: the
 
 import xentfast as xf
 from xentfast import _backend
+from xentfast._threads import threads_for as xf_threads
 
 DTYPES = [np.float32, np.float64]
 DBL_MAX = np.finfo(np.float64).max
@@ -153,22 +154,25 @@ def test_bce_mean_of_exact_infinities_is_inf_in_place():
 # ---- ordinary in-place calls: one pass over the data ---------------------------------------------------
 
 
-def _count_launches(monkeypatch):
-    """Rows (softmax family) or elements (binary family) each kernel launch covers."""
+def _count_launches(monkeypatch, threads=None):
+    """Rows (softmax family) or elements (binary family) each kernel launch covers; `threads`, if a list,
+    receives each launch's thread count."""
     sizes = []
 
-    def counting(f, rows_of):
+    def counting(f, rows_of, threads_at):
         def call(*args, **kwargs):
             sizes.append(rows_of(args))
+            if threads is not None:
+                threads.append(args[threads_at])
             return f(*args, **kwargs)
         return call
 
     cpu = _backend.CPU
     soft = types.SimpleNamespace(**{k: getattr(cpu.softmax, k) for k in dir(cpu.softmax) if not k.startswith("__")})
-    soft.softmax_xent = counting(cpu.softmax.softmax_xent, lambda a: a[0].shape[0])
+    soft.softmax_xent = counting(cpu.softmax.softmax_xent, lambda a: a[0].shape[0], 11)
     binary = types.SimpleNamespace(**{k: getattr(cpu.binary, k) for k in dir(cpu.binary) if not k.startswith("__")})
-    binary.elementwise = counting(cpu.binary.elementwise, lambda a: a[1].shape[0])
-    binary.ce_probs = counting(cpu.binary.ce_probs, lambda a: a[0].shape[0])
+    binary.elementwise = counting(cpu.binary.elementwise, lambda a: a[1].shape[0], 22)
+    binary.ce_probs = counting(cpu.binary.ce_probs, lambda a: a[0].shape[0], 11)
     monkeypatch.setattr(cpu, "softmax", soft)
     monkeypatch.setattr(cpu, "binary", binary)
     return sizes
@@ -189,17 +193,31 @@ def test_ordinary_in_place_calls_make_one_pass(monkeypatch, reduction):
     xf.cross_entropy_from_probs_with_grad(xf.softmax(x), y, reduction=reduction, weight=w, inplace=True)
     assert sizes == [1, 3000]
     sizes.clear()
-    # the binary family: the first block of elements, then the fused pass; weights above 1 on float64
+    # the binary family: the first 64 elements, then the fused pass; weights above 1 on float64
     # logits cost one read of the logits for the bound of _only_exact_infinities, no kernel launch
     t = (x > 0).astype(np.float64)
     xf.binary_cross_entropy_with_logits_with_grad(x.copy(), t, reduction=reduction, weight=w,
                                                   pos_weight=np.full(7, 3.0), inplace=True)
-    assert sizes == [1024, 21000]
+    assert sizes == [64, 21000]
     sizes.clear()
     # nothing to decide without a reduction or in place
     xf.cross_entropy_with_grad(x.copy(), y, reduction="none", inplace=True)
     xf.cross_entropy_with_grad(x.copy(), y, reduction=reduction)
     assert sizes == [3000, 3000]
+
+
+def test_the_probe_runs_on_one_thread(monkeypatch):
+    # a team of threads on one row or a few elements costs more than the work, milliseconds on a busy
+    # machine: the probe asks for one thread whatever the call's count
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 1000))
+    threads = []
+    sizes = _count_launches(monkeypatch, threads)
+    xf.cross_entropy_with_grad(x.copy(), rng.integers(0, 1000, 40), inplace=True, n_threads=2)
+    xf.binary_cross_entropy_with_logits_with_grad(x.copy(), (x > 0).astype(np.float64), inplace=True,
+                                                  n_threads=2)
+    assert sizes == [1, 40, 64, 40000]
+    assert threads == [1, xf_threads(2, 40000), 1, xf_threads(2, 40000)]
 
 
 def test_in_place_rerun_takes_two_passes(monkeypatch):

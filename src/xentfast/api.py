@@ -522,8 +522,10 @@ class _Problem:
 
     def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None, sel=None):
         """One kernel call; row losses come times 2^loss_exp (default: the mean's 2^-k, loss_scale()).
-        `sel`: only the rows it indexes, losses only (rerun_possible's probe).  Subclasses with another
-        kernel (cross_entropy_from_probs) override this alone."""
+        `sel`: only the rows it indexes, losses only (rerun_possible's probe), on one thread: a team of
+        threads on one row costs more than the row (milliseconds on a busy machine, where a sleeping
+        thread waits for a time slice).  Subclasses with another kernel (cross_entropy_from_probs)
+        override this alone."""
         xp = self.xp
         x, y, t = self._selected(sel)
         y = y if y is not None else _placeholder(xp, 1, np.int64)
@@ -531,7 +533,8 @@ class _Problem:
         rs = row_scale if row_scale is not None else _placeholder(xp, 1, np.float64)
         g = grad if grad is not None else _placeholder(xp, 2, self.dtype)
         self.k.softmax_xent(x, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
-                            self.n_threads, self.y is not None, self.t is not None, self.w is not None,
+                            self.n_threads if sel is None else 1, self.y is not None, self.t is not None,
+                            self.w is not None,
                             row_scale is not None, grad is not None, False,
                             math.ldexp(1.0, -self.loss_scale() if loss_exp is None else int(loss_exp)))
 

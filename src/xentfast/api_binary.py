@@ -271,7 +271,8 @@ class _Elementwise:
     def run(self, grad=None, grad_output=None, want_loss=True, loss_k=0.0, count=None):
         """Element losses (double for reductions, input dtype for 'none'; times 2**loss_k) and the gradient
         into `grad`.  `count`: the losses of the first `count` elements only (rerun_possible's probe; a
-        prefix, so that broadcast weights keep their element indices)."""
+        prefix, so that broadcast weights keep their element indices), on one thread (as the softmax
+        family's probe)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         xp = self.xp
         empty = _placeholder(xp, 1, np.float64)
@@ -291,7 +292,7 @@ class _Elementwise:
             g_rows if g_rows is not None else empty, scale,
             self.ignore is not None, float(self.ignore) if self.ignore is not None else 0.0,
             float(self.alpha), float(self.gamma), clip, self.eps if clip else 0.0, clamp,
-            self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads,
+            self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads if count is None else 1,
             w is not None, pw is not None, g_rows is not None, want_loss and keep_double,
             want_loss and not keep_double, grad is not None, loss_k)
         return loss_d if keep_double else loss_o
@@ -387,7 +388,7 @@ class _Elementwise:
     def rerun_possible(self):
         """Whether reduce() may launch the kernel on the input again: the tiny-terms pass (every element
         loss below 2^-969) or the mean beyond DBL_MAX with an overflowed weighted loss.  The first is
-        ruled out in every ordinary case by the losses of the first block of elements (a NaN or a loss
+        ruled out in every ordinary case by the losses of the first 64 elements (a NaN or a loss
         >= 2^-969 among them puts max |loss| there too), the second by _only_exact_infinities."""
         if self.n == 0 or (self.reduction == "mean" and self.kept == 0):
             return False
@@ -426,8 +427,9 @@ class _Elementwise:
         return loss, (g.reshape(()) if self.scalar else g)
 
 
-# elements whose losses rerun_possible() looks at: one block of the kernels' (binary_kernels.h), one call
-_PROBE_ELEMENTS = 1024
+# elements whose losses rerun_possible() looks at: enough that an ordinary input has a loss of at least
+# 2^-969 among them, few enough to cost ~2 us (an element costs tens of ns)
+_PROBE_ELEMENTS = 64
 
 
 def _reduce_scaled(backend, losses, reduction, den, empty_mean, dtype):
@@ -593,7 +595,7 @@ binary_cross_entropy_with_logits_with_grad.__doc__ = f"""Loss and gradient of BC
     inplace : bool, default False
         Write the gradient into ``input`` (a writeable ndarray), with the bits of ``inplace=False``.  A
         'mean' or 'sum' whose reduction may read the logits again after the gradient pass (every element
-        loss below 2**-969, judged from the first 1024; or a 'mean' with weights or ``pos_weight`` above 1
+        loss below 2**-969, judged from the first 64; or a 'mean' with weights or ``pos_weight`` above 1
         on float64 logits large enough to overflow a weighted loss, judged from max |x|) reduces the loss
         first, at the cost of one more pass.
 
@@ -944,7 +946,8 @@ class _ProbsProblem(_api._Problem):
         self.backend.binary.ce_probs(p, y, t, w, self.ignore_index,
                                      row_scale if row_scale is not None else _placeholder(xp, 1, np.float64),
                                      scale, clip,
-                                     self.clip_eps if clip else 0.0, loss, g, self.n_threads, self.y is not None,
+                                     self.clip_eps if clip else 0.0, loss, g,
+                                     self.n_threads if sel is None else 1, self.y is not None,
                                      self.t is not None, self.w is not None, row_scale is not None,
                                      grad is not None, 0.0 if loss_exp is None else float(loss_exp))
 
