@@ -243,6 +243,19 @@ def test_ignore_index_and_empty_mean(dtype):
     assert xf.binary_cross_entropy_with_logits(np.zeros(0, dtype), np.zeros(0, dtype), reduction="sum") == 0
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_empty_input_with_broadcast_weights(dtype):
+    # no element: a (C,) weight or pos_weight broadcasts to (0, C) and is never read
+    x = np.zeros((0, 3), dtype)
+    kw = dict(weight=np.ones(3), pos_weight=np.full(3, 2.0))
+    loss, g = xf.binary_cross_entropy_with_logits_with_grad(x, x, reduction="none", **kw)
+    assert loss.shape == g.shape == (0, 3) and loss.dtype == g.dtype == np.dtype(dtype)
+    assert xf.binary_cross_entropy_with_logits(x, x, reduction="sum", **kw) == 0
+    assert np.isnan(xf.binary_cross_entropy(x, x, weight=np.ones(3)))
+    with pytest.raises(ValueError, match=r"^weight: weights must be finite and >= 0; found -1.0 at index \[1\]"):
+        xf.binary_cross_entropy_with_logits(x, x, weight=np.array([1.0, -1.0, 1.0]))
+
+
 def test_mean_is_the_mean_of_none():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((300, 7)) * 5

@@ -454,6 +454,62 @@ def test_agrees_with_torch(reduction, weighted, eps, targets, layout):
     np.testing.assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-15)
 
 
+# ---- the common call's short validation path ---------------------------------------------------------
+
+
+def _same_state(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], np.ndarray):
+            assert a[k] is b[k] or (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+                                    and a[k].flags.c_contiguous == b[k].flags.c_contiguous
+                                    and np.array_equal(a[k], b[k])), k
+        else:
+            assert type(a[k]) is type(b[k]) and a[k] == b[k], k
+
+
+PLAIN_CALLS = [
+    dict(),
+    dict(reduction="sum", ignore_index=3, labels=[3, 3, 0, 1, 2]),
+    dict(reduction="none", empty_mean="zero", axis=1, inplace=True),
+    dict(dtype=np.float64, labels=[-100, -100, -100, -100, -100]),
+    dict(grad_output=2.0, out=np.zeros((5, 4))),
+]
+
+
+@pytest.mark.parametrize("call", PLAIN_CALLS)
+def test_common_call_takes_the_short_path_and_sets_what_the_general_path_sets(call):
+    from xentfast import api
+    call = dict(call)
+    x = np.linspace(-3, 3, 20).reshape(5, 4).astype(call.pop("dtype", np.float32))
+    y = np.array(call.pop("labels", [0, 1, 2, 3, -100]), dtype=np.int64)
+    args = (x, y, call.get("ignore_index", -100), call.get("reduction", "mean"), 0.0, call.get("axis", -1), 0,
+            call.get("empty_mean", "nan"), "propagate", None, call.get("inplace", False), call.get("grad_output"),
+            call.get("out"))
+    fast, general = object.__new__(api._Problem), object.__new__(api._Problem)
+    assert fast._init_plain(*args)
+    general._init_general(x, y, None, *args[2:])
+    _same_state(vars(fast), vars(general))
+    assert fast.denominator() == general.denominator() == np.count_nonzero(y != args[2])
+
+
+@pytest.mark.parametrize("change", [
+    dict(x=np.zeros((5, 4), np.float32)[:, ::2]), dict(x=np.zeros((5, 1, 4), np.float32)), dict(axis=0),
+    dict(y=np.zeros(5, np.int32)), dict(label_smoothing=0.1), dict(z_loss=1e-4), dict(nan_policy="raise"),
+    dict(n_threads=1), dict(ignore_index=np.int64(-100)), dict(reduction="avg"), dict(grad_output=np.float64(1)),
+    dict(x=np.zeros((5, 4), np.float16)), dict(label_smoothing=True),
+])
+def test_other_calls_take_the_general_path(change):
+    from xentfast import api
+    kw = dict(x=np.zeros((5, 4), np.float32), y=np.zeros(5, np.int64), ignore_index=-100, reduction="mean",
+              label_smoothing=0.0, axis=-1, z_loss=0.0, empty_mean="nan", nan_policy="propagate", n_threads=None,
+              inplace=False, grad_output=None, out=None)
+    kw.update(change)
+    p = object.__new__(api._Problem)
+    assert not p._init_plain(*kw.values())
+    assert vars(p) == {}
+
+
 # ---- huge arrays -------------------------------------------------------------------------------------
 
 

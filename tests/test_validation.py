@@ -74,6 +74,24 @@ class TestCrossEntropyArguments:
         with raises(ValueError, "target", "found 9223372036854775809"):
             f(X, y)
 
+    @pytest.mark.parametrize("tdtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32])
+    def test_first_bad_label_among_ignored_rows(self, f, tdtype):
+        # ignored rows before and after it; the labels are checked once, after a cast to int64 that
+        # keeps every value of these dtypes
+        ii = -100 if np.dtype(tdtype).kind == "i" else 200
+        y = np.array([ii, 1, 7, ii, 9], dtype=tdtype)
+        with raises(ValueError, "target", "[0, 4)", f"ignore_index={ii}", "found 7 at index [2]"):
+            f(np.zeros((5, 4)), y, ignore_index=ii)
+
+    def test_label_that_wraps_onto_ignore_index_is_still_bad(self, f):
+        # 156 is -100 modulo 256: a uint8 label compared after a wrapping cast would pass as ignored
+        with raises(ValueError, "found 156 at index [1]"):
+            f(X, np.array([0, 156, 1], dtype=np.uint8))
+
+    def test_ignore_index_inside_the_class_range(self, f):
+        with raises(ValueError, "ignore_index=2", "found 4 at index [2]"):
+            f(X, np.array([2, 2, 4]), ignore_index=2)
+
     def test_weight_wrong_length(self, f):
         with raises(ValueError, "weight", "(4,)", "(3,)"):
             f(X, Y, weight=np.ones(3))
@@ -205,6 +223,19 @@ class TestEdgeShapes:
     def test_one_dimensional_input_is_one_row(self):
         loss = xf.cross_entropy(np.array([0.0, 0.0]), np.array(1), reduction="none")
         assert loss.shape == () and np.isclose(loss, np.log(2))
+
+    @pytest.mark.parametrize("tdtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+                                        np.uint64])
+    def test_kept_rows_are_the_unweighted_denominator(self, tdtype):
+        # the mean divides by the kept rows: the same bits as the mean of the kept rows alone
+        ii = -100 if np.dtype(tdtype).kind == "i" else 200
+        x = np.arange(20.0).reshape(5, 4) % 3
+        y = np.array([ii, 1, 3, ii, 0], dtype=tdtype)
+        kept = [1, 2, 4]
+        for reduction in ("mean", "sum"):
+            assert (xf.cross_entropy(x, y, ignore_index=ii, reduction=reduction)
+                    == xf.cross_entropy(x[kept], np.array([1, 3, 0]), reduction=reduction))
+        assert np.isnan(xf.cross_entropy(x[:2], np.array([ii, ii], dtype=tdtype), ignore_index=ii))
 
     @pytest.mark.parametrize("tdtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
                                         np.uint64])

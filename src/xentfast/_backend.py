@@ -81,8 +81,13 @@ class Backend:
 
     def result(self, value, dtype):
         """A reduction's value as the caller's kind of 0-d result (NumPy scalar, or 0-d CuPy array)."""
-        with np.errstate(over="ignore"):
-            v = np.dtype(dtype).type(value)
+        scalar = np.dtype(dtype).type
+        if scalar is np.float64 or not abs(value) > _F32_MAX:
+            # nothing to overflow (NaN included), so no errstate: entering one costs more than the rest
+            v = scalar(value)
+        else:
+            with np.errstate(over="ignore"):
+                v = scalar(value)
         return v if self.is_cpu else self.xp.asarray(v)
 
     def overlaps(self, a, b):
@@ -103,6 +108,9 @@ class Backend:
         return Checks(self, immediate)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _numpy_to_host(a):
     return np.asarray(a)
 
@@ -114,6 +122,8 @@ _extra_device_backends = []  # test doubles of a device backend (tests/test_disp
 
 
 def _device_backends():
+    if not _extra_device_backends and "cupy" not in sys.modules:
+        return ()
     out = list(_extra_device_backends)
     cp = _cupy_module()
     if cp is not None:
@@ -220,6 +230,24 @@ def is_foreign(a):
     nor a device backend's own."""
     return (not isinstance(a, (np.ndarray, np.generic)) and hasattr(a, "__dlpack__")
             and not is_device_array(a))
+
+
+# argument types that are never a device array nor read through DLPack (exact types: subclasses of
+# ndarray, such as a test's stand-in device array, take the general path)
+_PLAIN_TYPES = frozenset({np.ndarray, int, float, bool, str, type(None), list, tuple})
+
+
+def plain_call(args, kwargs):
+    """Whether every argument of a call is a NumPy array, a Python scalar, a string, None or a sequence:
+    such a call runs on the CPU with no device context and nothing to import, decided without looking
+    for device backends."""
+    for a in args:
+        if type(a) not in _PLAIN_TYPES:
+            return False
+    for a in kwargs.values():
+        if type(a) not in _PLAIN_TYPES:
+            return False
+    return True
 
 
 def has_foreign(args, kwargs):

@@ -16,7 +16,6 @@ from . import _backend, _dtypes
 from . import api as _api
 from ._backend import xp as _xp
 from ._core import _binary
-from ._threads import threads_for
 from .api import (
     _EMPTY_MEAN,
     _HALF_BOUND,
@@ -30,12 +29,14 @@ from .api import (
     _finish_grad,
     _first_bad,
     _grad_target,
+    _loss_and_grad,
     _on_input_device,
     _TINY_K,
+    _placeholder,
     _rows,
     _split_target,
-    _sum_and_max,
-    _tiny_terms,
+    _sum_and_tiny,
+    _threads_for,
     _upstream_factor,
 )
 
@@ -96,8 +97,16 @@ def _unit_targets(target, x, ignore, name="target", backend=_backend.CPU, checks
         raise TypeError(f"{name}: expected real values in [0, 1], got dtype {t.dtype}")
     if t.shape != x.shape:
         raise ValueError(f"{name}: expected the input's shape {x.shape}; got {t.shape}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        tc = backend.xp.ascontiguousarray(t, dtype=x.dtype)
+    if backend.is_cpu and t.dtype == x.dtype:
+        # no cast, so nothing to warn about; [min, max] inside [0, 1] settles the check in two reductions
+        # (NaN propagates into them and fails it), instead of five NumPy operations and two errstates
+        tc = np.ascontiguousarray(t)
+        flat = tc.reshape(-1)
+        if not flat.size or (np.minimum.reduce(flat) >= 0 and np.maximum.reduce(flat) <= 1):
+            return tc
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            tc = backend.xp.ascontiguousarray(t, dtype=x.dtype)
     checks.require(_not_unit(tc, ignore).any(), lambda: _raise_not_unit(backend.to_host(tc), ignore, name))
     return tc
 
@@ -152,6 +161,9 @@ def _broadcast_weight(weight, shape, name, backend=_backend.CPU, checks=None):
     checks.require(_bad_weight(w).any(), lambda: _raise_bad_weight(backend.to_host(w), name))
     wb = xp.broadcast_to(w, shape)
     n = int(np.prod(shape))
+    if n == 0:
+        # no element reads a weight, and the slicing below would index an axis of length 0
+        return _Bcast(xp.ones(1), 1, 1)
     # axes along which the weight really varies; a contiguous run of them is a (div, mod) pattern
     live = [i for i, (s, st) in enumerate(zip(shape, wb.strides)) if s > 1 and st != 0]
     if not live:
@@ -204,6 +216,10 @@ class _Elementwise:
     softmax family's, unchanged.  0-d inputs are handled as shape (1,) and reshaped back.
     """
 
+    # as _api._Problem.input_overwritten: no launch may read the logits once an in-place gradient is there
+    input_overwritten = False
+    _exact_infinities = None   # cache of _only_exact_infinities()
+
     def __init__(self, op, input, target, *, weight=None, pos_weight=None, reduction="mean", ignore_index=None,
                  empty_mean="nan", nan_policy="propagate", n_threads=None, inplace=False, what="logits",
                  alpha=0.25, gamma=2.0, eps=None, log_clamp=None):
@@ -235,7 +251,7 @@ class _Elementwise:
             _check_probabilities(x, backend=self.backend, checks=checks)
         _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
         self.n = self.flat.shape[0]
-        self.n_threads = threads_for(n_threads, self.n)
+        self.n_threads = _threads_for(n_threads, self.n)
         if self.ignore is None:
             checks.fetch()
             self.kept = self.n
@@ -252,27 +268,31 @@ class _Elementwise:
         # nothing averaged: the mean is a constant (NaN or 0 by empty_mean), its gradient 0
         return None, (g / self.kept if self.kept else 0.0)
 
-    def run(self, grad=None, grad_output=None, want_loss=True, loss_k=0.0):
+    def run(self, grad=None, grad_output=None, want_loss=True, loss_k=0.0, count=None):
         """Element losses (double for reductions, input dtype for 'none'; times 2**loss_k) and the gradient
-        into `grad`."""
+        into `grad`.  `count`: the losses of the first `count` elements only (rerun_possible's probe; a
+        prefix, so that broadcast weights keep their element indices), on one thread (as the softmax
+        family's probe)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         xp = self.xp
-        empty = xp.empty(0)
+        empty = _placeholder(xp, 1, np.float64)
+        x, t, n = (self.flat, self.t, self.n) if count is None else (self.flat[:count], self.t[:count], count)
         keep_double = self.reduction != "none"
-        loss_d = xp.empty(self.n if (want_loss and keep_double) else 0, dtype=np.float64)
-        loss_o = xp.empty(self.n if (want_loss and not keep_double) else 0, dtype=self.dtype)
-        gflat = grad.reshape(-1) if grad is not None else xp.empty(0, dtype=self.dtype)
+        double_out, dtype_out = want_loss and keep_double, want_loss and not keep_double
+        loss_d = xp.empty(n, dtype=np.float64) if double_out else empty
+        loss_o = xp.empty(n, dtype=self.dtype) if dtype_out else _placeholder(xp, 1, self.dtype)
+        gflat = grad.reshape(-1) if grad is not None else _placeholder(xp, 1, self.dtype)
         w, pw = self.w, self.pw
         clip = self.eps is not None
         clamp = self.log_clamp is not None
         self.backend.binary.elementwise(
-            self.op, self.flat, self.t,
+            self.op, x, t,
             w.base if w else empty, w.div if w else 1, w.mod if w else 1,
             pw.base if pw else empty, pw.div if pw else 1, pw.mod if pw else 1,
             g_rows if g_rows is not None else empty, scale,
             self.ignore is not None, float(self.ignore) if self.ignore is not None else 0.0,
             float(self.alpha), float(self.gamma), clip, self.eps if clip else 0.0, clamp,
-            self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads,
+            self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads if count is None else 1,
             w is not None, pw is not None, g_rows is not None, want_loss and keep_double,
             want_loss and not keep_double, grad is not None, loss_k)
         return loss_d if keep_double else loss_o
@@ -282,8 +302,9 @@ class _Elementwise:
             with np.errstate(over="ignore"):
                 return losses.astype(self.loss_dtype, copy=False).reshape(self.shape)
         b = self.backend
-        hi, lo, biggest = _sum_and_max(b, losses)
-        if _tiny_terms(biggest):
+        hi, lo, tiny = _sum_and_tiny(b, losses)
+        if tiny:
+            self._logits_intact()
             return _reduce_scaled(b, self.run(loss_k=_TINY_K), self.reduction, self.kept, self.empty_mean,
                                   self.loss_dtype)
         if self.reduction == "sum":
@@ -309,8 +330,9 @@ class _Elementwise:
             hi, lo = dd_sum(losses * 2.0**-64)
             with np.errstate(over="ignore"):
                 return (hi / self.kept + lo / self.kept) * 2.0**64
-        if self.op == _binary.OP_FOCAL:
+        if self.op == _binary.OP_FOCAL or self._only_exact_infinities():
             return np.inf
+        self._logits_intact()
         if self.w:
             # weights below 2^-900 stay as they are: scaled they could underflow to 0 and turn an infinite
             # loss (p = 0 < y, x = -+inf) into 0, and unscaled they are negligible next to such a sum
@@ -329,6 +351,58 @@ class _Elementwise:
         with np.errstate(over="ignore"):
             return (hi / self.kept + lo / self.kept) * 2.0**64
 
+    def _only_exact_infinities(self):
+        """Whether no element with a finite input can have an infinite loss, from bounds on the weights
+        and the input: every infinite loss is then exact (x = +-inf, p = 0 < y or p = 1 > y), stays
+        infinite under the scaled weights of _mean_beyond_overflow (each is > 0, and the products of
+        xentfast/binary.h never underflow), and the mean is +inf without running the kernel again.
+
+        With W = max weight and Q = max pos_weight, a loss is at most W max(1, Q) (M + log 2) for
+        |x| <= M (its two terms are the masses 1 - y and y times softplus(+-x), scaled), and
+        W (L + log 2) from probabilities, L = max(-log 2^-1074, -log_clamp).  The bound 4 W max(1, Q)
+        (M + 1) <= DBL_MAX leaves room for the roundings.  W, Q <= 1 need no bound on x: every
+        factor of the loss is then at most 1 but softplus(|x|), which is finite for finite x and only
+        one of the two terms holds it; so ordinary calls never read the logits here.  The answer is
+        cached: it must be known before an in-place gradient pass, and is asked again in reduce()."""
+        if self._exact_infinities is None:
+            dbl_max = np.finfo(np.float64).max
+            # array methods, not module functions, as everywhere the call's array module is not at hand
+            W = float(self.w.base.max()) if self.w else 1.0
+            Q = float(self.pw.base.max()) if self.pw else 1.0
+            if self.op == _binary.OP_BCE_PROB:
+                L = max(745.2, -self.log_clamp if self.log_clamp is not None else 0.0)
+                ok = 4.0 * W * (L + 1.0) <= dbl_max
+            elif W <= 1.0 and Q <= 1.0:
+                ok = True
+            else:
+                if self.dtype == np.float32:
+                    M = float(np.finfo(np.float32).max)
+                else:
+                    # a read of the logits, only for float64 with weights above 1; NaN or inf: no bound
+                    lo, hi = float(self.flat.min()), float(self.flat.max())
+                    M = max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else np.inf
+                ok = 4.0 * W * max(1.0, Q) * (M + 1.0) <= dbl_max
+            self._exact_infinities = bool(ok)
+        return self._exact_infinities
+
+    def rerun_possible(self):
+        """Whether reduce() may launch the kernel on the input again: the tiny-terms pass (every element
+        loss below 2^-969) or the mean beyond DBL_MAX with an overflowed weighted loss.  The first is
+        ruled out in every ordinary case by the losses of the first 64 elements (a NaN or a loss
+        >= 2^-969 among them puts max |loss| there too), the second by _only_exact_infinities."""
+        if self.n == 0 or (self.reduction == "mean" and self.kept == 0):
+            return False
+        if (self.reduction == "mean" and self.op != _binary.OP_FOCAL
+                and not self._only_exact_infinities()):
+            return True
+        head = self.run(count=min(self.n, _PROBE_ELEMENTS))
+        v = float(self.xp.max(self.xp.abs(head)))
+        return not (v != v or v >= 2.0**-969)
+
+    def _logits_intact(self):
+        if self.input_overwritten:  # pragma: no cover - a broken rerun_possible() would land here
+            raise RuntimeError("internal error: a reduction would read the in-place gradient as the input")
+
     # --- the three entry points ---
 
     def forward(self):
@@ -344,13 +418,18 @@ class _Elementwise:
         # a 0-d problem runs as shape (1,): a 0-d out= buffer is viewed the same way
         out1 = out.reshape(1) if (self.scalar and self.backend.owns(out) and out.shape == ()) else out
         buf, dest = _grad_target(self, out1, inplace)
-        loss = self.reduce(self.run(grad=buf, grad_output=grad_output))
+        loss = _loss_and_grad(self, buf, grad_output, want_loss=False)
         g = _finish_grad(self, buf, dest)
         if out is not None:
             return loss, out
         if inplace:
             return loss, input
         return loss, (g.reshape(()) if self.scalar else g)
+
+
+# elements whose losses rerun_possible() looks at: enough that an ordinary input has a loss of at least
+# 2^-969 among them, few enough to cost ~2 us (an element costs tens of ns)
+_PROBE_ELEMENTS = 64
 
 
 def _reduce_scaled(backend, losses, reduction, den, empty_mean, dtype):
@@ -514,7 +593,11 @@ binary_cross_entropy_with_logits_with_grad.__doc__ = f"""Loss and gradient of BC
     out : ndarray, optional
         Buffer of the input's shape and dtype for the gradient (must not overlap the input).
     inplace : bool, default False
-        Write the gradient into ``input`` (a writeable ndarray).
+        Write the gradient into ``input`` (a writeable ndarray), with the bits of ``inplace=False``.  A
+        'mean' or 'sum' whose reduction may read the logits again after the gradient pass (every element
+        loss below 2**-969, judged from the first 64; or a 'mean' with weights or ``pos_weight`` above 1
+        on float64 logits large enough to overflow a weighted loss, judged from max |x|) reduces the loss
+        first, at the cost of one more pass.
 
     Returns
     -------
@@ -841,27 +924,30 @@ class _ProbsProblem(_api._Problem):
         self.rows, self.batch_shape, self.C = _rows(x, self.axis)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
-        self.y, self.t = _split_target(target, x, self.axis, self.batch_shape, self.C, self.ignore_index,
-                                       self.backend, checks)
+        self.y, self.t, self._kept = _split_target(target, x, self.axis, self.batch_shape, self.C,
+                                                   self.ignore_index, self.backend, checks)
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_probabilities(x, backend=self.backend, checks=checks)
         _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
         self.N = self.rows.shape[0]
-        self.n_threads = threads_for(n_threads, self.N * self.C)
+        self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
 
-    def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None):
+    def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None, sel=None):
         """The row kernel of cross-entropy from probabilities, for the softmax family's run/reduce (which
         fold subnormal weights and rescale tiny losses the same way for both); losses come times
-        2^loss_exp (default 1: loss_scale() is 0 here)."""
+        2^loss_exp (default 1: loss_scale() is 0 here); `sel` as in the softmax family."""
         xp = self.xp
-        y = self.y if self.y is not None else xp.empty(0, dtype=np.int64)
-        t = self.t if self.t is not None else xp.empty((0, 0), dtype=self.dtype)
-        g = grad if grad is not None else xp.empty((0, 0), dtype=self.dtype)
+        p, y, t = self._selected(sel)
+        y = y if y is not None else _placeholder(xp, 1, np.int64)
+        t = t if t is not None else _placeholder(xp, 2, self.dtype)
+        g = grad if grad is not None else _placeholder(xp, 2, self.dtype)
         clip = self.clip_eps is not None
-        self.backend.binary.ce_probs(self.rows, y, t, w, self.ignore_index,
-                                     row_scale if row_scale is not None else xp.empty(0), scale, clip,
-                                     self.clip_eps if clip else 0.0, loss, g, self.n_threads, self.y is not None,
+        self.backend.binary.ce_probs(p, y, t, w, self.ignore_index,
+                                     row_scale if row_scale is not None else _placeholder(xp, 1, np.float64),
+                                     scale, clip,
+                                     self.clip_eps if clip else 0.0, loss, g,
+                                     self.n_threads if sel is None else 1, self.y is not None,
                                      self.t is not None, self.w is not None, row_scale is not None,
                                      grad is not None, 0.0 if loss_exp is None else float(loss_exp))
 
@@ -941,8 +1027,8 @@ def cross_entropy_from_probs_with_grad(input, target, weight=None, ignore_index=
     p = _ProbsProblem(input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy, n_threads,
                       inplace=inplace)
     buf, dest = _grad_target(p, out, inplace)
-    losses = p.run(grad=buf, grad_output=grad_output)
-    return p.reduce(losses), _finish_grad(p, buf, dest)
+    loss = _loss_and_grad(p, buf, grad_output)
+    return loss, _finish_grad(p, buf, dest)
 
 
 cross_entropy_from_probs.__doc__ = f"""Cross-entropy from class probabilities (torch's ``nll_loss`` of ``log p``).
