@@ -13,6 +13,7 @@ import operator
 import numpy as np
 
 from . import _backend, _dtypes, _threads
+from ._core._xent import fp_ieee_enter as _fp_ieee_enter, fp_ieee_leave as _fp_ieee_leave
 from ._backend import xp as _xp
 from ._threads import threads_for
 
@@ -645,12 +646,19 @@ def _on_input_device(fn):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if _backend.plain_call(args, kwargs):
-            return fn(*args, **kwargs)
-        if _backend.has_foreign(args, kwargs):
-            return _backend.call_foreign(fn, signature, args, kwargs)
-        with _backend.device_of_call(args, kwargs):
-            return fn(*args, **kwargs)
+        # subnormals are never flushed, whatever the caller set (torch.set_flush_denormal, XLA's threads):
+        # the documented bounds count the subnormal spacing.  The kernels' OpenMP threads do the same in
+        # each parallel region (_core/fp_ieee.h); this covers the calling thread's own arithmetic.
+        fp_saved = _fp_ieee_enter()
+        try:
+            if _backend.plain_call(args, kwargs):
+                return fn(*args, **kwargs)
+            if _backend.has_foreign(args, kwargs):
+                return _backend.call_foreign(fn, signature, args, kwargs)
+            with _backend.device_of_call(args, kwargs):
+                return fn(*args, **kwargs)
+        finally:
+            _fp_ieee_leave(fp_saved)
     return call
 
 

@@ -16,10 +16,15 @@
 # (e) Left out on purpose: OpenMP reductions (their order follows the thread count) and any per-element
 #     Python dispatch.
 
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 from libc.stdint cimport int64_t
 
 from xentfast._core import _xent
+
+cdef extern from "fp_ieee.h" nogil:
+    ctypedef unsigned long long xf_fp_state
+    xf_fp_state xf_fp_ieee_enter()
+    void xf_fp_ieee_leave(xf_fp_state saved)
 
 cdef extern from "binary_kernels.h" nogil:
     enum: XF_BIN_BLOCK
@@ -132,6 +137,7 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     cdef Py_ssize_t n = x.shape[0]
     cdef Py_ssize_t nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
     cdef Py_ssize_t b, off, blen
+    cdef xf_fp_state fp_thread
     cdef xf_bin_args a
     cdef double *ld = NULL
     cdef floating *lo = NULL
@@ -162,10 +168,13 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     if has_grad:
         gp = &grad[0]
     with nogil:
-        for b in prange(nb, schedule="static", num_threads=n_threads):
-            off = b * XF_BIN_BLOCK
-            blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
-            _block(op, &x[0], &t[0], off, blen, &a, ld, lo, gp)
+        with parallel(num_threads=n_threads):
+            fp_thread = xf_fp_ieee_enter()
+            for b in prange(nb, schedule="static"):
+                off = b * XF_BIN_BLOCK
+                blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
+                _block(op, &x[0], &t[0], off, blen, &a, ld, lo, gp)
+            xf_fp_ieee_leave(fp_thread)
 
 
 cdef double _ce_probs_one_row(const floating *p, Py_ssize_t C, Py_ssize_t i, const int64_t *y,
@@ -203,6 +212,7 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
     cdef Py_ssize_t N = p.shape[0]
     cdef Py_ssize_t C = p.shape[1]
     cdef Py_ssize_t i
+    cdef xf_fp_state fp_thread
     cdef xf_bin_prob_mode m
     cdef const int64_t *yp = &y[0] if has_y else NULL
     cdef const floating *tp = NULL
@@ -218,5 +228,8 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
     xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0)
     _follow_cpu_path()
     with nogil:
-        for i in prange(N, schedule="static", num_threads=n_threads):
-            loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, loss_k, gp)
+        with parallel(num_threads=n_threads):
+            fp_thread = xf_fp_ieee_enter()
+            for i in prange(N, schedule="static"):
+                loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, loss_k, gp)
+            xf_fp_ieee_leave(fp_thread)

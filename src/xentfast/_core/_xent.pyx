@@ -14,14 +14,22 @@
 # (d) Per-row losses are written in double, whatever the data type, and reduced by dd_sum (double-double,
 #     fixed shape, xentfast/ddsum.h): `mean` equals the mean of `none` for any thread count, and a float32 batch
 #     mean is not built from float32-rounded row losses.
-# (e) Left out on purpose: OpenMP reductions (their order follows the thread count), per-element
+# (e) Subnormals are never flushed, whatever the caller set (torch.set_flush_denormal, XLA's threads):
+#     each OpenMP thread clears flush-to-zero inside every parallel region and restores it on the way
+#     out (fp_ieee.h); the public functions do the same on the calling thread (xentfast.api).
+# (f) Left out on purpose: OpenMP reductions (their order follows the thread count), per-element
 #     Python-level dispatch, and any N x C temporary besides the caller-visible outputs.
 
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 
 from ._openmp cimport omp_get_max_threads
+
+cdef extern from "fp_ieee.h" nogil:
+    ctypedef unsigned long long xf_fp_state
+    xf_fp_state xf_fp_ieee_enter()
+    void xf_fp_ieee_leave(xf_fp_state saved)
 
 cdef extern from "xent_kernels.h" nogil:
     enum: XF_BLOCK
@@ -200,15 +208,19 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
     cdef double acc[4]
     cdef double x_y
     cdef floating *store
+    cdef xf_fp_state fp_thread
     # pass 1: block maxima
-    for task in prange(ntask, schedule="static", num_threads=n_threads):
-        i = task // nb
-        b0 = (task % nb) * XF_BLOCK
-        blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
-        if floating is float:
-            K32.max_block(x + i * C + b0, blen, b0, &bmax[task])
-        else:
-            K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        for task in prange(ntask, schedule="static"):
+            i = task // nb
+            b0 = (task % nb) * XF_BLOCK
+            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+            if floating is float:
+                K32.max_block(x + i * C + b0, blen, b0, &bmax[task])
+            else:
+                K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
+        xf_fp_ieee_leave(fp_thread)
     for i in range(N):
         _row_job_init(a, i, &jobs[i])
         xf_rowmax_init(&st)
@@ -219,20 +231,23 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         x_y = <double>x[i * C + jobs[i].y] if jobs[i].y >= 0 else 0.0
         xf_rowjob_plan(&jobs[i], x_y, grad != NULL)
     # pass 2: block sums of exponentials
-    for task in prange(ntask, schedule="static", num_threads=n_threads):
-        i = task // nb
-        if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
-            continue
-        b0 = (task % nb) * XF_BLOCK
-        blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
-        skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
-        store = grad + i * C + b0 if jobs[i].stored else NULL
-        if floating is float:
-            K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
-                             &bsum[2 * task + 1], store)
-        else:
-            K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
-                             &bsum[2 * task + 1], store)
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        for task in prange(ntask, schedule="static"):
+            i = task // nb
+            if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
+                continue
+            b0 = (task % nb) * XF_BLOCK
+            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+            skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
+            store = grad + i * C + b0 if jobs[i].stored else NULL
+            if floating is float:
+                K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
+                                 &bsum[2 * task + 1], store)
+            else:
+                K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
+                                 &bsum[2 * task + 1], store)
+        xf_fp_ieee_leave(fp_thread)
     for i in range(N):
         if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
             continue
@@ -244,20 +259,23 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         if floating is double:
             xf_rowjob_rescue_tiny_sum(&jobs[i], x + i * C, C)
     # pass 3: loss terms (probability targets, smoothing)
-    for task in prange(ntask, schedule="static", num_threads=n_threads):
-        i = task // nb
-        if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK or not jobs[i].needs_terms:
-            continue
-        b0 = (task % nb) * XF_BLOCK
-        blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
-        if floating is float:
-            K32.terms_block(x + i * C + b0, blen, b0, &jobs[i],
-                                    t + i * C + b0 if t != NULL else NULL,
-                                    a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
-        else:
-            K64.terms_block(x + i * C + b0, blen, b0, &jobs[i],
-                                    t + i * C + b0 if t != NULL else NULL,
-                                    a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        for task in prange(ntask, schedule="static"):
+            i = task // nb
+            if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK or not jobs[i].needs_terms:
+                continue
+            b0 = (task % nb) * XF_BLOCK
+            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+            if floating is float:
+                K32.terms_block(x + i * C + b0, blen, b0, &jobs[i],
+                                        t + i * C + b0 if t != NULL else NULL,
+                                        a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
+            else:
+                K64.terms_block(x + i * C + b0, blen, b0, &jobs[i],
+                                        t + i * C + b0 if t != NULL else NULL,
+                                        a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
+        xf_fp_ieee_leave(fp_thread)
     for i in range(N):
         if _row_ignored(a, i):
             loss[i] = 0.0
@@ -272,22 +290,25 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         loss[i] = xf_rowjob_finish(&jobs[i], acc)
     # pass 4: gradient
     if grad != NULL:
-        for task in prange(ntask, schedule="static", num_threads=n_threads):
-            i = task // nb
-            b0 = (task % nb) * XF_BLOCK
-            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
-            if _row_ignored(a, i):
-                _fill(grad + i * C + b0, blen, 0.0)
-            elif jobs[i].status != XF_ROW_OK:
-                _fill(grad + i * C + b0, blen, NAN)
-            elif floating is float:
-                K32.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
-                                       t + i * C + b0 if t != NULL else NULL,
-                                       a.w + b0 if a.w != NULL else NULL)
-            else:
-                K64.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
-                                       t + i * C + b0 if t != NULL else NULL,
-                                       a.w + b0 if a.w != NULL else NULL)
+        with parallel(num_threads=n_threads):
+            fp_thread = xf_fp_ieee_enter()
+            for task in prange(ntask, schedule="static"):
+                i = task // nb
+                b0 = (task % nb) * XF_BLOCK
+                blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+                if _row_ignored(a, i):
+                    _fill(grad + i * C + b0, blen, 0.0)
+                elif jobs[i].status != XF_ROW_OK:
+                    _fill(grad + i * C + b0, blen, NAN)
+                elif floating is float:
+                    K32.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
+                                           t + i * C + b0 if t != NULL else NULL,
+                                           a.w + b0 if a.w != NULL else NULL)
+                else:
+                    K64.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
+                                           t + i * C + b0 if t != NULL else NULL,
+                                           a.w + b0 if a.w != NULL else NULL)
+            xf_fp_ieee_leave(fp_thread)
     free(jobs)
     free(bmax)
     free(bsum)
@@ -318,6 +339,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     cdef Py_ssize_t C = x.shape[1]
     cdef Py_ssize_t i
     cdef XentArgs a
+    cdef xf_fp_state fp_thread
     cdef const floating *xp
     cdef const floating *tp = NULL
     cdef floating *gp = NULL
@@ -342,8 +364,11 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         if force_phased or _use_phased(N, C, n_threads):
             _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         else:
-            for i in prange(N, schedule="static", num_threads=n_threads):
-                loss[i] = _xent_one_row(xp, gp, tp, &a, i)
+            with parallel(num_threads=n_threads):
+                fp_thread = xf_fp_ieee_enter()
+                for i in prange(N, schedule="static"):
+                    loss[i] = _xent_one_row(xp, gp, tp, &a, i)
+                xf_fp_ieee_leave(fp_thread)
 
 
 cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
@@ -400,6 +425,7 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
     cdef Py_ssize_t i
     cdef floating *op = NULL
     cdef double *lp = NULL
+    cdef xf_fp_state fp_thread
     if N == 0 or C == 0:
         return
     if mode != 0:
@@ -407,8 +433,11 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
     if has_lse:
         lp = &lse[0]
     with nogil:
-        for i in prange(N, schedule="static", num_threads=n_threads):
-            _softmax_family_row(&x[0, 0], op, lp, C, mode, i)
+        with parallel(num_threads=n_threads):
+            fp_thread = xf_fp_ieee_enter()
+            for i in prange(N, schedule="static"):
+                _softmax_family_row(&x[0, 0], op, lp, C, mode, i)
+            xf_fp_ieee_leave(fp_thread)
 
 
 cdef extern from "xentfast/ddsum.h" nogil:
@@ -429,6 +458,7 @@ def dd_sum(const double[::1] v, int n_threads=-1):
     cdef double one[2]
     cdef double *part
     cdef int nt
+    cdef xf_fp_state fp_thread
     if nb <= 1:
         one[0] = 0.0
         one[1] = 0.0
@@ -442,8 +472,11 @@ def dd_sum(const double[::1] v, int n_threads=-1):
         raise MemoryError()
     try:
         with nogil:
-            for b in prange(nb, schedule="static", num_threads=nt):
-                xf_ddsum_block(&v[0], n, b, part)
+            with parallel(num_threads=nt):
+                fp_thread = xf_fp_ieee_enter()
+                for b in prange(nb, schedule="static"):
+                    xf_ddsum_block(&v[0], n, b, part)
+                xf_fp_ieee_leave(fp_thread)
             xf_ddsum_tree(part, nb)
         return part[0], part[1]
     finally:
@@ -463,6 +496,16 @@ def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignor
             if y[i] != ignore_index and 0 <= y[i] < C:
                 xf_dd_add(&hi, &lo, w[y[i]] if has_w else 1.0, 0.0)
     return hi + lo
+
+
+def fp_ieee_enter():
+    """Clear flush-to-zero / denormals-are-zero on the calling thread; returns the state to restore."""
+    return xf_fp_ieee_enter()
+
+
+def fp_ieee_leave(unsigned long long saved):
+    """Restore the state fp_ieee_enter returned."""
+    xf_fp_ieee_leave(saved)
 
 
 def _init_cpu_path():

@@ -40,13 +40,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__x86_64__) || defined(_M_X64)
-#include <xmmintrin.h>
-#endif
-
 #include "xla/ffi/api/ffi.h"
 
 #include "binary_kernels.h"
+#include "fp_ieee.h"
 #include "xent_kernels.h"
 
 namespace ffi = xla::ffi;
@@ -60,29 +57,16 @@ namespace {
 constexpr long long kMinElementsPerThread = 16384;  // xentfast._threads.MIN_ELEMENTS_PER_THREAD
 constexpr long long kSkip = -1;                      // xentfast.jax._SKIP
 
-// IEEE subnormals on this thread while in scope ((f)); a no-op where the flags are unknown
+// IEEE subnormals on this thread while in scope ((f)), with the Cython kernels' guard (fp_ieee.h)
 class IeeeDenormals {
 public:
-#if defined(__x86_64__) || defined(_M_X64)
-    IeeeDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFtzDaz); }
-    ~IeeeDenormals() { _mm_setcsr(saved_); }
+    IeeeDenormals() : saved_(xf_fp_ieee_enter()) {}
+    ~IeeeDenormals() { xf_fp_ieee_leave(saved_); }
+    IeeeDenormals(const IeeeDenormals &) = delete;
+    IeeeDenormals &operator=(const IeeeDenormals &) = delete;
 
 private:
-    static constexpr unsigned kFtzDaz = 0x8040u;  // flush-to-zero (bit 15), denormals-are-zero (bit 6)
-    unsigned saved_;
-#elif defined(__aarch64__)
-    IeeeDenormals()
-    {
-        __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved_));
-        const unsigned long long cleared = saved_ & ~kFz;
-        __asm__ __volatile__("msr fpcr, %0" : : "r"(cleared));
-    }
-    ~IeeeDenormals() { __asm__ __volatile__("msr fpcr, %0" : : "r"(saved_)); }
-
-private:
-    static constexpr unsigned long long kFz = (1ull << 24) | (1ull << 19);  // FZ, FZ16
-    unsigned long long saved_;
-#endif
+    xf_fp_state saved_;
 };
 
 int threads_for(long long n_elements)
