@@ -597,3 +597,58 @@ def test_pinned_reductions_of_subnormal_terms(which, reduction):
         want = ref.sigmoid_focal_loss(x / 3, y, gamma=2.0, reduction=reduction)
     assert 0 < got < np.finfo(np.float64).smallest_normal
     assert_ulp_close(np.asarray(got), want, 1.0, dtype=np.float64)
+
+
+# ---- float32 BCE with logits: the plain-double form of ordinary elements (binary.h) --------------------
+
+
+def test_bce_fast_form_does_not_depend_on_the_neighbours():
+    """The CPU runs a 64-element chunk in the plain-double form only when every element qualifies, and
+    selects per element otherwise; the CUDA twin decides per element.  So an element's bits must not
+    depend on whether an extraordinary neighbour shares its chunk."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(4096) * 6).astype(np.float32)
+    y = rng.random(4096).astype(np.float32)
+    y[::3] = np.round(y[::3])
+    w = np.exp2(rng.uniform(-70, 70, 4096))
+    g = rng.standard_normal(4096) * np.exp2(rng.uniform(-70, 70, 4096))
+    calm = [xf.binary_cross_entropy_with_logits_with_grad(x, y, weight=wt, reduction="none", grad_output=gt)
+            for wt, gt in ((None, None), (w, g))]
+    odd = x.copy()
+    odd[5::64] = np.float32(1000.0)          # one element per chunk outside |x| <= 80
+    keep = np.ones(4096, dtype=bool)
+    keep[5::64] = False
+    for (loss0, grad0), (wt, gt) in zip(calm, ((None, None), (w, g))):
+        loss1, grad1 = xf.binary_cross_entropy_with_logits_with_grad(odd, y, weight=wt, reduction="none",
+                                                                     grad_output=gt)
+        assert np.array_equal(loss0[keep].view(np.uint32), loss1[keep].view(np.uint32))
+        assert np.array_equal(grad0[keep].view(np.uint32), grad1[keep].view(np.uint32))
+    # float32 outputs of the two forms differ only on rare rounding ties; the double losses a `sum`
+    # adds up differ in their low bits whenever the forms differ.  The odd elements are ignored (their
+    # loss is 0 either way), so the sums must agree to the bit.
+    ys = y.copy()
+    ys[5::64] = 0.5
+    total = [xf.binary_cross_entropy_with_logits(v, ys, reduction="sum", ignore_index=0.5)
+             for v in (x, odd)]
+    assert total[0].tobytes() == total[1].tobytes()
+
+
+@pytest.mark.parametrize("x", [80.0, -80.0, np.nextafter(np.float32(80), np.float32(100)), 79.99, 0.0, -0.0,
+                               1e-30, -17.5])
+@pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
+@pytest.mark.parametrize("w, q, g", [(1.0, 1.0, 1.0), (2.0**-60, 0.0, -(2.0**60)), (2.0**60, 2.0**-60, 2.0**-60),
+                                     (2.0**-61, 1.0, 1.0), (1.0, 2.0**61, -1.0), (3.0, 0.25, 0.0)])
+def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
+    """Elements at and just beyond each limit of the plain-double form (|x| = 80, y in {0, 1}, weights
+    and upstream factors at 2^+-60, a zero pos_weight or upstream factor): both forms meet the bound."""
+    xs = np.full(3, x, dtype=np.float32)
+    ys = np.full(3, y, dtype=np.float32)
+    kw = dict(weight=np.full(3, w), pos_weight=np.full(3, q))
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(xs, ys, reduction="none",
+                                                               grad_output=np.full(3, g), **kw)
+    inputs = {"x": xs, "target": ys}
+    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(xs, ys, reduction="none", **kw), 2.0,
+                     inputs=inputs)
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none", return_scale=True,
+                                                             grad_output=np.full(3, g), **kw)
+    assert_ulp_close(grad, exact, 2.0, scale=scale, inputs=inputs)
