@@ -305,7 +305,8 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
  * double value to within a small fraction of a float32 ULP, and for an ordinary element plain double
  * arithmetic gives that:
  *   - |x| <= 80: e = exp(-|x|) >= 1.8e-35, every quantity below is a normal double; exp to 2^-32
- *     (xf_exp_lite_normal), log1p to 0.63 ULP, 1/(1 + e), products and sums each 2^-53;
+ *     (xf_exp_lite_normal), log1p to 2^-39 (xf_bin_log1p_unit), 1/(1 + e), products and sums each
+ *     2^-53;
  *   - 0 <= y <= 1, w and q in [2^-60, 2^60] (q may be 0), |upstream| in [2^-60, 2^60], no loss scaling:
  *     no product leaves the normal range, and the loss is a sum of non-negative terms (no cancellation).
  * So the loss and a hard-target gradient carry < 2^-30 relative error before the one rounding to float32
@@ -334,13 +335,41 @@ typedef struct {
     int pos;    /* x >= 0 (true for -0), as xf_bin_logit */
 } xf_bin_fast_logit;
 
+/* log1p(e) for e in [2^-1000, 1] given rd = 1/(1 + e), to 2^-39 relative, with one division (xf_log1p
+ * has two and carries double-double corrections a float32 result has no use for).
+ *   1 + e <= sqrt 2: log1p(e) = 2 atanh(s), s = e / (2 + e), |s| <= 0.1716;
+ *   1 + e >  sqrt 2: u = fl(1 + e) = 2 (1 + f) with f = u/2 - 1 exact in (-0.293, 0], and the rounding
+ *                    d = e - (u - 1) (exact, Fast2Sum) enters as log(1 + d/u) = d rd to 2^-53;
+ *                    log1p(e) = ln 2 + 2 atanh(f / (2 + f)) + d rd, in [0.346, 0.694] (no cancellation
+ *                    beyond a factor 2).
+ * 2 atanh(s) = 2s (1 + s^2/3 + ... + s^12/13): the first omitted term, s^14/15, is below 2^-39.5 of the
+ * sum; the few roundings of the evaluation add ~2^-50. */
+XF_HD double xf_bin_log1p_unit(double e, double rd)
+{
+    double u = 1.0 + e;
+    double d = e - (u - 1.0);
+    int big = u > 0x1.6a09e667f3bcdp+0;
+    double f = big ? 0.5 * u - 1.0 : e;
+    double sv = f / (2.0 + f);
+    double z = sv * sv;
+    double p = 0x1.3b13b13b13b14p-4;          /* 1/13 */
+    p = p * z + 0x1.745d1745d1746p-4;         /* 1/11 */
+    p = p * z + 0x1.c71c71c71c71cp-4;         /* 1/9  */
+    p = p * z + 0x1.2492492492492p-3;         /* 1/7  */
+    p = p * z + 0x1.999999999999ap-3;         /* 1/5  */
+    p = p * z + 0x1.5555555555555p-2;         /* 1/3  */
+    double t = 2.0 * sv;
+    double at = t + t * (z * p);
+    return big ? (XF_MATH_LN2_HI + (at + (d * rd + XF_MATH_LN2_LO))) : at;
+}
+
 XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
 {
     xf_bin_fast_logit r;
     r.a = xf_fabs(x);
     r.e = xf_exp_lite_normal(-r.a);
-    r.l = xf_log1p(r.e);
     r.rd = 1.0 / (1.0 + r.e);
+    r.l = xf_bin_log1p_unit(r.e, r.rd);
     r.pos = (x >= 0.0);
     return r;
 }
