@@ -623,8 +623,9 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours():
                                                                      grad_output=gt)
         assert np.array_equal(loss0[keep].view(np.uint32), loss1[keep].view(np.uint32))
         assert np.array_equal(grad0[keep].view(np.uint32), grad1[keep].view(np.uint32))
-    # float32 outputs of the two forms differ only on rare rounding ties; the double losses a `sum`
-    # adds up differ in their low bits whenever the forms differ.  The odd elements are ignored (their
+    # float32 outputs of the two forms differ only where the exact value lies within ~2^-32 of a float32
+    # rounding boundary (a few in 10^5); the double losses a `sum` adds up differ in their low bits
+    # whenever the forms differ.  The odd elements are ignored (their
     # loss is 0 either way), so the sums must agree to the bit.
     ys = y.copy()
     ys[5::64] = 0.5
@@ -652,3 +653,20 @@ def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
     exact, scale = ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none", return_scale=True,
                                                              grad_output=np.full(3, g), **kw)
     assert_ulp_close(grad, exact, 2.0, scale=scale, inputs=inputs)
+
+
+def test_bce_loss_bits_do_not_depend_on_the_upstream_factor():
+    """The loss's form is chosen without the upstream factor: a fused call with any grad_output (0 for
+    masking, tiny, huge) returns the forward call's loss bits, per element and reduced."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(200_000) * 4).astype(np.float32)
+    y = rng.random(200_000).astype(np.float32)
+    want = xf.binary_cross_entropy_with_logits(x, y, reduction="none")
+    for g in (np.zeros(200_000), np.full(200_000, 1e-20), np.full(200_000, 1e30),
+              np.where(rng.random(200_000) < 0.5, 0.0, 1.0)):
+        loss, _ = xf.binary_cross_entropy_with_logits_with_grad(x, y, reduction="none", grad_output=g)
+        assert np.array_equal(loss.view(np.uint32), want.view(np.uint32))
+    for reduction in ("sum", "mean"):
+        for g in (0.0, 1e-300, 1e300):
+            loss, _ = xf.binary_cross_entropy_with_logits_with_grad(x, y, reduction=reduction, grad_output=g)
+            assert loss.tobytes() == xf.binary_cross_entropy_with_logits(x, y, reduction=reduction).tobytes()

@@ -23,7 +23,10 @@ Design
     (results below float32's normal range excepted: xentfast rescales those, torch's sum does not).
     float64: the rows' documented 4 ULP (at most 8 ULP of a sum of non-negative rows) plus torch's
     summation error; measured <= 2.2 ULP against the NumPy API's 1.3 on the same inputs.  The mean's
-    gradient reaches the backward op as one rounded ``grad / denominator`` per row.
+    gradient reaches the backward op as one rounded ``grad / denominator`` per row.  Being torch ops,
+    the reductions also follow torch's subnormal setting: under ``torch.set_flush_denormal(True)`` a
+    mean or sum below float64's normal range is flushed to 0 like any torch result, while the ops'
+    per-row losses and gradients keep their subnormal bits (xentfast's kernels never flush).
 (d) Tensors reach NumPy without copies: ``t.detach().numpy()`` is a view, strided or not (xentfast
     copies only where its kernels need a row-contiguous layout), and results come back through
     ``torch.from_numpy``.  bfloat16 has no NumPy buffer format: it travels as int16 bits viewed as

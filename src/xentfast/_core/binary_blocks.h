@@ -73,7 +73,8 @@ XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_make)(const XF_T *x, const XF_T
 
 /* fast_mode: 0 the general form only (float64 storage), 2 the plain-double form of binary.h only (a
  * chunk whose every element qualifies), 1 both with a per-element select (a mixed chunk): each element
- * gets the form xf_bin_bce_fast_ok picks for it, as on the GPU. */
+ * and each output gets the form binary.h's predicates pick for it (the loss's never depends on the
+ * upstream factor), as on the GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                           const int unweighted, const int fast_mode, const int want_d,
                                           const int want_o, const int want_g)
@@ -104,10 +105,11 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
             v = (want_d | want_o) ? xf_bin_bce_logits_loss(p, y, wj, qj, loss_k) : 0.0;
             gv = want_g ? xf_bin_bce_logits_grad(p, y, wj, qj, sj) : 0.0;
             if (fast_mode == 1) {
-                int fast = xf_bin_bce_fast_ok(xv, y, wj, qj, sj, loss_k);
+                int fast = xf_bin_bce_fast_ok(xv, y, wj, qj, loss_k);
+                int fast_g = xf_bin_bce_fast_grad_ok(fast, sj);
                 xf_bin_fast_logit f = xf_bin_fast_pieces(xv);
                 v = (fast & (want_d | want_o)) ? xf_bin_bce_fast_loss(f, y, wj, qj) : v;
-                gv = (fast & want_g) ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : gv;
+                gv = (fast_g & want_g) ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : gv;
             }
         }
         if (want_d | want_o) {
@@ -199,17 +201,20 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n,
         c.lo = c.lo ? c.lo + c0 : 0;
         c.gr = c.gr ? c.gr + c0 : 0;
         int all_ok = 1;
+        /* all-fast: every element's wanted outputs (the loss, and the gradient when asked) qualify */
         if (grad) {
 #pragma omp simd reduction(& : all_ok)
             for (j = 0; j < len; j++) {
-                all_ok &= xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
-                                             unweighted ? 1.0 : c.q[j], scale * c.g[j], loss_k);
+                all_ok &= xf_bin_bce_fast_grad_ok(
+                    xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                       unweighted ? 1.0 : c.q[j], loss_k),
+                    scale * c.g[j]);
             }
         } else {
 #pragma omp simd reduction(& : all_ok)
             for (j = 0; j < len; j++) {
                 all_ok &= xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
-                                             unweighted ? 1.0 : c.q[j], 1.0, loss_k);
+                                             unweighted ? 1.0 : c.q[j], loss_k);
             }
         }
         if (all_ok) {

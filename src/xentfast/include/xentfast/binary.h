@@ -313,18 +313,28 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
  * (<= 0.5 + 2^-6 ULP), and a soft-target gradient < 2^-30 of |(1-y) s(x)| + |q y s(-x)| (the unit the
  * bound uses where the two terms cancel).  Zeros: a zero mass gives +0 as the general path does, and a
  * gradient whose bracket is exactly 0 returns +0 whatever the upstream sign, as big - tail does there.
- * Both the CPU loops and the CUDA twin pick this form per element (xf_bin_bce_fast_ok), so they keep
- * giving the same bits; the two forms may differ from each other by a float32 ULP on a rounding tie. */
+ * Both the CPU loops and the CUDA twin pick the form per element and per output (xf_bin_bce_fast_ok for
+ * the loss, xf_bin_bce_fast_grad_ok for the gradient), so they keep giving the same bits.  The two forms
+ * differ from each other by a float32 ULP where the exact value lies within ~2^-32 (relative) of a
+ * float32 rounding boundary, a few elements in 10^5. */
 #define XF_BIN_FAST_MAX_ABS_X 80.0
 #define XF_BIN_FAST_LO 0x1p-60
 #define XF_BIN_FAST_HI 0x1p60
 
-XF_HD int xf_bin_bce_fast_ok(double x, double y, double w, double q, double s, double loss_k)
+/* Whether an element's loss takes the plain-double form.  The loss's form never depends on the upstream
+ * factor, so a forward call and a fused call give the same loss bits. */
+XF_HD int xf_bin_bce_fast_ok(double x, double y, double w, double q, double loss_k)
 {
-    double as = xf_fabs(s);
     return (xf_fabs(x) <= XF_BIN_FAST_MAX_ABS_X) & (y >= 0.0) & (y <= 1.0) & (w >= XF_BIN_FAST_LO) &
            (w <= XF_BIN_FAST_HI) & ((q == 0.0) | ((q >= XF_BIN_FAST_LO) & (q <= XF_BIN_FAST_HI))) &
-           (as >= XF_BIN_FAST_LO) & (as <= XF_BIN_FAST_HI) & (loss_k == 0.0);
+           (loss_k == 0.0);
+}
+
+/* Whether its gradient does too: the loss's conditions and an upstream factor s in [2^-60, 2^60]. */
+XF_HD int xf_bin_bce_fast_grad_ok(int loss_fast, double s)
+{
+    double as = xf_fabs(s);
+    return loss_fast & (as >= XF_BIN_FAST_LO) & (as <= XF_BIN_FAST_HI);
 }
 
 typedef struct {

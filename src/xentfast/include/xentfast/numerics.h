@@ -37,10 +37,11 @@ XF_HD void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
     xf_two_sum(*hi, b_hi, &s, &e);
     e += *lo + b_lo;
     double h = s + e;
-    /* an infinite (or NaN) sum has no error term: inf - inf in the EFT would turn +inf into NaN */
+    /* an infinite (or NaN) sum has no error term: inf - inf in the EFT would turn +inf into NaN, and so
+     * would h - s where a finite s rounds up to an infinite h */
     int finite = (s - s == 0.0);
     *hi = finite ? h : s;
-    *lo = finite ? e - (h - s) : 0.0;
+    *lo = (finite & (h - h == 0.0)) ? e - (h - s) : 0.0;
 }
 
 /* Compensated accumulation step (TwoSum, error collected separately), inf-safe like xf_dd_add. */
