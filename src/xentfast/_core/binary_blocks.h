@@ -24,7 +24,7 @@
 #define XF_BIN_FN(name) XF_BIN_CAT(name, XF_SFX)
 
 /* the five output combinations, as (want loss_d, want loss_o, want grad) */
-#define XF_BIN_UNSWITCH(body, ...)                                                                        \
+#define XF_BIN_OUTPUTS(body, ...)                                                                         \
     do {                                                                                                  \
         if (grad) {                                                                                       \
             if (loss_d) {                                                                                 \
@@ -39,12 +39,23 @@
         } else if (loss_o) {                                                                              \
             body(__VA_ARGS__, 0, 1, 0);                                                                   \
         }                                                                                                 \
+    } while (0)
+
+/* loss_d and loss_o together: the loss_d instance ran, loss_o is its conversion over the block */
+#define XF_BIN_CONVERT_LOSS()                                                                             \
+    do {                                                                                                  \
         if (loss_d && loss_o) {                                                                           \
             long long j_;                                                                                 \
             for (j_ = 0; j_ < n; j_++) {                                                                  \
                 loss_o[off + j_] = (XF_T)loss_d[off + j_];                                                \
             }                                                                                             \
         }                                                                                                 \
+    } while (0)
+
+#define XF_BIN_UNSWITCH(body, ...)                                                                        \
+    do {                                                                                                  \
+        XF_BIN_OUTPUTS(body, __VA_ARGS__);                                                                \
+        XF_BIN_CONVERT_LOSS();                                                                            \
     } while (0)
 
 /* The per-block inputs of one body call: data and outputs offset to the block, weights and upstream
@@ -135,20 +146,8 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                                            const int unweighted, const int fast_mode, double *loss_d,
                                            XF_T *loss_o, XF_T *grad)
 {
-    /* the output combinations of XF_BIN_UNSWITCH, without its conversion of the whole block */
-    if (grad) {
-        if (loss_d) {
-            XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 1, 0, 1);
-        } else if (loss_o) {
-            XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 0, 1, 1);
-        } else {
-            XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 0, 0, 1);
-        }
-    } else if (loss_d) {
-        XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 1, 0, 0);
-    } else if (loss_o) {
-        XF_BIN_FN(xf_bce_logits_body)(b, n, a, unweighted, fast_mode, 0, 1, 0);
-    }
+    /* the block converts loss_d into loss_o once, after all its chunks (XF_BIN_CONVERT_LOSS) */
+    XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode);
 }
 
 #if XF_BIN_FAST
@@ -241,12 +240,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     } else {
         XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, 0, loss_d, loss_o, grad);
     }
-    if (loss_d && loss_o) {
-        long long j;
-        for (j = 0; j < n; j++) {
-            loss_o[off + j] = (XF_T)loss_d[off + j];
-        }
-    }
+    XF_BIN_CONVERT_LOSS();
 #else
     if (a->w == 0 && a->pw == 0) {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0);
@@ -416,6 +410,8 @@ XF_KERNEL double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long lon
 }
 
 #undef XF_BIN_UNSWITCH
+#undef XF_BIN_OUTPUTS
+#undef XF_BIN_CONVERT_LOSS
 #undef XF_BIN_FAST_CHUNK
 #undef XF_BIN_FN
 #undef XF_BIN_CAT
