@@ -65,8 +65,8 @@ Design
     and callbacks and FFI handlers run on those threads: unguarded, a subnormal loss, probability or
     gradient comes back as 0 (float32 logits ``[0, -100]``, target 0: loss 3.7e-44, XLA's flags give 0).
     The FFI handlers clear the flags on every thread that runs a kernel and restore them after; the
-    callbacks do the same on Linux through the C library's ``fesetenv`` (elsewhere they cannot, and
-    results below the normal range may be flushed).  Whatever XLA itself computes from the results
+    callbacks run under the same guard (``_core/fp_ieee.h``, x86 and aarch64), which the NumPy API
+    itself also applies.  Whatever XLA itself computes from the results
     (a mean, an optimizer step) is flushed as XLA always does.
 
 Deliberate differences from optax 0.2.8 (everything else is optax's semantics):
@@ -84,12 +84,10 @@ Deliberate differences from optax 0.2.8 (everything else is optax's semantics):
 * ``z_loss`` is an extra (PaLM's auxiliary loss, as in xentfast.cross_entropy).
 """
 
-import ctypes
 import functools
 import itertools
 import math
 import operator
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -98,6 +96,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import api as _api
 from . import api_binary as _api_binary
+from ._core._xent import fp_ieee_enter as _fp_ieee_enter, fp_ieee_leave as _fp_ieee_leave
 
 try:
     from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
@@ -195,46 +194,18 @@ def _host_bce_dy(g, x, *, out):
     out[...] = dy
 
 
-def _float_env():
-    """(save, restore) of the calling thread's floating-point environment, the saved one left with IEEE
-    subnormals, where the C library lets ctypes do it (Linux: glibc, musl); else None.
+def _on_host(host, args, out, static):
+    """host(*args) with IEEE subnormals on this thread, XLA's setting restored afterwards.
 
     XLA runs its CPU threads with denormals flushed (x86: MXCSR's FTZ and DAZ), and the callbacks run on
-    those threads: unguarded, every subnormal loss, probability or gradient would come back as 0, and the
-    documented bounds count the subnormal spacing.  OpenMP workers started from a guarded thread inherit
-    its settings."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None)
-        fegetenv, fesetenv = libc.fegetenv, libc.fesetenv
-    except (OSError, AttributeError):
-        return None
-    fegetenv.argtypes = fesetenv.argtypes = [ctypes.c_void_p]
-    default = ctypes.c_void_p(-1)  # FE_DFL_ENV, ((const fenv_t *) -1) in glibc and musl
-
-    def save():
-        env = ctypes.create_string_buffer(256)  # larger than any fenv_t
-        fegetenv(env)
-        fesetenv(default)
-        return env
-
-    return save, fesetenv
-
-
-_FLOAT_ENV = _float_env()
-
-
-def _on_host(host, args, out, static):
-    """host(*args) with IEEE subnormals, XLA's floating-point environment restored afterwards."""
-    if _FLOAT_ENV is None:
-        return host(*args, out=out, **static)
-    save, restore = _FLOAT_ENV
-    env = save()
+    those threads.  The NumPy API already clears the flags around its own kernels and arithmetic
+    (xentfast.api); this covers the NumPy arithmetic the host functions add around it (the labels'
+    gradients), with the same guard (_core/fp_ieee.h), on every platform it knows."""
+    saved = _fp_ieee_enter()
     try:
         return host(*args, out=out, **static)
     finally:
-        restore(env)
+        _fp_ieee_leave(saved)
 
 
 def _readonly(buf):
