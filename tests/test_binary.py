@@ -264,6 +264,36 @@ def test_mean_is_the_mean_of_none():
     assert xf.binary_cross_entropy_with_logits(x, t) == pytest.approx(rows.mean(), rel=1e-15)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("n", [1, 1023, 1024, 1025, 3 * 1024 + 17])
+def test_in_kernel_sum_is_dd_sum_of_the_stored_losses(dtype, n):
+    """Reductions sum each block's losses inside the kernel (binary_blocks.h xf_bin_block_partial); the
+    result must be the bits of dd_sum over the float64 losses the kernel would otherwise store, for every
+    op, with and without a gradient, weights, an ignore value, and any thread count."""
+    from xentfast._core import _binary, _xent
+    from xentfast.api_binary import _Elementwise, _KernelSum
+
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 8).astype(dtype)
+    x[::97] = rng.choice([90.0, -300.0, np.inf, -np.inf], size=x[::97].shape)   # non-fast elements too
+    t = rng.random(n).astype(dtype)
+    t[::5] = 0.5
+    probs = (1 / (1 + np.exp(-np.clip(x.astype(np.float64), -30, 30)))).astype(dtype)
+    w = rng.random(n) + 0.25
+    for op, data, kw in ((_binary.OP_BCE_LOGITS, x, dict(weight=w, pos_weight=w[::-1].copy(), ignore_index=0.5)),
+                         (_binary.OP_BCE_LOGITS, x, {}),
+                         (_binary.OP_FOCAL, x, dict(alpha=0.3, gamma=1.5)),
+                         (_binary.OP_BCE_PROB, probs, dict(weight=w, what="probabilities"))):
+        stored = _Elementwise(op, data, t, reduction="sum", **kw).run(summed=False)
+        want = _xent.dd_sum(stored)
+        for n_threads in (1, 2):
+            p = _Elementwise(op, data, t, reduction="sum", n_threads=n_threads, **kw)
+            got = p.run()
+            assert isinstance(got, _KernelSum) and got == want, (op, n_threads)
+            grad = np.empty_like(data)
+            assert p.run(grad=grad, grad_output=1.0) == want
+
+
 # ---- weights broadcast like torch --------------------------------------------------------------------
 
 

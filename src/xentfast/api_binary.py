@@ -268,24 +268,34 @@ class _Elementwise:
         # nothing averaged: the mean is a constant (NaN or 0 by empty_mean), its gradient 0
         return None, (g / self.kept if self.kept else 0.0)
 
-    def run(self, grad=None, grad_output=None, want_loss=True, loss_k=0.0, count=None):
+    def run(self, grad=None, grad_output=None, want_loss=True, loss_k=0.0, count=None, summed=None):
         """Element losses (double for reductions, input dtype for 'none'; times 2**loss_k) and the gradient
         into `grad`.  `count`: the losses of the first `count` elements only (rerun_possible's probe; a
         prefix, so that broadcast weights keep their element indices), on one thread (as the softmax
-        family's probe)."""
+        family's probe).
+
+        `summed`: a reduction's losses come back as their double-double sum, taken inside the kernel
+        (_KernelSum, the bits dd_sum gives over the stored losses), instead of as a float64 array of the
+        input's size (8 bytes per element written, read back, and page-faulted in on every call).  None:
+        whenever that is possible and the logits stay readable, so that reduce() can still ask for the
+        losses themselves in its rare cases (CPU, the whole input, the gradient not written over it)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         xp = self.xp
         empty = _placeholder(xp, 1, np.float64)
         x, t, n = (self.flat, self.t, self.n) if count is None else (self.flat[:count], self.t[:count], count)
         keep_double = self.reduction != "none"
         double_out, dtype_out = want_loss and keep_double, want_loss and not keep_double
-        loss_d = xp.empty(n, dtype=np.float64) if double_out else empty
+        if summed is None:
+            summed = (double_out and count is None and n > 0 and self.backend.is_cpu
+                      and (grad is None or grad is not self.rows))
+        part = np.empty(2 * (-(-n // _binary.BLOCK)), dtype=np.float64) if summed else None
+        loss_d = xp.empty(n, dtype=np.float64) if double_out and not summed else empty
         loss_o = xp.empty(n, dtype=self.dtype) if dtype_out else _placeholder(xp, 1, self.dtype)
         gflat = grad.reshape(-1) if grad is not None else _placeholder(xp, 1, self.dtype)
         w, pw = self.w, self.pw
         clip = self.eps is not None
         clamp = self.log_clamp is not None
-        self.backend.binary.elementwise(
+        sums = self.backend.binary.elementwise(
             self.op, x, t,
             w.base if w else empty, w.div if w else 1, w.mod if w else 1,
             pw.base if pw else empty, pw.div if pw else 1, pw.mod if pw else 1,
@@ -294,7 +304,9 @@ class _Elementwise:
             float(self.alpha), float(self.gamma), clip, self.eps if clip else 0.0, clamp,
             self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads if count is None else 1,
             w is not None, pw is not None, g_rows is not None, want_loss and keep_double,
-            want_loss and not keep_double, grad is not None, loss_k)
+            want_loss and not keep_double, grad is not None, loss_k, part)
+        if summed:
+            return _KernelSum(sums)
         return loss_d if keep_double else loss_o
 
     def reduce(self, losses):
@@ -302,11 +314,19 @@ class _Elementwise:
             with np.errstate(over="ignore"):
                 return losses.astype(self.loss_dtype, copy=False).reshape(self.shape)
         b = self.backend
-        hi, lo, tiny = _sum_and_tiny(b, losses)
+        if isinstance(losses, _KernelSum):
+            hi, lo = losses
+            # _sum_and_tiny's test: only a sum this small needs max |loss|, and an overflowed mean needs
+            # the losses themselves; both take them from the (intact) logits again, as run() ensured
+            if abs(hi) <= self.n * 2.0**-968 or (hi == np.inf and self.reduction == "mean"):
+                return self.reduce(self.run(summed=False))
+            tiny = False
+        else:
+            hi, lo, tiny = _sum_and_tiny(b, losses)
         if tiny:
             self._logits_intact()
-            return _reduce_scaled(b, self.run(loss_k=_TINY_K), self.reduction, self.kept, self.empty_mean,
-                                  self.loss_dtype)
+            return _reduce_scaled(b, self.run(loss_k=_TINY_K, summed=False), self.reduction, self.kept,
+                                  self.empty_mean, self.loss_dtype)
         if self.reduction == "sum":
             total = hi + lo
         else:
@@ -342,7 +362,7 @@ class _Elementwise:
             scaled = _Bcast(xp.full(1, 2.0**-64), 1, 1)
         saved, self.w = self.w, scaled
         try:
-            losses = self.run()
+            losses = self.run(summed=False)
         finally:
             self.w = saved
         if bool(xp.isinf(losses).any()):
@@ -425,6 +445,10 @@ class _Elementwise:
         if inplace:
             return loss, input
         return loss, (g.reshape(()) if self.scalar else g)
+
+
+class _KernelSum(tuple):
+    """(hi, lo): the double-double sum of a reduction's element losses, taken by the kernel (run())."""
 
 
 # elements whose losses rerun_possible() looks at: enough that an ordinary input has a loss of at least

@@ -7,9 +7,11 @@
 # (b) The arithmetic is xentfast/binary.h (shared with the CUDA twin); the loops are binary_blocks.h.
 #     This file only hands blocks of elements (rows for CE from probabilities) to threads.
 # (c) Determinism: an element's loss and gradient depend on that element alone, so `prange` over blocks
-#     with any thread count gives the same bits.  Losses that are reduced are written in double and
-#     summed by xentfast._core._xent.dd_sum (double-double, serial, index order): `mean` is the mean of
-#     `none` for every thread count, and float32 sums are not built from float32-rounded terms.
+#     with any thread count gives the same bits.  Losses that are reduced are kept in double and summed
+#     by the fixed-shape double-double sum of xentfast/ddsum.h: either stored and summed by
+#     xentfast._core._xent.dd_sum, or (`part`) summed block by block inside the kernel into the same
+#     partials, then merged by the same tree.  `mean` is the mean of `none` for every thread count, and
+#     float32 sums are not built from float32-rounded terms.
 # (d) Outputs are written once per element: the loss in the storage type for reduction="none" (no
 #     double temporary of the input's size), in double otherwise; the gradient in the storage type,
 #     possibly over the input (inplace).
@@ -25,6 +27,9 @@ cdef extern from "fp_ieee.h" nogil:
     ctypedef unsigned long long xf_fp_state
     xf_fp_state xf_fp_ieee_enter()
     void xf_fp_ieee_leave(xf_fp_state saved)
+
+cdef extern from "xentfast/ddsum.h" nogil:
+    void xf_ddsum_tree(double *part, long long nb)
 
 cdef extern from "binary_kernels.h" nogil:
     enum: XF_BIN_BLOCK
@@ -47,6 +52,7 @@ cdef extern from "binary_kernels.h" nogil:
         double gamma
         xf_bin_prob_mode mode
         double loss_k
+        double *part
     void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c)
     ctypedef struct xf_binary_table_f32:
         void (*bce_logits_block)(const float *, const float *, long long, long long, const xf_bin_args *,
@@ -127,12 +133,16 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
                 double alpha, double gamma, bint clip, double eps, bint clamp, double log_clamp,
                 double[::1] loss_d, floating[::1] loss_o, floating[::1] grad, int n_threads,
                 bint has_w, bint has_pw, bint has_g, bint has_loss_d, bint has_loss_o, bint has_grad,
-                double loss_k=0.0):
+                double loss_k=0.0, double[::1] part=None):
     """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB).
 
     Arrays flagged absent may be empty placeholders; weights are addressed as w[(i // div) % mod].
     `grad` may be `x` itself; losses are written times 2**loss_k.  All checks happened in
     xentfast.api_binary.
+
+    `part` (2 * ceil(n / BLOCK) doubles; with has_loss_d, instead of loss_d): the losses are not stored,
+    each block sums its own into its dd_sum partial, and the call returns the double-double sum (hi, lo),
+    the bits _xent.dd_sum gives over the stored losses (binary_blocks.h xf_bin_block_partial).
     """
     cdef Py_ssize_t n = x.shape[0]
     cdef Py_ssize_t nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
@@ -143,7 +153,9 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     cdef floating *lo = NULL
     cdef floating *gp = NULL
     if n == 0:
-        return
+        return (0.0, 0.0) if part is not None else None
+    if part is not None and part.shape[0] != 2 * nb:
+        raise ValueError(f"part: expected {2 * nb} entries for {n} elements, got {part.shape[0]}")
     _follow_cpu_path()
     a.w = &w[0] if has_w else NULL
     a.w_div = w_div
@@ -160,8 +172,12 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     a.alpha = alpha
     a.gamma = gamma
     a.loss_k = loss_k
+    if part is not None:
+        a.part = &part[0]
+    else:
+        a.part = NULL
     xf_bin_prob_mode_init(&a.mode, clip, eps, clamp, log_clamp)
-    if has_loss_d:
+    if has_loss_d and part is None:
         ld = &loss_d[0]
     if has_loss_o:
         lo = &loss_o[0]
@@ -175,6 +191,10 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
                 blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
                 _block(op, &x[0], &t[0], off, blen, &a, ld, lo, gp)
             xf_fp_ieee_leave(fp_thread)
+        if a.part != NULL:
+            xf_ddsum_tree(a.part, nb)
+    if part is not None:
+        return part[0], part[1]
 
 
 cdef double _ce_probs_one_row(const floating *p, Py_ssize_t C, Py_ssize_t i, const int64_t *y,

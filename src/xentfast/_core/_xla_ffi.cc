@@ -212,6 +212,7 @@ void bce_elements(const T *x, const T *y, const double *g, long long n, T *loss,
     a.alpha = 0.25;
     a.gamma = 2.0;
     a.loss_k = 0.0;
+    a.part = nullptr;
     xf_bin_prob_mode_init(&a.mode, 0, 0.0, 0, 0.0);
     const long long nb = (n + XF_BIN_BLOCK - 1) / XF_BIN_BLOCK;
     const int nt = threads_for(n);

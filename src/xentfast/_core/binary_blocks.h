@@ -4,7 +4,8 @@
  *
  * Every block function takes the outputs it should produce as pointers, NULL for the ones not wanted:
  * loss_d (double, for reductions), loss_o (storage type, reduction="none") and grad (storage type, may
- * alias x).  The forward, the backward and the fused call run the same per-element expressions, so
+ * alias x).  With a->part set, the double losses are not stored: the block sums them into its partial of
+ * the reduction (xf_bin_block_partial) and loss_d is ignored.  The forward, the backward and the fused call run the same per-element expressions, so
  * they give the same bits.
  *
  * Vectorization: the per-element loop is a `#pragma omp simd` loop in an always-inlined body that takes
@@ -44,10 +45,10 @@
 /* loss_d and loss_o together: the loss_d instance ran, loss_o is its conversion over the block */
 #define XF_BIN_CONVERT_LOSS()                                                                             \
     do {                                                                                                  \
-        if (loss_d && loss_o) {                                                                           \
+        if (b.ld && b.lo) {                                                                               \
             long long j_;                                                                                 \
             for (j_ = 0; j_ < n; j_++) {                                                                  \
-                loss_o[off + j_] = (XF_T)loss_d[off + j_];                                                \
+                b.lo[j_] = (XF_T)b.ld[j_];                                                                \
             }                                                                                             \
         }                                                                                                 \
     } while (0)
@@ -68,16 +69,29 @@ typedef struct {
 } XF_BIN_FN(xf_bin_blk);
 
 XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_make)(const XF_T *x, const XF_T *t, long long off,
-                                                        double *loss_d, XF_T *loss_o, XF_T *grad)
+                                                        const xf_bin_args *a, double *loss_d, XF_T *loss_o,
+                                                        XF_T *grad, double *sum_scratch)
 {
     XF_BIN_FN(xf_bin_blk) b;
     b.x = x + off;
     b.t = t + off;
     b.w = b.q = b.g = 0;
-    b.ld = loss_d ? loss_d + off : 0;
+    /* in-kernel reduction (a->part): the block's double losses go to the caller's scratch */
+    b.ld = a->part ? sum_scratch : (loss_d ? loss_d + off : 0);
     b.lo = loss_o ? loss_o + off : 0;
     b.gr = grad ? grad + off : 0;
     return b;
+}
+
+/* The block's partial of xentfast/ddsum.h from the losses in its scratch: the partial dd_sum would take
+ * over the whole loss vector (the blocks coincide, binary_kernels.h), so the sum has the same bits
+ * without the float64 array of the input's size being written and read back. */
+XF_HD void XF_BIN_FN(xf_bin_block_partial)(const xf_bin_args *a, long long off, long long n,
+                                            const double *sum_scratch)
+{
+    if (a->part) {
+        xf_ddsum_block(sum_scratch, n, 0, a->part + 2 * (off / XF_BIN_BLOCK));
+    }
 }
 
 /* ---- BCE with logits ---------------------------------------------------------------------------------- */
@@ -230,7 +244,9 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
                                                const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
     double wbuf[XF_BIN_BLOCK], pwbuf[XF_BIN_BLOCK], gbuf[XF_BIN_BLOCK];
-    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
+    double sum_scratch[XF_BIN_BLOCK];
+    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, a, loss_d, loss_o, grad, sum_scratch);
+    loss_d = b.ld; /* from here on only tested for presence: which outputs the instances write */
     b.w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
     b.q = xf_bin_gather(a->pw, a->pw_div, a->pw_mod, a->pw_full, off, n, pwbuf);
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
@@ -248,6 +264,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0);
     }
 #endif
+    XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
 }
 
 /* ---- sigmoid focal loss ------------------------------------------------------------------------------- */
@@ -292,7 +309,9 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
                                           const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
     double gbuf[XF_BIN_BLOCK];
-    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
+    double sum_scratch[XF_BIN_BLOCK];
+    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, a, loss_d, loss_o, grad, sum_scratch);
+    loss_d = b.ld; /* from here on only tested for presence: which outputs the instances write */
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
     /* unswitched on the loop-invariant tests of binary.h (gamma = 0, alpha < 0): inside each branch the
      * compiler knows their outcome, and gcc does not vectorize a select on an invariant condition */
@@ -309,6 +328,7 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
             XF_BIN_UNSWITCH(XF_BIN_FN(xf_focal_body), b, n, a);
         }
     }
+    XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
 }
 
 /* ---- BCE from probabilities --------------------------------------------------------------------------- */
@@ -352,7 +372,9 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
                                              const xf_bin_args *a, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
     double wbuf[XF_BIN_BLOCK], gbuf[XF_BIN_BLOCK];
-    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, loss_d, loss_o, grad);
+    double sum_scratch[XF_BIN_BLOCK];
+    XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, a, loss_d, loss_o, grad, sum_scratch);
+    loss_d = b.ld; /* from here on only tested for presence: which outputs the instances write */
     b.w = xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
     if (a->w == 0) {
@@ -360,6 +382,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     } else {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0);
     }
+    XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
 }
 
 /* Cross-entropy from class probabilities, one row of C classes.

@@ -30,8 +30,12 @@
 #endif
 
 #include "xentfast/binary.h"
+#include "xentfast/ddsum.h"
 
+/* one block of elements is one block of the reduction's dd_sum, so a block can hand over its partial
+ * (xf_bin_args.part) */
 #define XF_BIN_BLOCK 1024
+typedef char xf_bin_block_is_ddsum_block[(XF_BIN_BLOCK == XF_DDSUM_BLOCK) ? 1 : -1];
 
 typedef struct {
     const double *w;     /* element weight, NULL: 1 */
@@ -47,6 +51,8 @@ typedef struct {
     double alpha, gamma; /* focal */
     xf_bin_prob_mode mode;
     double loss_k;       /* losses written times 2^loss_k (0, or 600 for reductions of tiny terms) */
+    double *part;        /* NULL, or the reduction's dd_sum partials: block b writes part[2b], part[2b + 1]
+                            (xentfast/ddsum.h step 1) instead of storing its double losses */
 } xf_bin_args;
 
 /* w[(i / div) % mod] for i in [off, off + n), see (b) */

@@ -149,6 +149,7 @@ XF_HD void xf_cu_bin_args_init(xf_bin_args *a, long long n, const double *w, lon
     a->alpha = alpha;
     a->gamma = gamma;
     a->loss_k = loss_k;
+    a->part = 0; /* the reduction sums loss_d (reduce.cu); the CPU's in-block partials are not used here */
     xf_bin_prob_mode_init(&a->mode, clip, eps, clamp, log_clamp);
 }
 
