@@ -200,9 +200,10 @@ def test_ordinary_in_place_calls_make_one_pass(monkeypatch, reduction):
                                                   pos_weight=np.full(7, 3.0), inplace=True)
     assert sizes == [64, 21000]
     sizes.clear()
-    # nothing to decide without a reduction or in place
+    # nothing to decide without a reduction or in place (weighted: the plain-call lane, which launches
+    # no kernel through the backend, would take the unweighted call)
     xf.cross_entropy_with_grad(x.copy(), y, reduction="none", inplace=True)
-    xf.cross_entropy_with_grad(x.copy(), y, reduction=reduction)
+    xf.cross_entropy_with_grad(x.copy(), y, reduction=reduction, weight=w)
     assert sizes == [3000, 3000]
 
 

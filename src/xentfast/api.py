@@ -13,6 +13,7 @@ import operator
 import numpy as np
 
 from . import _backend, _dtypes, _threads
+from ._core import _xent
 from ._core._xent import fp_ieee_enter as _fp_ieee_enter, fp_ieee_leave as _fp_ieee_leave
 from ._backend import xp as _xp
 from ._threads import threads_for
@@ -637,15 +638,27 @@ def _finish_grad(problem, buf, dest):
     return dest
 
 
-def _on_input_device(fn):
+def _on_input_device(fn=None, *, plain_lane=None):
     """Run a public function with the device of its first CuPy argument current (kernels and outputs
     land there); a no-op for NumPy calls.  Arrays of other libraries (torch, JAX, anything with
     ``__dlpack__``) are read through DLPack and the results handed back as ``input``'s kind
-    (xentfast._backend (d))."""
+    (xentfast._backend (d)).
+
+    ``plain_lane``: a C-level function with ``fn``'s signature that computes the most common small call
+    itself (or returns NotImplemented), tried first (the plain-call lane of _core/_xent.pyx)."""
+    if fn is None:
+        return functools.partial(_on_input_device, plain_lane=plain_lane)
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if plain_lane is not None:
+            try:
+                result = plain_lane(*args, **kwargs)
+            except TypeError:   # arguments fn does not take either: fn raises, naming itself
+                result = NotImplemented
+            if result is not NotImplemented:
+                return result
         # subnormals are never flushed, whatever the caller set (torch.set_flush_denormal, XLA's threads):
         # the documented bounds count the subnormal spacing.  The kernels' OpenMP threads do the same in
         # each parallel region (_core/fp_ieee.h); this covers the calling thread's own arithmetic.
@@ -741,7 +754,7 @@ _XENT_DOC_NOTES = """
 """ + _HALF_NOTES
 
 
-@_on_input_device
+@_on_input_device(plain_lane=_xent.plain_cross_entropy)
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
                   axis=-1, z_loss=0.0, empty_mean="nan", nan_policy="propagate", n_threads=None):
     p = _Problem(input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss, empty_mean,
@@ -811,7 +824,7 @@ cross_entropy_backward.__doc__ = f"""Gradient of :func:`cross_entropy` with resp
     """
 
 
-@_on_input_device
+@_on_input_device(plain_lane=_xent.plain_cross_entropy_with_grad)
 def cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduction="mean",
                             label_smoothing=0.0, *, axis=-1, z_loss=0.0, empty_mean="nan",
                             nan_policy="propagate", grad_output=None, out=None, inplace=False,

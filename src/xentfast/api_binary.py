@@ -534,7 +534,7 @@ _BOUND_BCE = """
     ``xentfast.reference``; the README lists the measured maxima.""" + _HALF_BOUND
 
 
-@_on_input_device
+@_on_input_device(plain_lane=_binary.plain_binary_cross_entropy_with_logits)
 def binary_cross_entropy_with_logits(input, target, weight=None, pos_weight=None, reduction="mean", *,
                                      ignore_index=None, empty_mean="nan", nan_policy="propagate", n_threads=None):
     return _elementwise(_binary.OP_BCE_LOGITS, input, target, weight=weight, pos_weight=pos_weight,
@@ -551,7 +551,7 @@ def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight
                         nan_policy=nan_policy, n_threads=n_threads).backward(grad_output)
 
 
-@_on_input_device
+@_on_input_device(plain_lane=_binary.plain_binary_cross_entropy_with_logits_with_grad)
 def binary_cross_entropy_with_logits_with_grad(input, target, weight=None, pos_weight=None, reduction="mean", *,
                                                ignore_index=None, empty_mean="nan", nan_policy="propagate",
                                                grad_output=None, out=None, inplace=False, n_threads=None):

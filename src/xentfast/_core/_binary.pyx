@@ -253,3 +253,147 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
             for i in prange(N, schedule="static"):
                 loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, loss_k, gp)
             xf_fp_ieee_leave(fp_thread)
+
+
+# ---- the plain-call lane of BCE with logits -------------------------------------------------------------
+# As _xent.pyx's lane: the most common small call (NumPy float32/float64 logits and targets of one dtype
+# and shape, no weights, no ignore value, the default NaN policy), recognised by C-level tests and run
+# with the block function and the in-kernel sum the general path would use for it, on the calling thread.
+# Anything else, and a target outside [0, 1], nothing to average, a sum small enough for the tiny-terms
+# rerun or a mean beyond DBL_MAX, returns NotImplemented: the general path then decides (and raises).
+
+cimport numpy as cnp
+from libc.math cimport fabs
+from libc.stdlib cimport malloc, free
+
+from ._plain cimport (PLAIN_MAX_ELEMENTS, plain_float_array, plain_options, plain_out, plain_reduction,
+                      plain_same_layout, plain_scalar)
+
+cnp.import_array()
+
+cdef double _TINY_SUM = 2.0 ** -968     # xentfast.api._sum_and_tiny's threshold per element
+cdef double INF = float("inf")
+
+
+cdef bint _plain_unit_targets(const floating *t, Py_ssize_t n) noexcept nogil:
+    """Every target in [0, 1] (a NaN fails), as xentfast.api_binary._unit_targets."""
+    cdef Py_ssize_t i
+    cdef bint ok = True
+    for i in range(n):
+        ok &= (t[i] >= 0) & (t[i] <= 1)
+    return ok
+
+
+cdef object _plain_bce_logits(object input, object target, int red, object out, bint with_grad):
+    cdef cnp.ndarray x, t, g, loss_o
+    cdef Py_ssize_t n, nb, b, off, blen
+    cdef xf_bin_args a
+    cdef double *part = NULL
+    cdef double hi = 0.0, lo = 0.0, total = 0.0
+    cdef bint f32, ok
+    cdef xf_fp_state fp_saved
+    cdef void *xp
+    cdef void *tp
+    cdef void *gp = NULL
+    cdef void *lp = NULL
+    if not plain_float_array(input) or not plain_float_array(target):
+        return NotImplemented
+    x = <cnp.ndarray>input
+    t = <cnp.ndarray>target
+    n = cnp.PyArray_SIZE(x)
+    if cnp.PyArray_NDIM(x) == 0 or n == 0 or n >= PLAIN_MAX_ELEMENTS or not plain_same_layout(x, t):
+        return NotImplemented
+    if with_grad and out is not None and not plain_out(out, x):
+        return NotImplemented
+    f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+    xp = cnp.PyArray_DATA(x)
+    tp = cnp.PyArray_DATA(t)
+    ok = _plain_unit_targets(<const float *>tp, n) if f32 else _plain_unit_targets(<const double *>tp, n)
+    if not ok:
+        return NotImplemented
+    _follow_cpu_path()
+    nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
+    # the arguments _Elementwise.run passes for this call (xentfast.api_binary)
+    a.w = NULL
+    a.w_div = 1
+    a.w_mod = 1
+    a.w_full = False
+    a.pw = NULL
+    a.pw_div = 1
+    a.pw_mod = 1
+    a.pw_full = False
+    a.g = NULL
+    a.scale = (1.0 / n) if red == 1 else 1.0
+    a.has_ignore = False
+    a.ignore = 0.0
+    a.alpha = 0.25
+    a.gamma = 2.0
+    a.loss_k = 0.0
+    a.part = NULL
+    xf_bin_prob_mode_init(&a.mode, False, 0.0, False, 0.0)
+    if with_grad:
+        g = out if out is not None else cnp.PyArray_EMPTY(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x),
+                                                          cnp.PyArray_TYPE(x), 0)
+        gp = cnp.PyArray_DATA(g)
+    if red == 0:
+        loss_o = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+        lp = cnp.PyArray_DATA(loss_o)
+    else:
+        part = <double *>malloc(2 * nb * sizeof(double))
+        if part == NULL:
+            return NotImplemented
+        a.part = part
+    with nogil:
+        fp_saved = xf_fp_ieee_enter()
+        for b in range(nb):
+            off = b * XF_BIN_BLOCK
+            blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
+            if f32:
+                B32.bce_logits_block(<const float *>xp, <const float *>tp, off, blen, &a, NULL,
+                                     <float *>lp, <float *>gp)
+            else:
+                B64.bce_logits_block(<const double *>xp, <const double *>tp, off, blen, &a, NULL,
+                                     <double *>lp, <double *>gp)
+        if red != 0:
+            xf_ddsum_tree(part, nb)
+            hi = part[0]
+            lo = part[1]
+            # _Elementwise.reduce's cases for the general path: the tiny-terms rerun, the mean beyond
+            # DBL_MAX
+            ok = not (fabs(hi) <= n * _TINY_SUM) and not (red == 1 and hi == INF)
+            total = (hi + lo) if red == 2 else (hi / n + lo / n)
+            if f32:
+                total = <float>total       # rounded inside the subnormal guard
+        xf_fp_ieee_leave(fp_saved)
+    if red == 0:
+        result = loss_o
+    else:
+        free(part)
+        if not ok:
+            return NotImplemented
+        result = plain_scalar(total, f32)
+    return (result, g) if with_grad else result
+
+
+def plain_binary_cross_entropy_with_logits(input, target, weight=None, pos_weight=None, reduction="mean", *,
+                                           ignore_index=None, empty_mean="nan", nan_policy="propagate",
+                                           n_threads=None):
+    """xentfast.binary_cross_entropy_with_logits for the plain call (the lane above), else NotImplemented."""
+    cdef int red = plain_reduction(reduction)
+    if (red < 0 or weight is not None or pos_weight is not None or ignore_index is not None
+            or not plain_options(empty_mean, nan_policy, n_threads)):
+        return NotImplemented
+    return _plain_bce_logits(input, target, red, None, False)
+
+
+def plain_binary_cross_entropy_with_logits_with_grad(input, target, weight=None, pos_weight=None,
+                                                     reduction="mean", *, ignore_index=None, empty_mean="nan",
+                                                     nan_policy="propagate", grad_output=None, out=None,
+                                                     inplace=False, n_threads=None):
+    """xentfast.binary_cross_entropy_with_logits_with_grad for the plain call (the lane above), else
+    NotImplemented."""
+    cdef int red = plain_reduction(reduction)
+    if (red < 0 or weight is not None or pos_weight is not None or ignore_index is not None
+            or grad_output is not None or inplace is not False or not plain_options(empty_mean, nan_policy, n_threads)):
+        return NotImplemented
+    return _plain_bce_logits(input, target, red, out, True)

@@ -514,3 +514,168 @@ def _init_cpu_path():
 
 
 _init_cpu_path()
+
+
+# ---- the plain-call lane ------------------------------------------------------------------------------
+# A small problem's time is mostly Python: argument checks, dispatch, the reduction (an (8, 100) call
+# spends ~12 us there against ~3 us of kernel).  The lane below takes the most common call, decided by
+# C-level type and flag tests, and runs what xentfast.api would run for it with the same row function,
+# the same dd_sum shape and the same arithmetic of the reduction, on the calling thread (the single
+# thread xentfast._threads picks for fewer than 2 * MIN_ELEMENTS_PER_THREAD elements).  Anything else,
+# and anything unusual it meets on the way (a label out of range, nothing to average, a sum small enough
+# for the tiny-terms rerun), returns NotImplemented, and the caller takes the general path, which also
+# raises the errors; nothing here raises.  tests/test_plain_lane.py holds the two paths to the same bits.
+
+cimport numpy as cnp
+from libc.math cimport frexp, ldexp, fabs
+
+from ._plain cimport (PLAIN_MAX_ELEMENTS, plain_float_array, plain_options, plain_out, plain_reduction,
+                      plain_scalar, plain_zero)
+
+cnp.import_array()
+
+cdef double _TINY_SUM = 2.0 ** -968     # xentfast.api._sum_and_tiny's threshold per row
+
+
+cdef bint _plain_sum(const double *v, Py_ssize_t n, double *hi, double *lo) noexcept nogil:
+    """dd_sum's value (the same blocks and tree); False when it cannot allocate."""
+    cdef long long nb = xf_ddsum_nblocks(n)
+    cdef long long b
+    cdef double *part = <double *>malloc(2 * nb * sizeof(double))
+    if part == NULL:
+        return False
+    for b in range(nb):
+        xf_ddsum_block(v, n, b, part)
+    xf_ddsum_tree(part, nb)
+    hi[0] = part[0]
+    lo[0] = part[1]
+    free(part)
+    return True
+
+
+cdef object _plain_xent(object input, object target, object ignore_index, int red, object out,
+                        bint with_grad):
+    cdef cnp.ndarray x, y, g, loss_o
+    cdef Py_ssize_t N, C, i
+    cdef long long ign, yi
+    cdef const int64_t *yp
+    cdef Py_ssize_t kept = 0
+    cdef XentArgs a
+    cdef double *loss
+    cdef double den = 0.0, hi = 0.0, lo = 0.0, total
+    cdef int k = 0
+    cdef bint f32, ok
+    cdef xf_fp_state fp_saved
+    if not plain_float_array(input) or type(target) is not cnp.ndarray:
+        return NotImplemented
+    x = <cnp.ndarray>input
+    y = <cnp.ndarray>target
+    if (cnp.PyArray_NDIM(x) != 2 or cnp.PyArray_NDIM(y) != 1 or cnp.PyArray_TYPE(y) != cnp.NPY_INT64
+            or not cnp.PyArray_IS_C_CONTIGUOUS(y) or not cnp.PyArray_ISALIGNED(y)):
+        return NotImplemented
+    N = cnp.PyArray_DIMS(x)[0]
+    C = cnp.PyArray_DIMS(x)[1]
+    if N == 0 or C == 0 or cnp.PyArray_DIMS(y)[0] != N or N * C >= PLAIN_MAX_ELEMENTS:
+        return NotImplemented
+    if type(ignore_index) is not int:
+        return NotImplemented
+    try:
+        ign = ignore_index
+    except OverflowError:                  # beyond int64: the general path's
+        return NotImplemented
+    if with_grad and out is not None and not plain_out(out, x):
+        return NotImplemented
+    # the label check of xentfast.api._index_targets, which counts the kept rows (the mean's denominator)
+    yp = <const int64_t *>cnp.PyArray_DATA(y)
+    for i in range(N):
+        yi = yp[i]
+        if yi != ign:
+            if yi < 0 or yi >= C:
+                return NotImplemented
+            kept += 1
+    if red == 1:
+        if kept == 0:
+            return NotImplemented          # empty_mean's constant: the general path
+        den = <double>kept
+        frexp(den, &k)                     # _Problem.loss_scale(): 2^-k >= 1 / den, exact
+        k = min(max(k, -1000), 1000)
+    f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+    if with_grad:
+        g = out if out is not None else cnp.PyArray_EMPTY(2, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+    if red == 0:
+        loss_o = cnp.PyArray_EMPTY(1, cnp.PyArray_DIMS(y), cnp.PyArray_TYPE(x), 0)
+    loss = <double *>malloc(N * sizeof(double))
+    if loss == NULL:
+        return NotImplemented
+    a.y = yp
+    a.w = NULL
+    a.row_scale = NULL
+    a.ignore_index = ign
+    a.C = C
+    a.eps = 0.0
+    a.z = 0.0
+    a.scale = (1.0 / den) if red == 1 else 1.0    # _Problem.upstream(None)
+    a.loss_scale = ldexp(1.0, -k)
+    a.prob = 0
+    ok = True
+    # every rounding below happens inside the subnormal guard, the float32 ones included (a caller's
+    # flush-to-zero would otherwise flush a subnormal result)
+    with nogil:
+        fp_saved = xf_fp_ieee_enter()
+        if f32:
+            for i in range(N):
+                loss[i] = _xent_one_row(<const float *>cnp.PyArray_DATA(x),
+                                        <float *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i)
+        else:
+            for i in range(N):
+                loss[i] = _xent_one_row(<const double *>cnp.PyArray_DATA(x),
+                                        <double *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i)
+        if red == 0:
+            for i in range(N):
+                if f32:
+                    (<float *>cnp.PyArray_DATA(loss_o))[i] = <float>loss[i]
+                else:
+                    (<double *>cnp.PyArray_DATA(loss_o))[i] = loss[i]
+        else:
+            ok = _plain_sum(loss, N, &hi, &lo)
+            # _sum_and_tiny: a sum this small may need the tiny-terms rerun; the general path decides
+            ok = ok and not (fabs(hi) <= N * _TINY_SUM)
+            if red == 2:
+                total = (hi + lo) * ldexp(1.0, k)
+            else:
+                total = (hi / den + lo / den) * ldexp(1.0, k)
+            if f32:
+                total = <float>total
+        xf_fp_ieee_leave(fp_saved)
+    free(loss)
+    if red == 0:
+        result = loss_o
+    else:
+        if not ok:
+            return NotImplemented
+        result = plain_scalar(total, f32)
+    return (result, g) if with_grad else result
+
+
+def plain_cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
+                        axis=-1, z_loss=0.0, empty_mean="nan", nan_policy="propagate", n_threads=None):
+    """xentfast.cross_entropy for the plain call (the lane above), else NotImplemented."""
+    cdef int red = plain_reduction(reduction)
+    if (red < 0 or weight is not None or not plain_zero(label_smoothing) or not plain_zero(z_loss)
+            or type(axis) is not int or not (axis == -1 or axis == 1)
+            or not plain_options(empty_mean, nan_policy, n_threads)):
+        return NotImplemented
+    return _plain_xent(input, target, ignore_index, red, None, False)
+
+
+def plain_cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduction="mean",
+                                  label_smoothing=0.0, *, axis=-1, z_loss=0.0, empty_mean="nan",
+                                  nan_policy="propagate", grad_output=None, out=None, inplace=False,
+                                  n_threads=None):
+    """xentfast.cross_entropy_with_grad for the plain call (the lane above), else NotImplemented."""
+    cdef int red = plain_reduction(reduction)
+    if (red < 0 or weight is not None or not plain_zero(label_smoothing) or not plain_zero(z_loss)
+            or type(axis) is not int or not (axis == -1 or axis == 1) or grad_output is not None
+            or inplace is not False or not plain_options(empty_mean, nan_policy, n_threads)):
+        return NotImplemented
+    return _plain_xent(input, target, ignore_index, red, out, True)

@@ -1,0 +1,87 @@
+# The argument tests of the plain-call lanes (_xent.pyx: cross-entropy, _binary.pyx: BCE with logits),
+# C-level type and flag checks that cost nanoseconds where xentfast.api's Python checks cost
+# microseconds.  Each returns False (or -1) for anything it does not recognise: the caller then returns
+# NotImplemented and the general path validates and raises.
+
+cimport numpy as cnp
+
+cdef extern from "numpy/arrayobject.h":
+    object PyArray_Scalar(void *data, cnp.dtype descr, object base)
+
+# below this many elements xentfast._threads gives every call a single thread (threads_for: at most
+# n // MIN_ELEMENTS_PER_THREAD = 1 thread), so the lane runs on the calling thread like the general path
+cdef enum:
+    PLAIN_MAX_ELEMENTS = 32768
+
+
+cdef inline bint plain_float_array(object a) noexcept:
+    """A NumPy float32/float64 array (exact type), C-contiguous and aligned."""
+    cdef cnp.ndarray arr
+    if type(a) is not cnp.ndarray:
+        return False
+    arr = <cnp.ndarray>a
+    return ((cnp.PyArray_TYPE(arr) == cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(arr) == cnp.NPY_FLOAT64)
+            and cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr))
+
+
+cdef inline bint plain_zero(object v) noexcept:
+    return (type(v) is float or type(v) is int) and v == 0
+
+
+cdef inline int plain_reduction(object reduction) noexcept:
+    """0 none, 1 mean, 2 sum; -1 anything else."""
+    if type(reduction) is not str:
+        return -1
+    if reduction == "mean":
+        return 1
+    if reduction == "sum":
+        return 2
+    if reduction == "none":
+        return 0
+    return -1
+
+
+cdef inline bint plain_options(object empty_mean, object nan_policy, object n_threads) noexcept:
+    # any valid thread count: below PLAIN_MAX_ELEMENTS every one of them means a single thread
+    return (type(empty_mean) is str and (empty_mean == "nan" or empty_mean == "zero")
+            and type(nan_policy) is str and nan_policy == "propagate"
+            and (n_threads is None or (type(n_threads) is int and n_threads != 0)))
+
+
+cdef inline bint plain_same_layout(cnp.ndarray a, cnp.ndarray b) noexcept:
+    cdef int d
+    if cnp.PyArray_TYPE(a) != cnp.PyArray_TYPE(b) or cnp.PyArray_NDIM(a) != cnp.PyArray_NDIM(b):
+        return False
+    for d in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_DIMS(a)[d] != cnp.PyArray_DIMS(b)[d]:
+            return False
+    return True
+
+
+cdef inline bint plain_out(object out, cnp.ndarray x) noexcept:
+    """`out` usable as the gradient buffer: the input's exact type, dtype and shape, C-contiguous,
+    aligned, writeable, and no byte in common with the input (both are contiguous, so comparing the
+    two address ranges is exact)."""
+    cdef cnp.ndarray o
+    cdef char *a0
+    cdef char *b0
+    cdef Py_ssize_t nbytes
+    if not plain_float_array(out):
+        return False
+    o = <cnp.ndarray>out
+    if not plain_same_layout(o, x) or not cnp.PyArray_ISWRITEABLE(o):
+        return False
+    a0 = <char *>cnp.PyArray_DATA(o)
+    b0 = <char *>cnp.PyArray_DATA(x)
+    nbytes = cnp.PyArray_NBYTES(x)
+    return nbytes == 0 or a0 + nbytes <= b0 or b0 + nbytes <= a0
+
+
+cdef inline object plain_scalar(double total, bint f32):
+    """xentfast._backend.CPU.result: the reduction as a NumPy scalar of the loss dtype, rounded by a C
+    cast as NumPy's cast rounds (an overflow is inf, without a warning).  Callers round a float32 result
+    inside their subnormal guard already (the cast here is then exact)."""
+    cdef float v32 = <float>total
+    if f32:
+        return PyArray_Scalar(&v32, cnp.PyArray_DescrFromType(cnp.NPY_FLOAT32), None)
+    return PyArray_Scalar(&total, cnp.PyArray_DescrFromType(cnp.NPY_FLOAT64), None)

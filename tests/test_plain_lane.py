@@ -1,0 +1,174 @@
+"""The plain-call lanes (_core/_xent.pyx, _core/_binary.pyx): the most common small calls computed at C
+level, which must give the general path's bits for every input, and leave every unusual call (and every
+error) to the general path."""
+import inspect
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xentfast as xf
+from xentfast._core import _binary, _xent
+from xentfast.testing import binary_logits, binary_targets, index_targets, logits
+
+LANES = [
+    (xf.cross_entropy, _xent.plain_cross_entropy),
+    (xf.cross_entropy_with_grad, _xent.plain_cross_entropy_with_grad),
+    (xf.binary_cross_entropy_with_logits, _binary.plain_binary_cross_entropy_with_logits),
+    (xf.binary_cross_entropy_with_logits_with_grad, _binary.plain_binary_cross_entropy_with_logits_with_grad),
+]
+DTYPES = [np.float32, np.float64]
+REDUCTIONS = ["none", "mean", "sum"]
+ids = lambda d: np.dtype(d).name  # noqa: E731
+
+
+def _general(public):
+    """The public function without its decorator: always the general path."""
+    return public.__wrapped__
+
+
+def _same_bits(a, b):
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b)
+        for u, v in zip(a, b):
+            _same_bits(u, v)
+        return
+    assert type(a) is type(b) and a.dtype == b.dtype and np.shape(a) == np.shape(b)
+    assert np.array_equal(np.atleast_1d(a).view(np.uint8), np.atleast_1d(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("public, lane", LANES, ids=lambda f: getattr(f, "__name__", ""))
+def test_a_lane_takes_its_public_functions_signature(public, lane):
+    # the decorator hands the caller's arguments to both; a parameter the lane lacked or defaulted
+    # otherwise would change what a call means
+    want = inspect.signature(public).parameters
+    got = inspect.signature(lane).parameters
+    assert [(p.name, p.kind, p.default) for p in got.values()] == [
+        (p.name, p.kind, p.default) for p in want.values()]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_softmax_lane_gives_the_general_paths_bits(dtype, reduction, data):
+    x = data.draw(logits(dtype, max_rows=40, max_classes=60))
+    if x.ndim != 2:
+        x = x.reshape(-1, x.shape[-1])
+    y = data.draw(index_targets(x.shape[1], x.shape[:1]))
+    kw = dict(reduction=reduction, ignore_index=-100)
+    lane_loss = _xent.plain_cross_entropy(x, y, **kw)
+    general = _general(xf.cross_entropy)(x, y, **kw)
+    if lane_loss is not NotImplemented:
+        _same_bits(lane_loss, general)
+    _same_bits(xf.cross_entropy(x, y, **kw), general)
+    out = np.empty_like(x)
+    fused = _xent.plain_cross_entropy_with_grad(x, y, out=out, **kw)
+    want = _general(xf.cross_entropy_with_grad)(x, y, **kw)
+    if fused is not NotImplemented:
+        assert fused[1] is out
+        _same_bits(fused, want)
+    _same_bits(xf.cross_entropy_with_grad(x, y, **kw), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_binary_lane_gives_the_general_paths_bits(dtype, reduction, data):
+    x = data.draw(binary_logits(dtype))
+    t = data.draw(binary_targets(x.shape, dtype))
+    lane_loss = _binary.plain_binary_cross_entropy_with_logits(x, t, reduction=reduction)
+    general = _general(xf.binary_cross_entropy_with_logits)(x, t, reduction=reduction)
+    if lane_loss is not NotImplemented:
+        _same_bits(lane_loss, general)
+    _same_bits(xf.binary_cross_entropy_with_logits(x, t, reduction=reduction), general)
+    fused = _binary.plain_binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction)
+    want = _general(xf.binary_cross_entropy_with_logits_with_grad)(x, t, reduction=reduction)
+    if fused is not NotImplemented:
+        _same_bits(fused, want)
+    _same_bits(xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_the_lanes_take_ordinary_small_calls(dtype, reduction):
+    """Not vacuous: the ordinary calls of the benchmarks go through the lanes, with any thread count."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 300)).astype(dtype)
+    y = rng.integers(0, 300, 32)
+    t = (rng.random((32, 300)) < 0.5).astype(dtype)
+    for n_threads in (None, 1, 2, -1):
+        assert _xent.plain_cross_entropy(x, y, reduction=reduction, n_threads=n_threads) is not NotImplemented
+        assert _xent.plain_cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads,
+                                                   out=np.empty_like(x)) is not NotImplemented
+        assert _binary.plain_binary_cross_entropy_with_logits(x, t, reduction=reduction,
+                                                              n_threads=n_threads) is not NotImplemented
+        assert _binary.plain_binary_cross_entropy_with_logits_with_grad(
+            x, t, reduction=reduction, n_threads=n_threads) is not NotImplemented
+
+
+def test_the_lanes_leave_every_other_call_to_the_general_path():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 10))
+    y = rng.integers(0, 10, 8)
+    t = rng.random((8, 10))
+    big = np.zeros((200, 200))
+    others = [
+        dict(weight=np.ones(10)), dict(label_smoothing=0.1), dict(z_loss=1e-4), dict(axis=0),
+        dict(nan_policy="raise"), dict(empty_mean="bad"), dict(reduction="avg"), dict(n_threads=0),
+        dict(n_threads=True), dict(ignore_index=2**70), dict(ignore_index=np.int64(3)),
+    ]
+    for kw in others:
+        assert _xent.plain_cross_entropy(x, y, **kw) is NotImplemented, kw
+    for xs, ys in ((x.astype(np.float16), y), (x.T.copy().T, y), (x, y.astype(np.int32)), (x[:, :0], y),
+                   (big, np.zeros(200, dtype=np.int64)), (x, np.where(np.arange(8) == 2, 10, y)), (x, y[:4]),
+                   (x.tolist(), y)):
+        assert _xent.plain_cross_entropy(xs, ys) is NotImplemented
+    assert _xent.plain_cross_entropy(x, np.full(8, -100), reduction="mean") is NotImplemented
+    for kw in (dict(grad_output=2.0), dict(inplace=True), dict(out=np.empty((8, 10), np.float32)),
+               dict(out=x), dict(out=np.empty((10, 8))), dict(out=np.empty((8, 20))[:, ::2])):
+        assert _xent.plain_cross_entropy_with_grad(x, y, **kw) is NotImplemented, kw
+    for kw in (dict(weight=np.ones(10)), dict(pos_weight=np.ones(10)), dict(ignore_index=0.5),
+               dict(nan_policy="raise"), dict(reduction=None)):
+        assert _binary.plain_binary_cross_entropy_with_logits(x, t, **kw) is NotImplemented, kw
+    for xs, ts in ((x, t.astype(np.float32)), (x, t * 2), (x, np.where(t < 0.5, np.nan, t)), (x[0, 0], t[0, 0]),
+                   (big, big), (x, t[:4])):
+        assert _binary.plain_binary_cross_entropy_with_logits(xs, ts) is NotImplemented
+    for kw in (dict(grad_output=np.ones((8, 10)), reduction="none"), dict(inplace=True), dict(out=x)):
+        assert _binary.plain_binary_cross_entropy_with_logits_with_grad(x, t, **kw) is NotImplemented, kw
+
+
+def test_errors_still_come_from_the_public_functions():
+    x = np.zeros((2, 3))
+    with pytest.raises(ValueError, match=r"^target: labels must be in \[0, 3\) or equal ignore_index=-100; "
+                                         r"found 3 at index \[1\]"):
+        xf.cross_entropy(x, np.array([0, 3]))
+    with pytest.raises(ValueError, match="out: overlaps input"):
+        xf.cross_entropy_with_grad(x, np.array([0, 1]), out=x)
+    with pytest.raises(TypeError, match="cross_entropy.. got an unexpected keyword argument 'weights'"):
+        xf.cross_entropy(x, np.array([0, 1]), weights=None)
+    with pytest.raises(ValueError, match=r"^target: "):
+        xf.binary_cross_entropy_with_logits(x, np.full((2, 3), 1.5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_the_general_paths_rare_cases_are_its_own(dtype):
+    """A sum small enough for the tiny-terms rerun, nothing to average, a mean beyond DBL_MAX: the lanes
+    return NotImplemented and the public function gives the general path's value."""
+    confident = np.array([[0.0, -720.0, -725.0]] * 5, dtype=dtype)
+    y0 = np.zeros(5, dtype=np.int64)
+    cases = [
+        (_xent.plain_cross_entropy, xf.cross_entropy, (confident, y0), dict(reduction="sum")),
+        (_xent.plain_cross_entropy, xf.cross_entropy, (confident, np.full(5, -100)), dict(reduction="mean")),
+        (_binary.plain_binary_cross_entropy_with_logits, xf.binary_cross_entropy_with_logits,
+         (np.full((3, 4), 745.0, dtype=dtype), np.ones((3, 4), dtype=dtype)), dict(reduction="mean")),
+    ]
+    if dtype is np.float64:
+        huge = np.full(4, np.finfo(np.float64).max)
+        cases.append((_binary.plain_binary_cross_entropy_with_logits, xf.binary_cross_entropy_with_logits,
+                      (huge, np.zeros(4)), dict(reduction="mean")))
+    for lane, public, args, kw in cases:
+        assert lane(*args, **kw) is NotImplemented
+        _same_bits(public(*args, **kw), _general(public)(*args, **kw))
