@@ -645,7 +645,8 @@ def _on_input_device(fn=None, *, plain_lane=None):
     (xentfast._backend (d)).
 
     ``plain_lane``: a C-level function with ``fn``'s signature that computes the most common small call
-    itself (or returns NotImplemented), tried first (the plain-call lane of _core/_xent.pyx)."""
+    itself (or returns NotImplemented), tried first (the plain-call lanes of _core/_xent.pyx and
+    _core/_binary.pyx)."""
     if fn is None:
         return functools.partial(_on_input_device, plain_lane=plain_lane)
     signature = inspect.signature(fn)

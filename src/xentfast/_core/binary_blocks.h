@@ -5,8 +5,8 @@
  * Every block function takes the outputs it should produce as pointers, NULL for the ones not wanted:
  * loss_d (double, for reductions), loss_o (storage type, reduction="none") and grad (storage type, may
  * alias x).  With a->part set, the double losses are not stored: the block sums them into its partial of
- * the reduction (xf_bin_block_partial) and loss_d is ignored.  The forward, the backward and the fused call run the same per-element expressions, so
- * they give the same bits.
+ * the reduction (xf_bin_block_partial) and loss_d is ignored.  The forward, the backward and the fused
+ * call run the same per-element expressions, so they give the same bits.
  *
  * Vectorization: the per-element loop is a `#pragma omp simd` loop in an always-inlined body that takes
  * the wanted outputs as compile-time flags; the block function calls it once per combination, so each
