@@ -353,7 +353,8 @@ typedef struct {
  *                    log1p(e) = ln 2 + 2 atanh(f / (2 + f)) + d rd, in [0.346, 0.694] (no cancellation
  *                    beyond a factor 2).
  * 2 atanh(s) = 2s (1 + s^2/3 + ... + s^12/13): the first omitted term, s^14/15, is below 2^-39.5 of the
- * sum; the few roundings of the evaluation add ~2^-50. */
+ * sum; the few roundings of the evaluation add ~2^-50.  Estrin's scheme, as in xf_exp_lite_reduced: this
+ * chain follows the exponential and a division on the element's critical path. */
 XF_HD double xf_bin_log1p_unit(double e, double rd)
 {
     double u = 1.0 + e;
@@ -362,12 +363,11 @@ XF_HD double xf_bin_log1p_unit(double e, double rd)
     double f = big ? 0.5 * u - 1.0 : e;
     double sv = f / (2.0 + f);
     double z = sv * sv;
-    double p = 0x1.3b13b13b13b14p-4;          /* 1/13 */
-    p = p * z + 0x1.745d1745d1746p-4;         /* 1/11 */
-    p = p * z + 0x1.c71c71c71c71cp-4;         /* 1/9  */
-    p = p * z + 0x1.2492492492492p-3;         /* 1/7  */
-    p = p * z + 0x1.999999999999ap-3;         /* 1/5  */
-    p = p * z + 0x1.5555555555555p-2;         /* 1/3  */
+    double z2 = z * z;
+    double p01 = z * 0x1.999999999999ap-3 + 0x1.5555555555555p-2;  /* 1/5, 1/3 */
+    double p23 = z * 0x1.c71c71c71c71cp-4 + 0x1.2492492492492p-3;  /* 1/9, 1/7 */
+    double p45 = z * 0x1.3b13b13b13b14p-4 + 0x1.745d1745d1746p-4;  /* 1/13, 1/11 */
+    double p = (p01 + z2 * p23) + (z2 * z2) * p45;
     double t = 2.0 * sv;
     double at = t + t * (z * p);
     return big ? (XF_MATH_LN2_HI + (at + (d * rd + XF_MATH_LN2_LO))) : at;
