@@ -972,10 +972,24 @@ def _py_dd_pairwise(parts):
     return parts[0] if parts else (0.0, 0.0)
 
 
+def _py_acc_lane(v):
+    """numerics.h xf_acc_add over v in index order from (0, 0): the running sum, and the TwoSum errors of
+    its finite steps summed beside it."""
+    acc = err = 0.0
+    for x in v:
+        s = acc + x
+        bv = s - acc
+        av = s - bv
+        if s - s == 0.0:
+            err += (acc - av) + (x - bv)
+        acc = s
+    return acc, err
+
+
 def py_dd_sum_block(v):
-    """ddsum.h's block partial: element i to lane i % DD_LANES, each lane in index order, lanes merged by
-    the pairwise tree (all DD_LANES lanes, empty ones as (0, 0))."""
-    return _py_dd_pairwise([py_dd_sum_serial(v[k::DD_LANES]) for k in range(DD_LANES)])
+    """ddsum.h's block partial: element i to lane i % DD_LANES, each lane compensated in index order,
+    lanes merged by the pairwise tree (all DD_LANES lanes, empty ones as (0, 0))."""
+    return _py_dd_pairwise([_py_acc_lane(v[k::DD_LANES]) for k in range(DD_LANES)])
 
 
 def py_dd_sum_tree(v):
@@ -1107,7 +1121,10 @@ def test_dd_sum_accuracy_and_limits(kind, data):
         assert kind not in ("huge", "losses", "tiny")
         return
     nb = max(1, -(-n // DD_BLOCK))
-    steps = DD_BLOCK + int(np.ceil(np.log2(nb))) + 2
+    # a lane's compensated sum: gamma_{m-1}^2 = (m-1)^2 2^-106 (to first order) of its sum |v|, in units
+    # of 2^-103; then the lane merges and the block tree, about 2^-103 each
+    lane_steps = math.ceil((DD_BLOCK // DD_LANES - 1) ** 2 / 8) + 1
+    steps = lane_steps + int(np.log2(DD_LANES)) + int(np.ceil(np.log2(nb)))
     abs_sum = _exact_scaled(np.abs(v))
     err = abs(_exact_scaled([hi]) + _exact_scaled([lo]) - exact)
     # |hi + lo - sum| <= steps * 2^-103 * sum |v|  (ddsum.h), in units of 2^-1074, plus a subnormal ulp

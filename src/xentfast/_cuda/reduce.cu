@@ -6,11 +6,11 @@
  * (a) dd_sum has ONE shape, xentfast/ddsum.h, shared with the CPU (xentfast._core._xent.dd_sum): block
  *     partials of XF_DDSUM_BLOCK consecutive elements (xf_ddsum_block, called unchanged, one thread per
  *     block), then a fixed pairwise tree (xf_ddsum_merge) whose levels one CUDA block of threads runs
- *     between __syncthreads.  Every xf_dd_add has the CPU's operands, so (hi, lo) has the CPU's bits for
+ *     between __syncthreads.  Every addition has the CPU's operands, so (hi, lo) has the CPU's bits for
  *     every launch shape.  Two launches on the caller's stream, no synchronization: the partials live in
  *     a scratch array of 2 * nb doubles.  A thread's block is 8 KiB of consecutive doubles: a warp's
  *     loads are not coalesced, but each 32-byte sector serves four consecutive iterations from L1, and
- *     65536 threads sum 2^26 elements (about 1024 dependent additions each, not 2^26).
+ *     65536 threads sum 2^26 elements (1024 additions each, in 8 independent lanes, not 2^26).
  * (b) target_weight_sum stays the CPU's index-order double-double sum (one thread; its bits are those
  *     of _xent.target_weight_sum, which is serial); labels outside [0, C) that are not ignore_index are
  *     skipped, so no label can read outside the weights (the API rejects such labels anyway).
