@@ -5,6 +5,8 @@ import numpy as np
 cdef extern from "xentfast/numerics.h" nogil:
     double xf_exp(double x)
     double xf_exp_dd(double hi, double lo)
+    double xf_exp_lite(double x)
+    double xf_exp_lite_normal(double x)
     double xf_log(double x)
     double xf_log1p(double x)
     double xf_log1pexp(double x)
@@ -44,6 +46,16 @@ cdef _apply2(binary_fn f, a, b):
 
 def exp(x):
     return _apply1(xf_exp, x)
+
+
+def exp_lite(x):
+    """exp to 2^-32 relative, for results rounded to float32 (the float32 kernels' exponential)."""
+    return _apply1(xf_exp_lite, x)
+
+
+def exp_lite_normal(x):
+    """exp_lite for x in [-708, 0] without the clamp: the same bits there."""
+    return _apply1(xf_exp_lite_normal, x)
 
 
 def exp_dd(hi, lo):
