@@ -498,6 +498,19 @@ class TestBadInput:
         with raises(ValueError, "target", "[0, 1]", "at index [2, 1]"):
             f(X, t)
 
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    @pytest.mark.parametrize("where", [0, 65535, 65536, 199_999])
+    @pytest.mark.parametrize("n_threads", [1, 2, 3])
+    def test_target_out_of_range_in_any_block_of_a_large_input(self, f, dtype, where, n_threads):
+        # targets of the input's dtype are checked in parallel blocks of 65536: a bad value in the first,
+        # at either side of a block boundary or in the last element is found on every thread count
+        x = np.zeros((400, 500), dtype=dtype)
+        for bad in (1.0 + np.finfo(dtype).eps, -np.finfo(dtype).tiny, np.nan):
+            t = np.full(x.shape, 0.5, dtype=dtype)
+            t.flat[where] = bad
+            with raises(ValueError, "target", "[0, 1]", f"at index [{where // 500}, {where % 500}]"):
+                f(x, t, n_threads=n_threads)
+
     def test_target_dtype(self, f):
         with raises(TypeError, "target", "dtype"):
             f(X, np.full((3, 4), "a"))

@@ -284,6 +284,21 @@ cdef bint _plain_unit_targets(const floating *t, Py_ssize_t n) noexcept nogil:
     return ok
 
 
+def unit_targets(const floating[::1] t, int n_threads):
+    """Whether every value lies in [0, 1] (a NaN does not): the common case of the target check of
+    xentfast.api_binary._unit_targets in one parallel pass, where NumPy's min and max made two serial
+    ones (~9 % of a two-thread BCE call at 4096x1000)."""
+    cdef Py_ssize_t n = t.shape[0]
+    cdef Py_ssize_t block = 65536
+    cdef Py_ssize_t nb = (n + block - 1) // block
+    cdef Py_ssize_t b
+    cdef int bad = 0
+    with nogil:
+        for b in prange(nb, schedule="static", num_threads=n_threads):
+            bad += not _plain_unit_targets(&t[b * block], min(block, n - b * block))
+    return bad == 0
+
+
 cdef object _plain_bce_logits(object input, object target, int red, object out, bint with_grad):
     cdef cnp.ndarray x, t, g, loss_o
     cdef Py_ssize_t n, nb, b, off, blen
