@@ -677,6 +677,30 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours():
     assert total[0].tobytes() == total[1].tobytes()
 
 
+@pytest.mark.parametrize("v", [80.0, -80.0, np.nextafter(np.float32(80), np.float32(100)),
+                               -np.nextafter(np.float32(80), np.float32(100)), 1000.0, np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("y", [0.0, 1.0, 0.25])
+def test_bce_chunk_decision_follows_the_per_element_rule(v, y):
+    """A chunk runs the plain-double form only when the per-element rule picks it for every element (the
+    unweighted test makes that decision on the float32 values themselves).  So an element at an edge of
+    the rule gets the same double loss alone in its chunk as beside an element that forces the per-element
+    selection (the forms' double losses differ in their low bits, which float32 outputs would hide)."""
+    from xentfast._core import _binary
+    from xentfast.api_binary import _Elementwise
+
+    x = np.zeros(256, dtype=np.float32)
+    x[5] = v
+    t = np.full(256, y, dtype=np.float32)
+    alone = x.copy()
+    mixed = x.copy()
+    mixed[6] = np.float32(1000.0)         # outside |x| <= 80: the chunk selects per element
+    losses = [_Elementwise(_binary.OP_BCE_LOGITS, a, t, reduction="sum").run(summed=False)[5]
+              for a in (alone, mixed)]
+    assert losses[0].tobytes() == losses[1].tobytes(), (v, y, losses)
+    grads = [xf.binary_cross_entropy_with_logits_with_grad(a, t, reduction="none")[1][5] for a in (alone, mixed)]
+    assert grads[0].tobytes() == grads[1].tobytes()
+
+
 @pytest.mark.parametrize("x", [80.0, -80.0, np.nextafter(np.float32(80), np.float32(100)), 79.99, 0.0, -0.0,
                                1e-30, -17.5])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
