@@ -387,8 +387,8 @@ XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_
         long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
         long long skip = job->argmax - b0;
         double bhi, blo;
-        XF_FN(xf_sumexp_block_ahead)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1, job->exp_normal,
-                               &bhi, &blo, store ? store + b0 : 0, C);
+        XF_FN(xf_sumexp_block_ahead)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1,
+                                     job->exp_normal, &bhi, &blo, store ? store + b0 : 0, C);
         xf_dd_add(&hi, &lo, bhi, blo);
     }
     xf_rowjob_set_sum(job, hi, lo);
