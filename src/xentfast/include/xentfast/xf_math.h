@@ -151,7 +151,7 @@ XF_HD double xf_exp(double x)
 }
 
 /* exp(x) to 2^-32 relative, for results that are rounded to float32 afterwards (1/256 of a float32 ULP):
- * the same reduction as xf_exp_kernel without the correction terms, then p(r) = 1 + c1 r + ... + c7 r^7,
+ * a one-constant range reduction (below), then p(r) = 1 + c1 r + ... + c7 r^7,
  * the minimax polynomial of the relative error |p(r) / e^r - 1| on |r| <= ln2/2 with c0 = 1 (Remez,
  * equioscillating at 2.311e-10 = 2^-32.01; one degree below the Taylor polynomial of the same error,
  * 0.347^9/9! = 2.7e-10).  About half the operations of xf_exp.  Same special values and gradual
