@@ -278,6 +278,8 @@ def _threads_for(n_threads, n_elements):
     return threads_for(n_threads, n_elements)
 
 
+_TINY_SUM_PER_TERM = _xent.TINY_SUM_PER_TERM
+
 def _sum_and_tiny(backend, losses):
     """(hi, lo) of the double-double sum of the losses and _tiny_terms(max |loss|), in one transfer on
     the GPU.  NaN losses give a NaN sum; the max then only matters through _tiny_terms."""
@@ -290,7 +292,7 @@ def _sum_and_tiny(backend, losses):
         # relative error, far below the factor 2 spared here), so a sum beyond 2 n 2^-969 puts max |loss|
         # beyond 2^-969; an infinite sum means an infinite loss (or a max near DBL_MAX), a NaN sum a NaN
         # loss (or infinities of both signs): none of them tiny.  Skipping it saves ~5 us a call.
-        if not abs(hi) <= losses.shape[0] * 2.0**-968:
+        if not abs(hi) <= losses.shape[0] * _TINY_SUM_PER_TERM:
             return hi, lo, False
         return hi, lo, _tiny_terms(float(np.max(np.abs(losses))))
     both = xp.concatenate([backend.softmax.dd_sum_device(losses), xp.max(xp.abs(losses)).reshape(1)])

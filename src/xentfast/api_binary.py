@@ -319,7 +319,7 @@ class _Elementwise:
             hi, lo = losses
             # _sum_and_tiny's test: only a sum this small needs max |loss|, and an overflowed mean needs
             # the losses themselves; both take them from the (intact) logits again, as run() ensured
-            if abs(hi) <= self.n * 2.0**-968 or (hi == np.inf and self.reduction == "mean"):
+            if abs(hi) <= self.n * _api._TINY_SUM_PER_TERM or (hi == np.inf and self.reduction == "mean"):
                 return self.reduce(self.run(summed=False))
             tiny = False
         else:

@@ -271,7 +271,7 @@ from ._plain cimport (PLAIN_MAX_ELEMENTS, plain_float_array, plain_options, plai
 
 cnp.import_array()
 
-cdef double _TINY_SUM = 2.0 ** -968     # xentfast.api._sum_and_tiny's threshold per element
+cdef double _TINY_SUM = _xent.TINY_SUM_PER_TERM
 cdef double INF = float("inf")
 
 

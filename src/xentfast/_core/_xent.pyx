@@ -534,7 +534,10 @@ from ._plain cimport (PLAIN_MAX_ELEMENTS, plain_float_array, plain_options, plai
 
 cnp.import_array()
 
-cdef double _TINY_SUM = 2.0 ** -968     # xentfast.api._sum_and_tiny's threshold per row
+# A sum of n losses at most n 2^-968 may hold losses below 2^-969, which the tiny-terms rerun recomputes
+# scaled (xentfast.api._sum_and_tiny); above it, none can be.  One constant for every caller of that test.
+TINY_SUM_PER_TERM = 2.0 ** -968
+cdef double _TINY_SUM = TINY_SUM_PER_TERM
 
 
 cdef bint _plain_sum(const double *v, Py_ssize_t n, double *hi, double *lo) noexcept nogil:
