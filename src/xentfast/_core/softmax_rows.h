@@ -245,13 +245,15 @@ XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long 
 }
 
 /* Pass 4 of a block: the gradient  out_j = coef * p_j - scale * q_j  (p_j = e_j / S), see xf_rowjob.
+ * coef p_j is (e_j * coef_per_S) * coef_mult (xf_rowjob_div_S) on every path but float32's `stored` one,
+ * whose kept exponentials are float32 already and whose one factor's double roundings cannot show.
  * `out` may alias `x` (inplace): each element is read before it is written, and every row statistic was
  * computed by the earlier passes. */
 XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long long offset,
                                      const xf_rowjob *job, const XF_T *t, const double *w)
 {
     long long j;
-    const double m = job->m, S = job->S, coef = job->coef, scale = job->scale, mult = job->coef_mult;
+    const double m = job->m, coef_per_S = job->coef_per_S, scale = job->scale, mult = job->coef_mult;
 #if XF_COMPENSATED
     if (job->grad_scaled) {
         /* rare: subnormal probabilities times |coef| > 1 (see xf_exp_shifted_pow2) */
@@ -259,7 +261,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         const double g_y = (y >= 0 && y < n) ? xf_target_grad(job, xf_exp_shifted((double)x[y], m)) : 0.0;
         for (j = 0; j < n; j++) {
             double xv = (double)x[j];
-            /* scaled only where exp(x - m) is subnormal: near the max, 2^600 * coef could overflow */
+            /* scaled only where exp(x - m) is subnormal: near the max, 2^600 * coef_per_S could overflow */
             int tiny = (xv - m < -700.0);
             double e = tiny ? xf_exp_shifted_pow2(xv, m) : xf_exp_shifted(xv, m);
             double unscale = tiny ? mult * XF_POW2_UNSCALE : mult;
@@ -269,7 +271,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
                 double fin = (xv > -XF_INF) ? 1.0 : 0.0;
                 q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
             }
-            out[j] = (XF_T)((coef * (e / S)) * unscale - scale * q);
+            out[j] = (XF_T)((e * coef_per_S) * unscale - scale * q);
         }
         if (job->simple && y >= 0 && y < n) {
             out[y] = (XF_T)g_y;
@@ -286,10 +288,10 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
 #if XF_COMPENSATED
 #pragma omp simd
         for (j = 0; j < n; j++) {
-            out[j] = (XF_T)((coef * ((double)out[j] / S)) * mult);  /* the recompute path's exact bits */
+            out[j] = (XF_T)(((double)out[j] * coef_per_S) * mult);  /* the recompute path's exact bits */
         }
 #else
-        const double f = ((coef * mult) / S) * XF_STORE_UNSCALE;
+        const double f = ((job->coef * mult) / job->S) * XF_STORE_UNSCALE;
 #pragma omp simd
         for (j = 0; j < n; j++) {
             out[j] = (XF_T)((double)out[j] * f);
@@ -309,7 +311,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
 #pragma omp simd
         for (j = 0; j < n; j++) {
             double e = XF_EXP_MINUS(x[j], m);
-            out[j] = (XF_T)((coef * (e / S)) * mult);
+            out[j] = (XF_T)((e * coef_per_S) * mult);
         }
         if (has_y) {
             out[y] = (XF_T)g_y;
@@ -322,7 +324,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         double wc = w ? w[j] : 1.0;
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
-        out[j] = (XF_T)((coef * (e / S)) * mult - scale * q);
+        out[j] = (XF_T)((e * coef_per_S) * mult - scale * q);
     }
 }
 

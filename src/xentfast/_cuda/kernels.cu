@@ -113,13 +113,13 @@ XF_HD double xf_cu_kept_exp(double, double e) { return e; }
 XF_HD double xf_cu_softmax_of_kept(float, double kept, double S) { return kept * (XF_KEPT_UNSCALE_F32 / S); }
 XF_HD double xf_cu_softmax_of_kept(double, double kept, double S) { return kept / S; }
 /* as softmax_rows.h: xf_xent_grad_block, its `stored` path, per storage type */
-XF_HD double xf_cu_grad_of_kept(float, double kept, double coef, double mult, double S)
+XF_HD double xf_cu_grad_of_kept(float, double kept, const xf_rowjob *job)
 {
-    return kept * (((coef * mult) / S) * XF_KEPT_UNSCALE_F32);
+    return kept * (((job->coef * job->coef_mult) / job->S) * XF_KEPT_UNSCALE_F32);
 }
-XF_HD double xf_cu_grad_of_kept(double, double kept, double coef, double mult, double S)
+XF_HD double xf_cu_grad_of_kept(double, double kept, const xf_rowjob *job)
 {
-    return (coef * (kept / S)) * mult;
+    return (kept * job->coef_per_S) * job->coef_mult;
 }
 
 /* ---- shared scratch ---------------------------------------------------------------------------------- */
@@ -334,7 +334,7 @@ struct xf_cu_xent_args {
 template <typename T>
 XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t, const double *w)
 {
-    const double m = job->m, S = job->S, coef = job->coef, scale = job->scale, mult = job->coef_mult;
+    const double m = job->m, coef_per_S = job->coef_per_S, scale = job->scale, mult = job->coef_mult;
     const double xv = xf_cu_load(xj);
     if (xf_cu_grad_scaled(job, t)) {
         /* float64 only: subnormal probabilities times |coef| > 1 (see xf_exp_shifted_pow2) */
@@ -350,20 +350,20 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
             double fin = (xv > -XF_INF) ? 1.0 : 0.0;
             q = xf_row_target_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
         }
-        return (coef * (e / S)) * unscale - scale * q;
+        return (e * coef_per_S) * unscale - scale * q;
     }
     double e = xf_cu_exp_minus(xj, m);
     if (job->stored) {
         /* the CPU's sum pass kept exp(x_j - m) in the output buffer; its target entry uses x_y */
-        return (j == job->y) ? xf_target_grad(job, e) : xf_cu_grad_of_kept(xj, xf_cu_kept_exp(xj, e), coef, mult, S);
+        return (j == job->y) ? xf_target_grad(job, e) : xf_cu_grad_of_kept(xj, xf_cu_kept_exp(xj, e), job);
     }
     if (job->simple) {
-        return (j == job->y) ? xf_target_grad(job, e) : (coef * (e / S)) * mult;
+        return (j == job->y) ? xf_target_grad(job, e) : (e * coef_per_S) * mult;
     }
     double wc = w ? w[j] : 1.0;
     double fin = (xv > -XF_INF) ? 1.0 : 0.0;
     double q = xf_row_target_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
-    return (coef * (e / S)) * mult - scale * q;
+    return (e * coef_per_S) * mult - scale * q;
 }
 
 /* One row of cross-entropy: loss[row] and, when a.grad, the gradient row (as _xent.pyx
