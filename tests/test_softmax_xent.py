@@ -213,21 +213,25 @@ def test_target_gradient_has_no_cancellation(dtype):
     assert_ulp_close(grad, ref.cross_entropy_grad(x, y, reduction="none"), BOUND[np.dtype(dtype)])
 
 
-@pytest.mark.parametrize("reduction", ["none", "mean"])
-def test_float64_gradient_rounds_coef_over_s_once(reduction):
-    # A class tied with the max has e_j = exp(0) = 1 exactly, so its gradient entry is coef / S with
-    # S = 2 + (the other terms).  Those lie in [e^-40, e^-12]: their own errors (<= 0.62 ULP each) move
-    # the exact 1/S by under 0.001 ULP, but 2 + their sum does not fit in a double.  Formed from the
-    # double-double sum and rounded once, coef / S is within half an ULP (+ that 0.001; the mean's 1/256
-    # is exact); rounding S first and dividing after costs up to one ULP.
+@pytest.mark.parametrize("output", ["softmax", "grad-none", "grad-mean"])
+def test_float64_probability_term_rounds_coef_over_s_once(output):
+    # A class tied with the max has e_j = exp(0) = 1 exactly, so its softmax and gradient entries are
+    # coef / S with S = 2 + (the other terms).  Those lie in [e^-40, e^-12]: their own errors (<= 0.62 ULP
+    # each) move the exact 1/S by under 0.001 ULP, but 2 + their sum does not fit in a double.  Formed from
+    # the double-double sum and rounded once, coef / S is within half an ULP (+ that 0.001; coef is 1 or
+    # the mean's exact 1/256); rounding S first and dividing after measured 1.95 ULP here.
     rng = np.random.default_rng(11)
     x = rng.uniform(-40.0, -12.0, size=(256, 48))
     x[:, :2] = 0.0
     x += rng.normal(scale=5.0, size=(256, 1))
     y = rng.integers(2, 48, size=256)
-    _, grad = xf.cross_entropy_with_grad(x, y, reduction=reduction)
-    exact = ref.cross_entropy_grad(x, y, reduction=reduction)
-    assert_ulp_close(grad[:, 1], exact[:, 1], 0.501, inputs={"logits": x})
+    if output == "softmax":
+        got, exact = xf.softmax(x), ref.softmax(x)
+    else:
+        reduction = output.split("-")[1]
+        got = xf.cross_entropy_with_grad(x, y, reduction=reduction)[1]
+        exact = ref.cross_entropy_grad(x, y, reduction=reduction)
+    assert_ulp_close(got[:, 1], exact[:, 1], 0.501, inputs={"logits": x})
 
 
 def test_small_probabilities_float64_keep_their_digits():

@@ -58,6 +58,7 @@ cdef extern from "xent_kernels.h" nogil:
     void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
     void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
     double xf_rowjob_finish(xf_rowjob *job, const double *terms)
+    double xf_rowjob_div_S(const xf_rowjob *job, double a)
     void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
     double xf_rowjob_exact_lse_f64(const xf_rowjob *job, const double *x, long long C)
     double xf_rowjob_exact_lse_f32(const xf_rowjob *job, const float *x, long long C)
@@ -376,8 +377,9 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
     cdef xf_rowjob job
     cdef Py_ssize_t b, b0, blen
     cdef Py_ssize_t block = XF_BLOCK
+    cdef double inv_s
     xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1)
-    # softmax keeps the exponentials of the sum pass in `out` and divides them in place
+    # softmax keeps the exponentials of the sum pass in `out` and scales them by 1 / S in place
     if floating is float:
         K32.row_max(x + i * C, C, &job)
         K32.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL)
@@ -395,6 +397,7 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
     if job.status != XF_ROW_OK:
         _fill(out + i * C, C, NAN)
         return
+    inv_s = xf_rowjob_div_S(&job, 1.0)
     for b in range((C + block - 1) // block):
         b0 = b * block
         blen = min(C - b0, block)
@@ -405,9 +408,9 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
                 K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
         else:
             if floating is float:
-                K32.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
+                K32.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, inv_s)
             else:
-                K64.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.S)
+                K64.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, inv_s)
 
 
 cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:

@@ -338,8 +338,9 @@ XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n
     }
 }
 
-/* softmax from the exponentials the sum pass stored in `out` (see xf_sumexp_block). */
-XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double S)
+/* softmax from the exponentials the sum pass stored in `out` (see xf_sumexp_block), times
+ * inv_S = xf_rowjob_div_S(job, 1): one rounding of each product with the once-rounded 1 / S. */
+XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double inv_S)
 {
     long long j;
     (void)x;
@@ -347,10 +348,10 @@ XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, do
 #if XF_COMPENSATED
 #pragma omp simd
     for (j = 0; j < n; j++) {
-        out[j] = (XF_T)((double)out[j] / S);
+        out[j] = (XF_T)((double)out[j] * inv_S);
     }
 #else
-    const double f = XF_STORE_UNSCALE / S;
+    const double f = XF_STORE_UNSCALE * inv_S;
 #pragma omp simd
     for (j = 0; j < n; j++) {
         out[j] = (XF_T)((double)out[j] * f);

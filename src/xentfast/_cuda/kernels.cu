@@ -110,8 +110,8 @@ XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const double *) { return job->
 XF_HD double xf_cu_kept_exp(float, double e) { return (double)(float)(e * XF_KEPT_SCALE_F32); }
 XF_HD double xf_cu_kept_exp(double, double e) { return e; }
 /* as softmax_rows.h: xf_softmax_block, per storage type */
-XF_HD double xf_cu_softmax_of_kept(float, double kept, double S) { return kept * (XF_KEPT_UNSCALE_F32 / S); }
-XF_HD double xf_cu_softmax_of_kept(double, double kept, double S) { return kept / S; }
+XF_HD double xf_cu_softmax_of_kept(float, double kept, double inv_S) { return kept * (XF_KEPT_UNSCALE_F32 * inv_S); }
+XF_HD double xf_cu_softmax_of_kept(double, double kept, double inv_S) { return kept * inv_S; }
 /* as softmax_rows.h: xf_xent_grad_block, its `stored` path, per storage type */
 XF_HD double xf_cu_grad_of_kept(float, double kept, const xf_rowjob *job)
 {
@@ -534,6 +534,7 @@ XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse
         if (mode == 0) {
             return;
         }
+        const double inv_S = ok ? xf_rowjob_div_S(job, 1.0) : XF_NAN;
         for (long long j = tid; j < C; j += nt) {
             double v;
             if (!ok) {
@@ -541,7 +542,7 @@ XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse
             } else if (mode == 1) {
                 v = xf_log_prob(xf_cu_load(x[j]), job->m, job->log_s);
             } else {
-                v = xf_cu_softmax_of_kept(x[j], xf_cu_kept_exp(x[j], xf_cu_exp_minus(x[j], job->m)), job->S);
+                v = xf_cu_softmax_of_kept(x[j], xf_cu_kept_exp(x[j], xf_cu_exp_minus(x[j], job->m)), inv_S);
             }
             xf_cu_store(out + row * C + j, v);
         }
