@@ -377,6 +377,24 @@ def test_label_smoothing_spreads_over_finite_classes():
     assert loss[0] == same_without_mask[0]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_masked_or_nan_class_in_any_block_of_a_long_row(dtype):
+    # The max pass counts finite entries (smoothing spreads over them) and NaNs only in blocks whose
+    # min is -inf or that hold a NaN; row b puts its masked classes, or its NaN, in block b alone.
+    rng = np.random.default_rng(3)
+    C = 2 * 4096 + 808
+    x = rng.normal(scale=3.0, size=(4, C)).astype(dtype)
+    y = np.array([5, 4100, 8500, 7])
+    for b in range(3):
+        x[b, [b * 4096 + 17, b * 4096 + 700]] = -np.inf
+    _check_rows(XentCase(x, y, None, 0.1, -100, 0.0), dtype)
+    for b in range(3):
+        x[b, b * 4096 + 300] = np.nan
+    loss, grad = xf.cross_entropy_with_grad(x, y, reduction="none", label_smoothing=0.1)
+    assert np.isnan(loss[:3]).all() and np.isnan(grad[:3]).all()
+    assert np.isfinite(loss[3]) and np.isfinite(grad[3]).all()
+
+
 def test_z_loss_matches_its_definition():
     x = np.array([[1.0, 2.0, 3.0], [0.0, -1.0, 4.0]])
     y = np.array([2, 0])

@@ -37,13 +37,12 @@
 
 /* Pass 1 of a block: max (NaN-blind), first index of the max, NaN and finite counts. */
 #define XF_MAX_LANES 16
-XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
+
+/* The counting form of pass 1, for blocks that hold a NaN or a -inf (rare: masked classes): max, min
+ * over the entries above -inf, NaN and finite counts, lane by lane as xf_max_block. */
+XF_KERNEL void XF_FN(xf_max_block_counted)(const XF_T *x, long long n, XF_T *m_out, XF_T *mn_out, int *n_nan_out,
+                                           int *n_finite_out)
 {
-    /* in the storage type (8 float lanes per AVX2 vector instead of 4 doubles; float -> double is exact
-     * and monotone, so the max is the same number) with int counters (a block has <= XF_BLOCK entries).
-     * XF_MAX_LANES independent accumulators, not an OpenMP reduction: a single max chain waits on the
-     * compare latency at every vector (measured 0.8 -> 0.15 ns per float).  max, min and counts do not
-     * depend on the order they are taken in, so the lanes change no result. */
     const XF_T neg_inf = (XF_T)-XF_INF;
     XF_T lm[XF_MAX_LANES], lmn[XF_MAX_LANES];
     int lnan[XF_MAX_LANES], lfin[XF_MAX_LANES];
@@ -79,6 +78,57 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
         mn = (lmn[k] < mn) ? lmn[k] : mn;
         n_nan += lnan[k];
         n_finite += lfin[k];
+    }
+    *m_out = m;
+    *mn_out = mn;
+    *n_nan_out = n_nan;
+    *n_finite_out = n_finite;
+}
+
+XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
+{
+    /* in the storage type (8 float lanes per AVX2 vector instead of 4 doubles; float -> double is exact
+     * and monotone, so the max is the same number).  XF_MAX_LANES independent accumulators, not an
+     * OpenMP reduction: a single max chain waits on the compare latency at every vector (measured 0.8 ->
+     * 0.15 ns per float).  max and min do not depend on the order they are taken in, so the lanes change
+     * no result.  The common block (no NaN, no -inf) needs neither count: n_finite is n, and the plain
+     * min is the min over the finite entries.  So the loop keeps max, plain min and a NaN marker (four
+     * operations per vector instead of nine), and a block whose min is -inf or that marks a NaN is
+     * counted again by xf_max_block_counted. */
+    const XF_T neg_inf = (XF_T)-XF_INF;
+    XF_T lm[XF_MAX_LANES], lmn[XF_MAX_LANES], lnan[XF_MAX_LANES];
+    int k;
+    long long j = 0;
+    for (k = 0; k < XF_MAX_LANES; k++) {
+        lm[k] = neg_inf;
+        lmn[k] = (XF_T)XF_INF;
+        lnan[k] = (XF_T)0;
+    }
+    for (; j + XF_MAX_LANES <= n; j += XF_MAX_LANES) {
+#pragma omp simd
+        for (k = 0; k < XF_MAX_LANES; k++) {
+            XF_T v = x[j + k];
+            lm[k] = (v > lm[k]) ? v : lm[k];
+            lmn[k] = (v < lmn[k]) ? v : lmn[k];
+            lnan[k] = (v != v) ? v : lnan[k];
+        }
+    }
+    for (k = 0; j + k < n; k++) {
+        XF_T v = x[j + k];
+        lm[k] = (v > lm[k]) ? v : lm[k];
+        lmn[k] = (v < lmn[k]) ? v : lmn[k];
+        lnan[k] = (v != v) ? v : lnan[k];
+    }
+    XF_T m = neg_inf, mn = (XF_T)XF_INF;
+    int any_nan = 0;
+    for (k = 0; k < XF_MAX_LANES; k++) {
+        m = (lm[k] > m) ? lm[k] : m;
+        mn = (lmn[k] < mn) ? lmn[k] : mn;
+        any_nan |= (lnan[k] != lnan[k]);
+    }
+    int n_nan = 0, n_finite = (int)n;
+    if (any_nan || !(mn > neg_inf)) {
+        XF_FN(xf_max_block_counted)(x, n, &m, &mn, &n_nan, &n_finite);
     }
     /* first index of the max: find its chunk with a vectorized test, then scan that chunk only */
     long long first = n, c0;
