@@ -34,6 +34,9 @@
 /* `normal` is a literal at every expansion inside the always-inlined bodies below, so each body is
  * compiled twice, once per form, with no per-element test. */
 #define XF_EXP_FORM(normal, x, m) ((normal) ? XF_EXP_MINUS_NORMAL(x, m) : XF_EXP_MINUS(x, m))
+/* the compensated lane step: a normal-form block sums at most XF_BLOCK exponentials <= 1, never inf */
+#define XF_ACC_FORM(normal, acc, cmp, v) \
+    ((normal) ? xf_acc_add_finite((acc), (cmp), (v)) : xf_acc_add((acc), (cmp), (v)))
 
 /* Pass 1 of a block: max (NaN-blind), first index of the max, NaN and finite counts. */
 #define XF_MAX_LANES 16
@@ -209,7 +212,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
 #pragma omp simd
             for (k = 0; k < XF_LANES; k++) {
 #if XF_COMPENSATED
-                xf_acc_add(&acc[k], &cmp[k], buf[i + k]);
+                XF_ACC_FORM(normal, &acc[k], &cmp[k], buf[i + k]);
 #else
                 acc[k] += buf[i + k];
 #endif
@@ -225,7 +228,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
             }
             e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
-            xf_acc_add(&acc[k], &cmp[k], e);
+            XF_ACC_FORM(normal, &acc[k], &cmp[k], e);
 #else
             acc[k] += e;
 #endif
@@ -238,7 +241,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
         }
         e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
-        xf_acc_add(&acc[k], &cmp[k], e);
+        XF_ACC_FORM(normal, &acc[k], &cmp[k], e);
 #else
         acc[k] += e;
 #endif

@@ -53,6 +53,16 @@ XF_HD void xf_acc_add(double *acc, double *err, double v)
     *err += (s - s == 0.0) ? e : 0.0;
 }
 
+/* xf_acc_add where the running sum cannot become infinite (the normal-form exponential sums: terms in
+ * [0, 1], far fewer than 2^1000 of them): the same bits without the guard, three operations fewer. */
+XF_HD void xf_acc_add_finite(double *acc, double *err, double v)
+{
+    double s, e;
+    xf_two_sum(*acc, v, &s, &e);
+    *acc = s;
+    *err += e;
+}
+
 /* ---- double-double arithmetic for rare exact paths (about 2^-104 relative) ----------------------- */
 
 /* p + e == a * b exactly (Dekker; Veltkamp split, since no fma may be assumed).  Finite inputs with
