@@ -1,6 +1,7 @@
 import os
 
 import pytest
+from fake_device import device  # noqa: F401  (the stand-in device backend's fixture)
 from hypothesis import HealthCheck, settings
 
 # deadline=None: the mpmath reference is slow and its cost varies with the drawn shapes.

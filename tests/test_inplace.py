@@ -12,7 +12,7 @@ import types
 
 import numpy as np
 import pytest
-from test_device_dispatch import _dev, _host, device  # noqa: F401  (device: the stand-in backend fixture)
+from fake_device import _dev, _host
 
 import xentfast as xf
 from xentfast import _backend
@@ -230,7 +230,7 @@ def test_in_place_rerun_takes_two_passes(monkeypatch):
     assert sizes == [1, 4, 4, 4]      # probe, forward, the rescaled forward, gradient
 
 
-def test_in_place_rerun_on_a_device(device):  # noqa: F811
+def test_in_place_rerun_on_a_device(device):
     # the probe picks its row with array methods on the device arrays (no NumPy module functions)
     x = np.array([[0.0, 0.0], [720.0, 0.0], [730.0, 1.0]])
     y = np.array([-100, 0, 0])
