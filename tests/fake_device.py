@@ -1,10 +1,11 @@
-"""A stand-in device backend for tests without a GPU (tests/test_device_dispatch.py, tests/test_inplace.py).
+"""A stand-in device backend for the tests of device dispatch without a GPU.
 
 Its arrays are ``DevArray``: a NumPy array that, like a CuPy array, refuses NumPy's module functions
 (``np.moveaxis(a)``, ``np.isnan(a).any()`` through ``__array_function__``...), so a code path that forgets
 the call's array module fails.  Its kernels are the CPU kernels, so every result must carry the NumPy
 call's bits; its host transfers are counted, so the "one round trip before the kernels" rule can be checked.
-The ``device`` fixture (registered in conftest.py) installs it and returns the transfer counter.
+The ``device`` fixture (registered in conftest.py) installs it and returns the transfer counter;
+``same_bits`` checks that a result is a device array with the bits of the NumPy call.
 """
 import contextlib
 import types
@@ -101,3 +102,10 @@ def device(monkeypatch):
                                lambda a: contextlib.nullcontext())
     monkeypatch.setattr(_backend, "_extra_device_backends", [backend])
     return transfers
+
+
+def same_bits(dev, ref, what):
+    assert isinstance(dev, DevArray), f"{what}: returned {type(dev).__name__}, not the device kind"
+    d, r = np.atleast_1d(np.asarray(_host(dev))), np.atleast_1d(np.asarray(ref))
+    assert d.dtype == r.dtype and d.shape == r.shape, what
+    assert np.array_equal(d.view(np.uint8), r.view(np.uint8)), what

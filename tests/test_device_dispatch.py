@@ -9,16 +9,9 @@ tests/test_cuda.py (marker gpu).
 """
 import numpy as np
 import pytest
-from fake_device import DevArray, _dev, _host
+from fake_device import _dev, same_bits
 
 import xentfast as xf
-
-
-def same_bits(dev, ref, what):
-    assert isinstance(dev, DevArray), f"{what}: returned {type(dev).__name__}, not the device kind"
-    d, r = np.atleast_1d(np.asarray(_host(dev))), np.atleast_1d(np.asarray(ref))
-    assert d.dtype == r.dtype and d.shape == r.shape, what
-    assert np.array_equal(d.view(np.uint8), r.view(np.uint8)), what
 
 
 def _problem(dtype, seed=0, shape=(6, 9)):

@@ -323,7 +323,7 @@ def test_ulp_of_half_formats():
 
 # ---- the stand-in device backend -------------------------------------------------------------------
 
-from test_device_dispatch import _dev, device, same_bits  # noqa: E402,F401  (device: the fixture)
+from fake_device import _dev, same_bits  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -450,12 +450,9 @@ cdef extern from "xentfast/ddsum.h" nogil:
     void xf_ddsum_tree(double *part, long long nb)
 
 
-def dd_sum(const double[::1] v, int n_threads=-1):
-    """Double-double sum of v: (hi, lo).  The fixed shape of xentfast/ddsum.h (blocks of XF_DDSUM_BLOCK
-    consecutive elements summed in fixed interleaved lanes, then a fixed pairwise tree of the partials), so the bits
-    depend on v alone: not on `n_threads` (-1: OpenMP's default, capped so that each thread gets at
-    least 16 blocks) and not on the device (xentfast._cuda.dd_sum runs the same header)."""
-    cdef long long n = v.shape[0]
+cdef bint _dd_sum_into(const double *v, long long n, int n_threads, double *hi, double *lo) noexcept nogil:
+    """dd_sum's value into (hi, lo), for C callers too (the plain-call lane passes n_threads=1); False
+    when it cannot allocate the partials."""
     cdef long long nb = xf_ddsum_nblocks(n)
     cdef long long b
     cdef double one[2]
@@ -463,27 +460,49 @@ def dd_sum(const double[::1] v, int n_threads=-1):
     cdef int nt
     cdef xf_fp_state fp_thread
     if nb <= 1:
+        # one block: no partials array, no thread
         one[0] = 0.0
         one[1] = 0.0
         if nb == 1:
-            xf_ddsum_block(&v[0], n, 0, one)
-        return one[0], one[1]
+            xf_ddsum_block(v, n, 0, one)
+        hi[0] = one[0]
+        lo[0] = one[1]
+        return True
     nt = n_threads if n_threads > 0 else omp_get_max_threads()
     nt = <int>max(1, min(<long long>nt, nb // 16))
     part = <double *>malloc(2 * nb * sizeof(double))
     if part == NULL:
+        return False
+    if nt == 1:
+        fp_thread = xf_fp_ieee_enter()
+        for b in range(nb):
+            xf_ddsum_block(v, n, b, part)
+        xf_fp_ieee_leave(fp_thread)
+    else:
+        with parallel(num_threads=nt):
+            fp_thread = xf_fp_ieee_enter()
+            for b in prange(nb, schedule="static"):
+                xf_ddsum_block(v, n, b, part)
+            xf_fp_ieee_leave(fp_thread)
+    xf_ddsum_tree(part, nb)
+    hi[0] = part[0]
+    lo[0] = part[1]
+    free(part)
+    return True
+
+
+def dd_sum(const double[::1] v, int n_threads=-1):
+    """Double-double sum of v: (hi, lo).  The fixed shape of xentfast/ddsum.h (blocks of XF_DDSUM_BLOCK
+    consecutive elements summed in fixed interleaved lanes, then a fixed pairwise tree of the partials), so the bits
+    depend on v alone: not on `n_threads` (-1: OpenMP's default, capped so that each thread gets at
+    least 16 blocks) and not on the device (xentfast._cuda.dd_sum runs the same header)."""
+    cdef double hi, lo
+    cdef bint ok
+    with nogil:
+        ok = _dd_sum_into(&v[0] if v.shape[0] > 0 else NULL, v.shape[0], n_threads, &hi, &lo)
+    if not ok:
         raise MemoryError()
-    try:
-        with nogil:
-            with parallel(num_threads=nt):
-                fp_thread = xf_fp_ieee_enter()
-                for b in prange(nb, schedule="static"):
-                    xf_ddsum_block(&v[0], n, b, part)
-                xf_fp_ieee_leave(fp_thread)
-            xf_ddsum_tree(part, nb)
-        return part[0], part[1]
-    finally:
-        free(part)
+    return hi, lo
 
 
 def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignore_index, bint has_w,
@@ -541,22 +560,6 @@ cnp.import_array()
 # scaled (xentfast.api._sum_and_tiny); above it, none can be.  One constant for every caller of that test.
 TINY_SUM_PER_TERM = 2.0 ** -968
 cdef double _TINY_SUM = TINY_SUM_PER_TERM
-
-
-cdef bint _plain_sum(const double *v, Py_ssize_t n, double *hi, double *lo) noexcept nogil:
-    """dd_sum's value (the same blocks and tree); False when it cannot allocate."""
-    cdef long long nb = xf_ddsum_nblocks(n)
-    cdef long long b
-    cdef double *part = <double *>malloc(2 * nb * sizeof(double))
-    if part == NULL:
-        return False
-    for b in range(nb):
-        xf_ddsum_block(v, n, b, part)
-    xf_ddsum_tree(part, nb)
-    hi[0] = part[0]
-    lo[0] = part[1]
-    free(part)
-    return True
 
 
 cdef object _plain_xent(object input, object target, object ignore_index, int red, object out,
@@ -643,7 +646,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
                 else:
                     (<double *>cnp.PyArray_DATA(loss_o))[i] = loss[i]
         else:
-            ok = _plain_sum(loss, N, &hi, &lo)
+            ok = _dd_sum_into(loss, N, 1, &hi, &lo)
             # _sum_and_tiny: a sum this small may need the tiny-terms rerun; the general path decides
             ok = ok and not (fabs(hi) <= N * _TINY_SUM)
             if red == 2:
