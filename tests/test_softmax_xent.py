@@ -181,6 +181,18 @@ def test_grad_output_per_row(dtype, data):
                      inputs={"logits": x, "target": t, "grad_output": g})
 
 
+def test_subnormal_target_mass_times_weight_and_grad_output():
+    # found by the search above: (1 - eps) t_j of a subnormal t_j rounded on the subnormal grid, and the
+    # weight and grad_output magnified that error to 6 ULP; xf_row_target_grad_q rounds there once
+    x = np.array([[0.0, 0.0], [0.0, -np.inf]])
+    t = np.array([[1.0, 0.0], [1.0, float.fromhex("0x0.0000a7c5ac472p-1022")]])
+    kw = dict(weight=np.array([5.0, 5.0]), label_smoothing=0.1, reduction="none")
+    g = np.array([-2.0, 3.0])
+    grad = xf.cross_entropy_backward(g, x, t, **kw)
+    exact_grad, scale = ref.cross_entropy_grad(x, t, grad_output=g, return_scale=True, **kw)
+    assert_ulp_close(grad, exact_grad, BOUND[np.dtype(np.float64)] + 1, scale=scale)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @given(x=st.data())
 def test_softmax_family_within_bound(dtype, x):

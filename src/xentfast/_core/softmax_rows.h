@@ -306,7 +306,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
                                      const xf_rowjob *job, const XF_T *t, const double *w)
 {
     long long j;
-    const double m = job->m, coef_per_S = job->coef_per_S, scale = job->scale, mult = job->coef_mult;
+    const double m = job->m, coef_per_S = job->coef_per_S, mult = job->coef_mult;
 #if XF_COMPENSATED
     if (job->grad_scaled) {
         /* rare: subnormal probabilities times |coef| > 1 (see xf_exp_shifted_pow2) */
@@ -318,13 +318,13 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
             int tiny = (xv - m < -700.0);
             double e = tiny ? xf_exp_shifted_pow2(xv, m) : xf_exp_shifted(xv, m);
             double unscale = tiny ? mult * XF_POW2_UNSCALE : mult;
-            double q = 0.0;
+            double sq = 0.0;
             if (!job->simple) {
                 double wc = w ? w[j] : 1.0;
                 double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-                q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
+                sq = xf_row_target_grad_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
             }
-            out[j] = (XF_T)((e * coef_per_S) * unscale - scale * q);
+            out[j] = (XF_T)((e * coef_per_S) * unscale - sq);
         }
         if (job->simple && y >= 0 && y < n) {
             out[y] = (XF_T)g_y;
@@ -376,8 +376,8 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         double e = XF_EXP_MINUS(x[j], m);
         double wc = w ? w[j] : 1.0;
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-        double q = xf_row_target_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
-        out[j] = (XF_T)((e * coef_per_S) * mult - scale * q);
+        double sq = xf_row_target_grad_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
+        out[j] = (XF_T)((e * coef_per_S) * mult - sq);
     }
 }
 

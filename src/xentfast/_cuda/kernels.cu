@@ -334,7 +334,7 @@ struct xf_cu_xent_args {
 template <typename T>
 XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t, const double *w)
 {
-    const double m = job->m, coef_per_S = job->coef_per_S, scale = job->scale, mult = job->coef_mult;
+    const double m = job->m, coef_per_S = job->coef_per_S, mult = job->coef_mult;
     const double xv = xf_cu_load(xj);
     if (xf_cu_grad_scaled(job, t)) {
         /* float64 only: subnormal probabilities times |coef| > 1 (see xf_exp_shifted_pow2) */
@@ -344,13 +344,13 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
         int tiny = (xv - m < -700.0);
         double e = tiny ? xf_exp_shifted_pow2(xv, m) : xf_exp_shifted(xv, m);
         double unscale = tiny ? mult * XF_POW2_UNSCALE : mult;
-        double q = 0.0;
+        double sq = 0.0;
         if (!job->simple) {
             double wc = w ? w[j] : 1.0;
             double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-            q = xf_row_target_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
+            sq = xf_row_target_grad_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
         }
-        return (e * coef_per_S) * unscale - scale * q;
+        return (e * coef_per_S) * unscale - sq;
     }
     double e = xf_cu_exp_minus(xj, m);
     if (job->stored) {
@@ -362,8 +362,7 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
     }
     double wc = w ? w[j] : 1.0;
     double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-    double q = xf_row_target_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
-    return (e * coef_per_S) * mult - scale * q;
+    return (e * coef_per_S) * mult - xf_row_target_grad_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
 }
 
 /* One row of cross-entropy: loss[row] and, when a.grad, the gradient row (as _xent.pyx

@@ -217,6 +217,23 @@ XF_HD double xf_row_target_q(const xf_rowjob *job, long long j, double w_j, doub
     return (j == job->y) ? q + (1.0 - job->eps) * job->w_y : q;
 }
 
+/* scale * q_j, the target part of the gradient.  A subnormal probability t_j makes (1 - eps) t_j round
+ * on the subnormal grid, and the later factors (w_j, the upstream factor) magnify that absolute error:
+ * 6 ULP of a subnormal gradient entry was measured against the 5 allowed.  So where the result is below
+ * 2^-500, probability targets are evaluated with t_j and the smoothing mass scaled by 2^600 and scaled
+ * back once at the end; a rounding then lands on the subnormal grid only in that last step.  This covers
+ * w_j and scale of at least 2^-400 (then every intermediate is normal, or the result is far below the
+ * smallest subnormal); subnormal weights times subnormal probabilities are not covered. */
+XF_HD double xf_row_target_grad_q(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
+{
+    double sq = job->scale * xf_row_target_q(job, j, w_j, finite, t_j);
+    if (job->prob && xf_fabs(sq) < 0x1p-500 && xf_fabs(w_j) >= 0x1p-400 && xf_fabs(job->scale) >= 0x1p-400) {
+        double a = (1.0 - job->eps) * (t_j * 0x1p600) + (job->eps_per_class * finite) * 0x1p600;
+        sq = (job->scale * (w_j * a)) * 0x1p-600;
+    }
+    return sq;
+}
+
 /* Whether q_j > 0 in exact arithmetic (the computed q_j of a subnormal weight or probability may round
  * to 0, and a class with mass on a -inf logit must still make the loss +inf). */
 XF_HD int xf_row_target_has_mass(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
