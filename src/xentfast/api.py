@@ -472,7 +472,8 @@ class _Problem:
                 # 1 / sum(w_y) magnifies them.  Fold the denominator into the weights for the gradient,
                 # and take the losses from a forward pass with the weights as given (the same bits a
                 # fused pass gives them)
-                folded = self.w / self.denominator()
+                with np.errstate(over="ignore"):  # an overflowing fold is expected: see below
+                    folded = self.w / self.denominator()
                 if self.eps == 0:
                     # only target classes' weights enter, and w_y <= sum(w_y): a weight that overflows
                     # here belongs to a class no kept row targets
