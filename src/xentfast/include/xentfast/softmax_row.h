@@ -545,7 +545,7 @@ XF_HD double xf_exp_minus_f32(float x, double m)
     return xf_exp_lite((double)x - m);
 }
 
-/* The same exponentials without the clamp and with one scale multiplication, bit for bit equal where
+/* The same exponentials without the clamp and with the one-step scale, bit for bit equal where
  * they apply: rows whose entries are all finite and within XF_NORMAL_SPREAD of the max, so that every
  * 2^n is a normal number (xf_exp_scale_normal).  That is every row of ordinary logits; the sum pass
  * picks the form per row (xf_rowjob_set_exp_form, after the max pass). */

@@ -129,8 +129,8 @@ XF_HD double xf_exp_kernel_hilo(double hi, double lo, double *out_lo)
     return xf_exp_scale_split(y, t);
 }
 
-/* xf_exp_dd(hi, lo) for finite hi in [-708, 0]: no clamp, one scale multiplication, the same bits
- * (xf_exp_scale_normal).  The softmax sum pass uses it on rows whose whole spread lies in that range,
+/* xf_exp_dd(hi, lo) for finite hi in [-708, 0]: no clamp, the scale as one exponent-field addition, the
+ * same bits (xf_exp_scale_normal).  The softmax sum pass uses it on rows whose whole spread lies in that range,
  * which is every row of ordinary logits. */
 XF_HD double xf_exp_dd_normal(double hi, double lo)
 {
@@ -195,8 +195,8 @@ XF_HD double xf_exp_lite(double x)
     return xf_exp_scale_split(y, t);
 }
 
-/* xf_exp_lite(x) for finite x in [-708, 0], the same bits without the clamp and with one scale
- * multiplication (see xf_exp_dd_normal): about 40 % fewer operations. */
+/* xf_exp_lite(x) for finite x in [-708, 0], the same bits without the clamp and with the scale as one
+ * exponent-field addition (see xf_exp_dd_normal): about 40 % fewer operations. */
 XF_HD double xf_exp_lite_normal(double x)
 {
     double t;
