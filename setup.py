@@ -8,7 +8,8 @@ Flags, and why:
   -fno-trapping-math       lets gcc if-convert the selects in the math header (nothing vectorizes without it);
                            it does not change any result
   never fast-math or O-fast: they reassociate sums and assume no inf/NaN, which breaks the accuracy contract
-  no -march=native:        the wheel must run on any x86-64
+  no -march=native:        the wheel must run on any x86-64; the AVX2+FMA kernels are a static library of
+                           their own units (avx2_*.c, -mavx2 -mfma), chosen at import on CPUs that have both
 
 XLA FFI handlers for xentfast.jax (xentfast._core._xla_ffi, C++17): built only when jaxlib's FFI headers
 are installed at build time (pip's isolated build has no jaxlib, so they are skipped there and
@@ -25,6 +26,7 @@ XENTFAST_NO_OPENMP=1 forces the serial build.
 import importlib.metadata
 import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -36,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 PKG = HERE / "src" / "xentfast"
@@ -112,12 +115,30 @@ elif _compiles(["-fopenmp-simd"], "int main(void){return 0;}"):
 )
 
 include_dirs = [str(PKG / "include"), str(PKG / "_core"), np.get_include()]
+
+
+def avx2_path_library():
+    """The AVX2+FMA kernels, a static library of their own units (see xent_kernels.h); None off x86-64."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return None
+    if not _compiles(["-mavx2", "-mfma"], "int main(void){return 0;}"):
+        print("xentfast: the C compiler has no -mavx2 -mfma; building the baseline path only", file=sys.stderr)
+        return None
+    return ("xentfast_avx2", {
+        "sources": ["src/xentfast/_core/avx2_softmax.c", "src/xentfast/_core/avx2_binary.c"],
+        "include_dirs": include_dirs,
+        "cflags": cflags + ["-mavx2", "-mfma"],
+    })
+
+
+avx2_library = avx2_path_library()
+path_macros = [("XF_AVX2_PATH_BUILT", "1")] if avx2_library else []
 extensions = [
     Extension(
         f"xentfast._core.{name}",
         [f"src/xentfast/_core/{name}.pyx"],
         include_dirs=include_dirs,
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")] + path_macros,
         extra_compile_args=cflags,
         extra_link_args=ldflags,
     )
@@ -141,7 +162,7 @@ def xla_ffi_extension():
         "xentfast._core._xla_ffi",
         ["src/xentfast/_core/_xla_ffi.cc"],
         include_dirs=[str(PKG / "include"), str(PKG / "_core")],
-        define_macros=[("XF_JAXLIB_VERSION", f'"{version}"')],
+        define_macros=[("XF_JAXLIB_VERSION", f'"{version}"')] + path_macros,
         # -isystem: jaxlib's headers are not ours to warn about
         extra_compile_args=cxxflags + ["-isystem", str(headers)],
         extra_link_args=ldflags,
@@ -158,7 +179,18 @@ if _env_flag("XENTFAST_ONLY_XLA_FFI"):
         raise SystemExit("XENTFAST_ONLY_XLA_FFI=1 but jaxlib's FFI headers are not installed")
     extensions = []
 
+class build_ext_after_clib(build_ext):
+    """build_ext links the AVX2+FMA library, so it builds it first (plain build_ext --inplace does not)."""
+
+    def run(self):
+        if self.distribution.has_c_libraries():
+            self.run_command("build_clib")
+        super().run()
+
+
 setup(
+    libraries=[avx2_library] if avx2_library else [],
+    cmdclass={"build_ext": build_ext_after_clib},
     ext_modules=cythonize(
         extensions,
         compiler_directives=dict(

@@ -2,8 +2,8 @@
 
 Without a GPU
   (a) nvcc  -- kernels.cu, binary.cu and reduce.cu compile for sm_90 (cubin, and host + device object)
-      with no register spills, and their PTX holds no fused multiply-add (--fmad=false) and no
-      flush-to-zero instruction;
+      with no register spills, and their PTX holds no fused multiply-add but the header's explicit xf_fma
+      (none at all with xf_fma emulated: --fmad=false) and no flush-to-zero instruction;
   (b) NVRTC -- the package's own run-time compile path (xentfast._cuda.build_module_file) builds each
       shipped source for sm_90 with the production options; a -ftz=true build is refused;
   (c) host model -- kernels.cu itself, compiled by g++ and run one "thread" at a time (kernels.cu (f)),
@@ -329,16 +329,22 @@ def test_nvcc_binary_and_reduce_cubin_sm90_no_spills(tmp_path):
 @pytest.mark.nvcc
 @pytest.mark.parametrize("unit", sorted(NVCC_UNITS))
 def test_nvcc_ptx_has_no_fma_and_no_ftz(tmp_path, unit):
-    _run_nvcc(["--ptx", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k.ptx")], tmp_path, NVCC_UNITS[unit])
+    # with xf_fma emulated, any fma.rn left would be a contraction of nvcc's own
+    _run_nvcc(["--ptx", "-arch=sm_90", "--fmad=false", "-DXF_FMA_EMULATE=1", "-o", str(tmp_path / "k.ptx")],
+              tmp_path, NVCC_UNITS[unit])
     ptx = (tmp_path / "k.ptx").read_text()
     n_fma, n_ftz = len(re.findall(r"\bfma\.rn", ptx)), len(re.findall(r"\.ftz\b", ptx))
-    print(f"\nPTX ({unit}) with --fmad=false: {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
+    print(f"\nPTX ({unit}) with --fmad=false, xf_fma emulated: {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
     assert n_fma == 0 and n_ftz == 0
+    # the shipped build: fma.rn from xf_fma (__fma_rn) only, fewer than nvcc's default contraction makes
+    _run_nvcc(["--ptx", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k_xf.ptx")], tmp_path,
+              NVCC_UNITS[unit])
+    n_explicit = len(re.findall(r"\bfma\.rn", (tmp_path / "k_xf.ptx").read_text()))
     # the check has teeth: nvcc's default contracts the same source into fused multiply-adds
     _run_nvcc(["--ptx", "-arch=sm_90", "-o", str(tmp_path / "k_fmad.ptx")], tmp_path, NVCC_UNITS[unit])
     n_default = len(re.findall(r"\bfma\.rn", (tmp_path / "k_fmad.ptx").read_text()))
-    print(f"PTX ({unit}) with nvcc's default --fmad=true: {n_default} fma.rn")
-    assert n_default > 0
+    print(f"PTX ({unit}): {n_explicit} fma.rn from xf_fma, {n_default} with nvcc's default --fmad=true")
+    assert 0 < n_explicit < n_default
 
 
 @pytest.mark.nvcc
@@ -400,10 +406,11 @@ def test_nvrtc_ptx_has_no_fma_and_no_ftz(source):
     code, _ = _cuda.kernel_source(source)
     names = tuple(dict.fromkeys(_cuda.name_expressions(np.float32, source) +
                                 _cuda.name_expressions(np.float64, source)))
-    ptx = _nvrtc.compile(code, source, _cuda.compile_options() + ("-arch=compute_90",), names,
-                         target="ptx").code.decode()
+    # with xf_fma emulated (its __fma_rn are the only fused multiply-adds meant to be there)
+    ptx = _nvrtc.compile(code, source, _cuda.compile_options() + ("-arch=compute_90", "-DXF_FMA_EMULATE=1"),
+                         names, target="ptx").code.decode()
     n_fma, n_ftz = len(re.findall(r"\bfma\.rn", ptx)), len(re.findall(r"\.ftz\b", ptx))
-    print(f"\nNVRTC PTX ({source}): {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
+    print(f"\nNVRTC PTX ({source}), xf_fma emulated: {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
     assert n_fma == 0 and n_ftz == 0
     assert re.search(r"\badd\.(rn\.)?f64", ptx)  # the arithmetic is there for the checks to see
     if source != "reduce.cu":

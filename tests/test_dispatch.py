@@ -1,7 +1,9 @@
 """CPU code paths: every path this CPU runs gives the same bits as the baseline path.
 
-The build never contracts a*b+c into an fma, so wider vectors change only how many lanes run at once.
-Bitwise equality here means every accuracy, determinism and validation test holds on every path.
+The build never contracts a*b+c into an fma on its own; the one explicit fused multiply-add (xf_fma, the
+exponentials' polynomials) is the instruction on the avx2 path and an exact emulation on the baseline
+path, so wider vectors and the instruction change only speed.  Bitwise equality here means every
+accuracy, determinism and validation test holds on every path.
 """
 import numpy as np
 import pytest

@@ -91,6 +91,53 @@ def _exp_lite_rel_err(x):
     return np.array([abs(mpmath.mpf(float(g)) / r - 1) for g, r in zip(got, ref)], dtype=float)
 
 
+def _fma_exact(a, b, c):
+    """a * b + c rounded once to double: int / int true division rounds correctly."""
+    from fractions import Fraction
+    return np.array([float(Fraction(x) * Fraction(y) + Fraction(z)) for x, y, z in zip(a, b, c)])
+
+
+def _signed_pow2_spread(rng, n, lo, hi):
+    return rng.choice([-1.0, 1.0], n) * rng.uniform(1, 2, n) * 2.0 ** rng.integers(lo, hi + 1, n)
+
+
+def test_fma_emulation_is_the_correctly_rounded_fma_where_the_exponentials_use_it():
+    # the domain of xf_math.h's polynomials: |a|, |b| <= 1 with any exponent down to far below 2^-969
+    # (tiny r), |c| >= 2^-26; the baseline path's bits equal the fma instruction's only if this holds
+    rng = np.random.default_rng(20261201)
+    n = 20000
+    a = _signed_pow2_spread(rng, n, -40, -1)
+    b = _signed_pow2_spread(rng, n, -1100, -2)
+    b[: n // 2] = _signed_pow2_spread(rng, n // 2, -60, -2)      # half of them at ordinary sizes of r
+    c = _signed_pow2_spread(rng, n, -26, -1)
+    got = _scalar.fma_emulated(a, b, c)
+    assert np.array_equal(got, _fma_exact(a, b, c))
+
+
+def test_fma_emulation_rounds_near_midpoints_correctly():
+    # a * b = 2^e (1 - u^2) with u = m 2^-40, and c with ulp(c) = 2^(e+1): a * b + c lies just inside a
+    # midpoint between two doubles, where the double-double th + (tl + ul) rounded to nearest twice
+    # falls on the tie and rounds to even, right or wrong; only the round-to-odd step gets them all
+    rng = np.random.default_rng(7)
+    n = 4000
+    u = rng.integers(1, 2**12, n) * 2.0**-40
+    e = rng.integers(-80, -30, n)
+    sign_ab, sign_c = rng.choice([-1.0, 1.0], (2, n))
+    a = 1.0 + u
+    b = sign_ab * (1.0 - u) * 2.0**e
+    c = sign_c * np.ldexp(rng.uniform(1, 2, n), e + 53)
+    want = _fma_exact(a, b, c)
+    assert np.array_equal(_scalar.fma_emulated(a, b, c), want)
+    # the test has teeth: the plain double-double sum, rounded to nearest twice, misses some of them
+    uh = a * b
+    ah, bh = [v * 134217729.0 - (v * 134217729.0 - v) for v in (a, b)]
+    ul = (((ah * bh - uh) + ah * (b - bh)) + (a - ah) * bh) + (a - ah) * (b - bh)
+    th = c + uh
+    tv = th - c
+    tl = (c - (th - tv)) + (uh - tv)
+    assert np.count_nonzero(th + (tl + ul) != want) > n // 10
+
+
 def test_exp_lite_meets_its_bound_at_the_extrema_of_the_reduced_argument():
     # the error of p(r) / e^r peaks at the ends of |r| <= ln2/2 and at interior extrema: sample r densely
     # in every binade the kernels use, so that each extremum of the equioscillation is hit closely

@@ -14,10 +14,12 @@ cdef extern from "xentfast/numerics.h" nogil:
     double xf_exp_shifted(double x, double m)
     double xf_neg_log_prob(double x, double m, double log_s)
     void xf_dd_exp(double hi, double lo, double *eh, double *el)
+    double xf_fma_emulated(double a, double b, double c)
 
 
 ctypedef double (*unary_fn)(double) noexcept nogil
 ctypedef double (*binary_fn)(double, double) noexcept nogil
+ctypedef double (*ternary_fn)(double, double, double) noexcept nogil
 
 
 cdef _apply1(unary_fn f, x):
@@ -42,6 +44,25 @@ cdef _apply2(binary_fn f, a, b):
         for i in range(av.shape[0]):
             ov[i] = f(av[i], bv[i])
     return out.reshape(a.shape)
+
+
+cdef _apply3(ternary_fn f, a, b, c):
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (a, b, c)))
+    cdef const double[::1] av = np.ascontiguousarray(a).ravel()
+    cdef const double[::1] bv = np.ascontiguousarray(b).ravel()
+    cdef const double[::1] cv = np.ascontiguousarray(c).ravel()
+    out = np.empty(av.shape[0], dtype=np.float64)
+    cdef double[::1] ov = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(av.shape[0]):
+            ov[i] = f(av[i], bv[i], cv[i])
+    return out.reshape(a.shape)
+
+
+def fma_emulated(a, b, c):
+    """a * b + c rounded once by the baseline path's emulation (the exponentials' polynomials)."""
+    return _apply3(xf_fma_emulated, a, b, c)
 
 
 def exp(x):

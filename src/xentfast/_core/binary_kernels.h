@@ -12,7 +12,7 @@
  * (c) Each element is read before its gradient is written, and the same index is written, so the
  *     gradient may overwrite the input (inplace=True); this holds lane by lane in the vectorized loops
  *     too (a vector of x is loaded before the same vector of the gradient is stored).
- * (d) Every kernel exists once per CPU code path (baseline, avx2), picked through the tables below by
+ * (d) Every kernel exists once per CPU code path (baseline, avx2 with fma), picked through the tables below by
  *     the same selection as the softmax family; the paths give the same bits.
  */
 #ifndef XENTFAST_BINARY_KERNELS_H
@@ -97,54 +97,49 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
 }
 
 /* ---- instantiation: storage type x CPU code path ----------------------------------------------------
- * As in xent_kernels.h: the baseline path is compiled for the build's target (x86-64: SSE2, 2 double
- * lanes); on x86-64 with gcc or clang a second copy is compiled with __attribute__((target("avx2")))
- * (4 double lanes).  The path is the softmax family's choice (xentfast._core._xent.cpu_path(), set at
- * import from XENTFAST_CPU); _binary.pyx follows it.  Contraction is off in the whole build and the
- * arithmetic is the same sequence of IEEE operations on every lane, so both paths give the same bits
- * (tests/test_dispatch.py). */
+ * As in xent_kernels.h: the baseline path is compiled here, for the build's target (x86-64: SSE2, 2
+ * double lanes); on x86-64 with gcc or clang the AVX2+FMA path (4 double lanes, the fma instruction in
+ * xf_fma) is avx2_binary.c, a unit of its own that includes this header with XF_AVX2_PATH_UNIT defined.
+ * The path is the softmax family's choice (xentfast._core._xent.cpu_path(), set at import from
+ * XENTFAST_CPU); _binary.pyx follows it.  Contraction is off in the whole build, xf_fma rounds once on
+ * both paths, and the arithmetic is the same sequence of IEEE operations on every lane, so both paths
+ * give the same bits (tests/test_dispatch.py). */
 #if XF_CUDA
 /* the CUDA twin (_cuda/binary.cu) restates the element loops and calls only xf_ce_probs_row: one
  * host-and-device copy, no CPU paths, no tables */
 #define XF_KERNEL XF_HD
+#define XF_SFX_F32 f32
+#define XF_SFX_F64 f64
+#elif defined(XF_AVX2_PATH_UNIT)
+#define XF_KERNEL static
+#define XF_SFX_F32 f32_avx2
+#define XF_SFX_F64 f64_avx2
 #else
 #define XF_KERNEL static
+#define XF_SFX_F32 f32
+#define XF_SFX_F64 f64
 #endif
 #define XF_T float
-#define XF_SFX f32
+#define XF_SFX XF_SFX_F32
 #define XF_BIN_FAST 1
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
 #undef XF_BIN_FAST
 #define XF_T double
-#define XF_SFX f64
+#define XF_SFX XF_SFX_F64
 #define XF_BIN_FAST 0
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX
 #undef XF_BIN_FAST
 #undef XF_KERNEL
+#undef XF_SFX_F32
+#undef XF_SFX_F64
 
 #if !XF_CUDA
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT
 #define XF_BIN_HAVE_AVX2_PATH 1
-#define XF_KERNEL static __attribute__((target("avx2")))
-#define XF_T float
-#define XF_SFX f32_avx2
-#define XF_BIN_FAST 1
-#include "binary_blocks.h"
-#undef XF_T
-#undef XF_SFX
-#undef XF_BIN_FAST
-#define XF_T double
-#define XF_SFX f64_avx2
-#define XF_BIN_FAST 0
-#include "binary_blocks.h"
-#undef XF_T
-#undef XF_SFX
-#undef XF_BIN_FAST
-#undef XF_KERNEL
 #else
 #define XF_BIN_HAVE_AVX2_PATH 0
 #endif
@@ -167,11 +162,22 @@ XF_BIN_DECLARE_TABLE(double, f64)
 
 #define XF_BIN_TABLE(PSFX) \
     {xf_bce_logits_block_##PSFX, xf_focal_block_##PSFX, xf_bce_prob_block_##PSFX, xf_ce_probs_row_##PSFX}
+#ifdef XF_AVX2_PATH_UNIT
+/* the only symbols of the path's unit; hidden: each extension module links its own copy */
+__attribute__((visibility("hidden"))) const xf_binary_table_f32 xf_binary_f32_avx2 = XF_BIN_TABLE(f32_avx2);
+__attribute__((visibility("hidden"))) const xf_binary_table_f64 xf_binary_f64_avx2 = XF_BIN_TABLE(f64_avx2);
+#else
 static const xf_binary_table_f32 xf_binary_f32_baseline = XF_BIN_TABLE(f32);
 static const xf_binary_table_f64 xf_binary_f64_baseline = XF_BIN_TABLE(f64);
 #if XF_BIN_HAVE_AVX2_PATH
-static const xf_binary_table_f32 xf_binary_f32_avx2 = XF_BIN_TABLE(f32_avx2);
-static const xf_binary_table_f64 xf_binary_f64_avx2 = XF_BIN_TABLE(f64_avx2);
+#ifdef __cplusplus
+extern "C" {
+#endif
+__attribute__((visibility("hidden"))) extern const xf_binary_table_f32 xf_binary_f32_avx2;
+__attribute__((visibility("hidden"))) extern const xf_binary_table_f64 xf_binary_f64_avx2;
+#ifdef __cplusplus
+}
+#endif
 #endif
 #undef XF_BIN_TABLE
 
@@ -198,6 +204,7 @@ static const xf_binary_table_f64 *xf_binary_table_for_f64(int path)
     (void)path;
     return &xf_binary_f64_baseline;
 }
+#endif /* !XF_AVX2_PATH_UNIT */
 #endif /* !XF_CUDA */
 
 #ifdef XF_BIN_POP_OPTIONS

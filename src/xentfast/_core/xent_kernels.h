@@ -9,49 +9,47 @@
 #include "xentfast/softmax_row.h"
 
 /* ---- instantiation: storage type x CPU code path ----------------------------------------------------
- * The baseline path is compiled for the build's target (x86-64: SSE2).  On x86-64 with gcc or clang a
- * second copy is compiled with __attribute__((target("avx2"))) and chosen at import when the CPU has
- * AVX2 (xentfast._core._xent.cpu_path(); XENTFAST_CPU=baseline|avx2 overrides).  Contraction is off in
- * the whole build, so no fma appears on either path and both produce the SAME bits: the wider vectors
- * only change how many lanes run at once, never an operation's rounding (tests/test_dispatch.py). */
-#define XF_KERNEL static
-#define XF_T float
-#define XF_SFX f32
-#define XF_COMPENSATED 0
-#include "softmax_rows.h"
-#undef XF_T
-#undef XF_SFX
-#undef XF_COMPENSATED
-#define XF_T double
-#define XF_SFX f64
-#define XF_COMPENSATED 1
-#include "softmax_rows.h"
-#undef XF_T
-#undef XF_SFX
-#undef XF_COMPENSATED
-#undef XF_KERNEL
-
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+ * The baseline path is compiled here, for the build's target (x86-64: SSE2).  On x86-64 with gcc or
+ * clang, setup.py also compiles avx2_softmax.c, which defines XF_AVX2_PATH_UNIT and includes this header
+ * with -mavx2 -mfma, into a static library linked into every extension that includes this header, and
+ * defines XF_AVX2_PATH_BUILT for them.  That path is chosen at import when the CPU has AVX2 and FMA
+ * (xentfast._core._xent.cpu_path(); XENTFAST_CPU=baseline|avx2 overrides).  It is a translation unit of
+ * its own, not a target attribute, because xf_fma (xentfast/xf_math.h) must be the fma instruction in
+ * the kernels of that path and its exact emulation in the baseline ones, and the header's inline
+ * functions are compiled once per unit.  Contraction is off in the whole build and xf_fma rounds once on
+ * both paths, so they produce the SAME bits: the wider vectors and the fma instruction change speed,
+ * never an operation's rounding (tests/test_dispatch.py). */
+#if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT
 #define XF_HAVE_AVX2_PATH 1
-#define XF_KERNEL static __attribute__((target("avx2")))
-#define XF_T float
-#define XF_SFX f32_avx2
-#define XF_COMPENSATED 0
-#include "softmax_rows.h"
-#undef XF_T
-#undef XF_SFX
-#undef XF_COMPENSATED
-#define XF_T double
-#define XF_SFX f64_avx2
-#define XF_COMPENSATED 1
-#include "softmax_rows.h"
-#undef XF_T
-#undef XF_SFX
-#undef XF_COMPENSATED
-#undef XF_KERNEL
 #else
 #define XF_HAVE_AVX2_PATH 0
 #endif
+
+#ifdef XF_AVX2_PATH_UNIT
+#define XF_SFX_F32 f32_avx2
+#define XF_SFX_F64 f64_avx2
+#else
+#define XF_SFX_F32 f32
+#define XF_SFX_F64 f64
+#endif
+#define XF_KERNEL static
+#define XF_T float
+#define XF_SFX XF_SFX_F32
+#define XF_COMPENSATED 0
+#include "softmax_rows.h"
+#undef XF_T
+#undef XF_SFX
+#undef XF_COMPENSATED
+#define XF_T double
+#define XF_SFX XF_SFX_F64
+#define XF_COMPENSATED 1
+#include "softmax_rows.h"
+#undef XF_T
+#undef XF_SFX
+#undef XF_COMPENSATED
+#undef XF_KERNEL
+#undef XF_SFX_F32
+#undef XF_SFX_F64
 
 /* One table of entry points per storage type; the Cython driver calls only through these. */
 #define XF_DECLARE_TABLE(T, SFX)                                                                          \
@@ -75,11 +73,22 @@ XF_DECLARE_TABLE(double, f64)
 #define XF_TABLE(SFX, PSFX)                                                                             \
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
      xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_log_softmax_block_##PSFX, xf_softmax_block_##PSFX}
+#ifdef XF_AVX2_PATH_UNIT
+/* the only symbols of the path's unit; hidden: each extension module links its own copy */
+__attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx2 = XF_TABLE(f32, f32_avx2);
+__attribute__((visibility("hidden"))) const xf_softmax_table_f64 xf_softmax_f64_avx2 = XF_TABLE(f64, f64_avx2);
+#else
 static const xf_softmax_table_f32 xf_softmax_f32_baseline = XF_TABLE(f32, f32);
 static const xf_softmax_table_f64 xf_softmax_f64_baseline = XF_TABLE(f64, f64);
 #if XF_HAVE_AVX2_PATH
-static const xf_softmax_table_f32 xf_softmax_f32_avx2 = XF_TABLE(f32, f32_avx2);
-static const xf_softmax_table_f64 xf_softmax_f64_avx2 = XF_TABLE(f64, f64_avx2);
+#ifdef __cplusplus
+extern "C" {
+#endif
+__attribute__((visibility("hidden"))) extern const xf_softmax_table_f32 xf_softmax_f32_avx2;
+__attribute__((visibility("hidden"))) extern const xf_softmax_table_f64 xf_softmax_f64_avx2;
+#ifdef __cplusplus
+}
+#endif
 #endif
 #undef XF_TABLE
 
@@ -94,7 +103,7 @@ static int xf_cpu_supports_path(int path)
 #if XF_HAVE_AVX2_PATH
     if (path == XF_PATH_AVX2) {
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
 #endif
     return 0;
@@ -121,5 +130,7 @@ static const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
     (void)path;
     return &xf_softmax_f64_baseline;
 }
+
+#endif /* !XF_AVX2_PATH_UNIT */
 
 #endif /* XENTFAST_XENT_KERNELS_H */

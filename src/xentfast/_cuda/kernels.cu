@@ -40,7 +40,9 @@
  *     (subnormal inputs read as 0) and float results below 2^-126 would store as 0.  xentfast compiles
  *     through NVRTC itself with -ftz=false and loads the cubin into a cupy.RawModule; the #error below
  *     refuses any build with FTZ on.  --fmad=false keeps every a*b+c two roundings, as
- *     -ffp-contract=off does on the CPU (the PTX holds no fma.rn; tests/test_cuda.py checks).
+ *     -ffp-contract=off does on the CPU; the only fused multiply-adds are the header's explicit xf_fma
+ *     (__fma_rn, the exponentials' polynomials), which the CPU rounds once too (tests/test_cuda.py:
+ *     with xf_fma emulated, the PTX holds no fma.rn).
  * (f) Host model: with XF_CUDA == 0 (g++), the __global__ wrappers disappear and the row drivers below
  *     run with a "team" whose step(f) calls f(tid) for tid = 0 .. nt-1 in turn: a faithful execution
  *     of the block, since steps communicate only through the shared scratch across barriers.
@@ -595,9 +597,12 @@ xf_softmax_xent_kernel(const T *x, const long long *y, const T *t, const double 
     }
 }
 
-/* log_softmax (mode 1), softmax (mode 2), logsumexp only (mode 0), as _xent.softmax_family. */
+/* log_softmax (mode 1), softmax (mode 2), logsumexp only (mode 0), as _xent.softmax_family.
+ * Minimum 1 block per SM: with xf_fma in the exponential, ptxas's own choice for the float kernel was 64
+ * registers and an 8-byte spill; this bound lets it take 84 registers and spill nothing (tests/test_cuda.py),
+ * at the price of one 512-thread block per SM instead of two.  Which costs less is for a GPU to measure. */
 template <typename T>
-__global__ void __launch_bounds__(XF_CU_MAX_THREADS)
+__global__ void __launch_bounds__(XF_CU_MAX_THREADS, 1)
 xf_softmax_family_kernel(const T *x, T *out, double *lse, unsigned char *redo, long long N, long long C, int mode,
                          int cache_row)
 {

@@ -4,9 +4,11 @@
  * same sequence of IEEE operations and agree bit for bit, whatever libm or libdevice would have done.
  *
  * Ground rules every function below keeps:
- *   - only +, -, *, / and bit manipulation; no fma().  The error analysis assumes each operation rounds on
- *     its own, so the kernels are built with -ffp-contract=off (nvcc: --fmad=false).  A contracting build
- *     still gives accurate results, but not the same bits as a non-contracting one.
+ *   - only +, -, *, /, bit manipulation and xf_fma below, which rounds a * b + c once on every path and
+ *     device.  The error analysis assumes each other operation rounds on its own, so the kernels are
+ *     built with -ffp-contract=off (nvcc: --fmad=false): the compiler never fuses on its own, only
+ *     where the source says xf_fma.  A contracting build would still give accurate results, but not the
+ *     same bits as a non-contracting one.
  *   - no branches on data: special inputs are patched in with selects at the end, so that gcc if-converts
  *     a `#pragma omp simd` loop over any of these into straight vector code (SSE2 and AVX2 alike) and so
  *     that GPU warps never diverge.
@@ -29,6 +31,64 @@
 /* Adding 1.5 * 2^52 to |v| < 2^51 rounds v to the nearest integer and leaves that integer, offset by
  * 0x4338000000000000, in the low bits of the sum's encoding. */
 #define XF_MATH_SHIFTER 0x1.8p52
+
+/* a * b + c rounded once, emulated with the operations above (no fma instruction): Dekker's exact
+ * product, TwoSum, and Boldo and Melquiond's rounding to odd ("Emulation of FMA and correctly rounded
+ * sums: proved algorithms using rounding to odd", IEEE Trans. Computers 57(4), 2008): with
+ * a * b = uh + ul and c + uh = th + tl exactly, RN(th + RO(tl + ul)) = RN(a * b + c).  RO, rounding to
+ * odd, is the sum rounded to nearest, moved one ulp towards the exact sum when it was inexact and landed
+ * on an even significand (an integer step on the encoding; TwoSum gives the sign of the error).
+ * Exact, the same bits as a hardware fma, for finite operands with |a|, |b| < 2^995 (the splits do not
+ * overflow), no overflow, a nonzero result (the sign of a zero result may differ), and a * b either zero,
+ * at least 2^-969 in magnitude (its error term ul is then not subnormal, so the product split is exact),
+ * or below 2^-60 |c| (then RN(a * b + c) = c, and the emulation's th = c, tl = uh and the final sum
+ * c + tiny give c too, whatever ul's rounding).  A NaN operand gives a NaN.  The exponential polynomials,
+ * its only callers, stay inside that: their a and b are at most 1 in magnitude and c at least 2^-26, so
+ * every product is at least 2^-969 or below 2^-60 |c|.  About 30 operations instead of 1;
+ * tests/test_numerics.py checks it bit for bit against the exact rational result. */
+XF_HD double xf_fma_emulated(double a, double b, double c)
+{
+    double sa = a * 134217729.0;                    /* 2^27 + 1: Veltkamp's split into 26-bit halves */
+    double ah = sa - (sa - a);
+    double al = a - ah;
+    double sb = b * 134217729.0;
+    double bh = sb - (sb - b);
+    double bl = b - bh;
+    double uh = a * b;
+    double ul = (((ah * bh - uh) + ah * bl) + al * bh) + al * bl;
+
+    double th = c + uh;
+    double tv = th - c;
+    double tl = (c - (th - tv)) + (uh - tv);
+
+    double v = tl + ul;
+    double vv = v - tl;
+    double v_err = (tl - (v - vv)) + (ul - vv);
+    unsigned long long vbits = xf_bits_from_double(v);
+    /* +1 on the encoding moves away from zero, all ones (-1) towards it; nothing when v is already odd */
+    unsigned long long towards_err = (0ULL - ((vbits ^ xf_bits_from_double(v_err)) >> 63)) | 1ULL;
+    unsigned long long odd_step = towards_err & ((vbits & 1ULL) - 1ULL);
+    double v_odd = v_err != 0.0 ? xf_double_from_bits(vbits + odd_step) : v;
+    return th + v_odd;
+}
+
+/* a * b + c rounded once: the fma instruction where the code is compiled for one (CUDA devices, the
+ * AVX2+FMA path of the CPU build, aarch64), the exact emulation above elsewhere (the baseline x86-64
+ * path).  Every path therefore gives the same bits; only the speed differs.  XF_FMA_EMULATE=1 forces the
+ * emulation (tests/test_cuda.py: the PTX of such a build must hold no fma at all, which shows that
+ * --fmad=false leaves no contraction of the compiler's own). */
+XF_HD double xf_fma(double a, double b, double c)
+{
+#if defined(XF_FMA_EMULATE) && XF_FMA_EMULATE
+    return xf_fma_emulated(a, b, c);
+#elif defined(__CUDA_ARCH__)
+    return __fma_rn(a, b, c);
+#elif defined(__GNUC__) && (defined(__FMA__) || defined(__ARM_FEATURE_FMA))
+    return __builtin_fma(a, b, c);
+#else
+    return xf_fma_emulated(a, b, c);
+#endif
+}
 
 /* 2^k for an integer k in [-1022, 1023] carried as (k + offset) in the low 12 bits of `kbits`.  The left
  * shift throws away everything above those 12 bits, so callers can pass the raw encoding of a shifter
@@ -73,15 +133,15 @@ XF_HD double xf_exp_reduced(double xc, double lo, double *t_out, double *y_lo)
     double dr = (rhi - r) + rlo;
 
     double p = 0x1.ad1fda2d9c327p-26;          /* ~1/11! ... ~1/3!: minimax, see above */
-    p = p * r + 0x1.289fb22b1776cp-22;
-    p = p * r + 0x1.71df55b42ab1bp-19;
-    p = p * r + 0x1.a019ab08c59fep-16;
-    p = p * r + 0x1.a01a011bd183cp-13;
-    p = p * r + 0x1.6c16c17ccdbbcp-10;
-    p = p * r + 0x1.11111111289b1p-7;
-    p = p * r + 0x1.55555555531e9p-5;
-    p = p * r + 0x1.5555555555501p-3;
-    p = p * r + 0.5;
+    p = xf_fma(p, r, 0x1.289fb22b1776cp-22);
+    p = xf_fma(p, r, 0x1.71df55b42ab1bp-19);
+    p = xf_fma(p, r, 0x1.a019ab08c59fep-16);
+    p = xf_fma(p, r, 0x1.a01a011bd183cp-13);
+    p = xf_fma(p, r, 0x1.6c16c17ccdbbcp-10);
+    p = xf_fma(p, r, 0x1.11111111289b1p-7);
+    p = xf_fma(p, r, 0x1.55555555531e9p-5);
+    p = xf_fma(p, r, 0x1.5555555555501p-3);
+    p = xf_fma(p, r, 0.5);
     p = p * (r * r);
 
     double s = 1.0 + r;
@@ -161,9 +221,8 @@ XF_HD double xf_exp(double x)
  * 0.347^9/9! = 2.7e-10).  About half the operations of xf_exp.  Same special values and gradual
  * underflow as xf_exp (the scale steps are shared).
  * The polynomial is evaluated by Estrin's scheme (pairs, then r^2 and r^4): 3 dependent multiply-adds
- * instead of Horner's 7.  Without fma each step is a multiply and an add in sequence, so Horner's chain
- * was the critical path of the BCE element loop, whose body is too long for out-of-order execution to
- * overlap iterations.  The reduction's error (below 2^-43, see there) and the roundings of the evaluation
+ * (xf_fma) instead of Horner's 7.  Horner's chain was the critical path of the BCE element loop, whose
+ * body is too long for out-of-order execution to overlap iterations.  The reduction's error (below 2^-43, see there) and the roundings of the evaluation
  * (near 2^-52) stay far below the approximation error; tests/test_numerics.py measures the whole function
  * against mpmath. */
 XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
@@ -176,14 +235,14 @@ XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
     double r = xc - nd * 0x1.62e42fefa39efp-1;
     double r2 = r * r;
     double r4 = r2 * r2;
-    double p01 = r * 0x1.000000142e536p+0 + 1.0;
-    double p23 = r * 0x1.55552b0d18cf0p-3 + 0x1.00000028345f3p-1;
-    double p45 = r * 0x1.113d1193c984fp-7 + 0x1.5554ad7083de4p-5;
-    double p67 = r * 0x1.6c765cf9d9be1p-13 + 0x1.6d74ba9382160p-10;
-    double p03 = p01 + r2 * p23;
-    double p47 = p45 + r2 * p67;
+    double p01 = xf_fma(r, 0x1.000000142e536p+0, 1.0);
+    double p23 = xf_fma(r, 0x1.55552b0d18cf0p-3, 0x1.00000028345f3p-1);
+    double p45 = xf_fma(r, 0x1.113d1193c984fp-7, 0x1.5554ad7083de4p-5);
+    double p67 = xf_fma(r, 0x1.6c765cf9d9be1p-13, 0x1.6d74ba9382160p-10);
+    double p03 = xf_fma(r2, p23, p01);
+    double p47 = xf_fma(r2, p67, p45);
     *t_out = t;
-    return p03 + r4 * p47;
+    return xf_fma(r4, p47, p03);
 }
 
 XF_HD double xf_exp_lite(double x)
