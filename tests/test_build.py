@@ -22,10 +22,14 @@ def test_no_flush_to_zero_after_import():
 
 
 def test_no_fast_math_flags():
-    flags = config()["cflags"]
-    for bad in ("-ffast-math", "-Ofast", "-funsafe-math", "-ffp-contract=fast"):
-        assert bad not in flags
-    assert "-ffp-contract=off" in flags
+    # the AVX2+FMA units too: -mfma must not bring contraction with it
+    cfg = config()
+    for flags in (cfg["cflags"], cfg["avx2_path_cflags"]):
+        if flags is None:  # a build without the AVX2+FMA path (not x86-64)
+            continue
+        for bad in ("-ffast-math", "-Ofast", "-funsafe-math", "-ffp-contract=fast"):
+            assert bad not in flags
+        assert "-ffp-contract=off" in flags
 
 
 def test_show_config_reports_the_facts(capsys):
