@@ -109,6 +109,10 @@ elif _compiles(["-fopenmp-simd"], "int main(void){return 0;}"):
 
 
 include_dirs = [str(PKG / "include"), str(PKG / "_core"), np.get_include()]
+# every header the kernels include: a change to one rebuilds the units and extensions that include it
+# (neither build_clib nor build_ext looks at #include lines on its own)
+kernel_headers = sorted(str(p.relative_to(HERE)) for p in [*(PKG / "include" / "xentfast").glob("*.h"),
+                                                           *(PKG / "_core").glob("*.h")])
 
 
 def avx2_path_library():
@@ -122,6 +126,7 @@ def avx2_path_library():
         "sources": ["src/xentfast/_core/avx2_softmax.c", "src/xentfast/_core/avx2_binary.c"],
         "include_dirs": include_dirs,
         "cflags": cflags + ["-mavx2", "-mfma"],
+        "obj_deps": {"": kernel_headers},
     })
 
 
@@ -141,6 +146,7 @@ extensions = [
         [f"src/xentfast/_core/{name}.pyx"],
         include_dirs=include_dirs,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")] + path_macros,
+        depends=kernel_headers,
         extra_compile_args=cflags,
         extra_link_args=ldflags,
     )
@@ -165,6 +171,7 @@ def xla_ffi_extension():
         ["src/xentfast/_core/_xla_ffi.cc"],
         include_dirs=[str(PKG / "include"), str(PKG / "_core")],
         define_macros=[("XF_JAXLIB_VERSION", f'"{version}"')] + path_macros,
+        depends=kernel_headers,
         # -isystem: jaxlib's headers are not ours to warn about
         extra_compile_args=cxxflags + ["-isystem", str(headers)],
         extra_link_args=ldflags,

@@ -215,6 +215,18 @@ def test_focal_special_values(dtype):
     assert loss[6] == 0 and g[6] <= 0
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_gradient_is_exactly_zero_at_the_balanced_point(dtype):
+    # x = 0, y = 1/2: every logit loss's gradient is 0, which only an exact e = exp(-0) gives (the
+    # 2^600-scaled exponential must come out exactly 2^600 there; xf_math.h's range reduction keeps it
+    # so); any ULP bound is infinite at an exact 0, so the test asks for the 0 itself
+    x = np.zeros(3, dtype=dtype)
+    y = np.full(3, 0.5, dtype=dtype)
+    for alpha, gamma in ((0.25, 2.0), (-1.0, 0.5), (0.5, 0.0)):
+        assert not xf.sigmoid_focal_loss_with_grad(x, y, alpha, gamma, reduction="none")[1].any()
+    assert not xf.binary_cross_entropy_with_logits_with_grad(x, y, reduction="none")[1].any()
+
+
 def test_focal_confident_side_stays_accurate_where_the_plain_formula_underflows():
     # (1 - p_t)**gamma with p_t = sigmoid(x) rounds to 0 in float64 once x > 37; the loss is ~e^{-3x}
     x = np.array([40.0, 100.0, 200.0, 240.0])

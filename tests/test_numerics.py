@@ -92,9 +92,11 @@ def _exp_lite_rel_err(x):
 
 
 def _fma_exact(a, b, c):
-    """a * b + c rounded once to double: int / int true division rounds correctly."""
+    """a * b + c rounded once to double (int / int true division rounds correctly); a zero result gets
+    IEEE's sign: that of (a * b) + c for zero product and zero c (the product's sign is exact), else +0."""
     from fractions import Fraction
-    return np.array([float(Fraction(x) * Fraction(y) + Fraction(z)) for x, y, z in zip(a, b, c)])
+    out = [float(Fraction(x) * Fraction(y) + Fraction(z)) for x, y, z in zip(a, b, c)]
+    return np.array([(x * y) + z if x * y == 0.0 and z == 0.0 else v for x, y, z, v in zip(a, b, c, out)])
 
 
 def _signed_pow2_spread(rng, n, lo, hi):
@@ -110,8 +112,19 @@ def test_fma_emulation_is_the_correctly_rounded_fma_where_the_exponentials_use_i
     b = _signed_pow2_spread(rng, n, -1100, -2)
     b[: n // 2] = _signed_pow2_spread(rng, n // 2, -60, -2)      # half of them at ordinary sizes of r
     c = _signed_pow2_spread(rng, n, -26, -1)
+    # and the zeros of the range reductions: n = +-0 times a constant plus a +-0 or tiny argument, and
+    # exact cancellations (x = n fl(ln2) for n a power of two)
+    z = np.array([0.0, -0.0])
+    za, zb, zc = (v.ravel() for v in np.meshgrid(z, [0.5, -0.5, 0.0, -0.0], [0.0, -0.0, 1e-300, -1e-320]))
+    ln2 = float.fromhex("0x1.62e42fefa39efp-1")
+    pw = 2.0 ** np.arange(-3, 11)
+    a = np.concatenate([a, za, -pw, pw])
+    b = np.concatenate([b, zb, np.full(2 * pw.size, ln2)])
+    c = np.concatenate([c, zc, pw * ln2, -pw * ln2])
     got = _scalar.fma_emulated(a, b, c)
-    assert np.array_equal(got, _fma_exact(a, b, c))
+    want = _fma_exact(a, b, c)
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+    assert np.signbit(want).any() and (want == 0).sum() > 2 * pw.size  # the zeros are there, of both signs
 
 
 def test_fma_emulation_rounds_near_midpoints_correctly():

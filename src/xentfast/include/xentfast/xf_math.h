@@ -39,12 +39,13 @@
  * odd, is the sum rounded to nearest, moved one ulp towards the exact sum when it was inexact and landed
  * on an even significand (an integer step on the encoding; TwoSum gives the sign of the error).
  * Exact, the same bits as a hardware fma, for finite operands with |a|, |b| < 2^995 (the splits do not
- * overflow), no overflow, a nonzero result (the sign of a zero result may differ), and a * b either zero,
- * at least 2^-969 in magnitude (its error term ul is then not subnormal, so the product split is exact),
- * or below 2^-60 |c| (then RN(a * b + c) = c, and the emulation's th = c, tl = uh and the final sum
- * c + tiny give c too, whatever ul's rounding).  A NaN operand gives a NaN.  The exponential polynomials,
- * its only callers, stay inside that: their a and b are at most 1 in magnitude and c at least 2^-26, so
- * every product is at least 2^-969 or below 2^-60 |c|.  About 30 operations instead of 1;
+ * overflow), no overflow (zero results get the instruction's sign: +0 from a cancellation, -0 only for
+ * a * b = -0 and c = -0), and a * b either zero, at least 2^-969 in magnitude (its error term ul is then not subnormal, so the product
+ * split is exact), or below 2^-60 |c| (then RN(a * b + c) = c, and the emulation's th = c, tl = uh and
+ * the final sum c + tiny give c too, whatever ul's rounding).  A NaN operand gives a NaN.  The
+ * exponentials, its only callers, stay inside that: in the polynomials |a|, |b| <= 1 and |c| >= 2^-26;
+ * in the range reductions n = 0 or |n| >= 1 times fl(ln 2), and x log2(e), whose x is clamped to
+ * [-745.2, 709.8], next to c = 1.5 2^52.  About 30 operations instead of 1;
  * tests/test_numerics.py checks it bit for bit against the exact rational result. */
 XF_HD double xf_fma_emulated(double a, double b, double c)
 {
@@ -69,7 +70,9 @@ XF_HD double xf_fma_emulated(double a, double b, double c)
     unsigned long long towards_err = (0ULL - ((vbits ^ xf_bits_from_double(v_err)) >> 63)) | 1ULL;
     unsigned long long odd_step = towards_err & ((vbits & 1ULL) - 1ULL);
     double v_odd = v_err != 0.0 ? xf_double_from_bits(vbits + odd_step) : v;
-    return th + v_odd;
+    /* v = 0 means the sum is th exactly; th itself then keeps the sign of a zero result (-0 for
+     * -0 * b + -0, as the instruction gives), which th + 0 would turn into +0 */
+    return v_odd == 0.0 ? th : th + v_odd;
 }
 
 /* a * b + c rounded once: the fma instruction where the code is compiled for one (CUDA devices, the
@@ -90,6 +93,22 @@ XF_HD double xf_fma(double a, double b, double c)
 #endif
 }
 
+/* a * b + c where the product and the sum are both exact (the caller shows why): the fma instruction
+ * where xf_fma has it (one operation instead of two), a multiply and an add elsewhere, with no emulation,
+ * since the value is the same either way. */
+XF_HD double xf_mul_add_exact(double a, double b, double c)
+{
+#if defined(XF_FMA_EMULATE) && XF_FMA_EMULATE
+    return a * b + c;
+#elif defined(__CUDA_ARCH__)
+    return __fma_rn(a, b, c);
+#elif defined(__GNUC__) && (defined(__FMA__) || defined(__ARM_FEATURE_FMA))
+    return __builtin_fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
 /* 2^k for an integer k in [-1022, 1023] carried as (k + offset) in the low 12 bits of `kbits`.  The left
  * shift throws away everything above those 12 bits, so callers can pass the raw encoding of a shifter
  * sum plus 1023 without first extracting a signed integer. */
@@ -105,9 +124,13 @@ XF_HD double xf_pow2_from_low_bits(unsigned long long kbits)
  *     half of 2^-1074, exp(709.8) is above DBL_MAX), and the clamp keeps n in [-1075, 1024] so the two
  *     scale factors below stay normal.  The comparisons are false for NaN, so NaN flows through to r.
  *     When hi was clamped (including +-inf) lo is dropped, as it may be inf or NaN itself.
- *   - r is kept as r + dr: x - n * XF_MATH_LN2_HI is exact (Sterbenz), the remaining
+ *   - n comes from x * log2(e) + 1.5 * 2^52 rounded once (xf_fma): any integer next to x / ln 2 serves.
+ *   - r is kept as r + dr: x - n * XF_MATH_LN2_HI is exact (the product has at most 43 bits, the
+ *     difference is exact by Sterbenz; one instruction where there is an fma), the remaining
  *     lo - n * XF_MATH_LN2_LO is tiny, and their rounded sum loses at most half an ulp of r, which dr
- *     recovers (Fast2Sum).
+ *     recovers (Fast2Sum).  lo - n * XF_MATH_LN2_LO stays a product and a difference, rounded twice:
+ *     callers that pass lo = fl(k * XF_MATH_LN2_LO) for exp(k ln 2) (the binary family's 2^600 scale,
+ *     binary.h) get exactly 0 there, hence exactly 2^k, which a once-rounded fma would not give.
  *   - exp(r + dr) = (1 + r) + (r^2 P(r) + dr + r dr), with 1 + r also split exactly.  The only rounding
  *     that is not a small fraction of an ulp is then the final addition, which keeps normal results
  *     near 0.6 ULP instead of the ~1 ULP of the plain Horner form.  P(r) = 1/2 + r Q(r), Q of degree 8
@@ -125,9 +148,9 @@ XF_HD double xf_pow2_from_low_bits(unsigned long long kbits)
  * *y_lo gets the final addition's rounding error, unscaled. */
 XF_HD double xf_exp_reduced(double xc, double lo, double *t_out, double *y_lo)
 {
-    double t = xc * XF_MATH_LOG2E + XF_MATH_SHIFTER;
+    double t = xf_fma(xc, XF_MATH_LOG2E, XF_MATH_SHIFTER);
     double nd = t - XF_MATH_SHIFTER;
-    double rhi = xc - nd * XF_MATH_LN2_HI;
+    double rhi = xf_mul_add_exact(-nd, XF_MATH_LN2_HI, xc);
     double rlo = lo - nd * XF_MATH_LN2_LO;
     double r = rhi + rlo;
     double dr = (rhi - r) + rlo;
@@ -227,12 +250,12 @@ XF_HD double xf_exp(double x)
  * against mpmath. */
 XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
 {
-    double t = xc * XF_MATH_LOG2E + XF_MATH_SHIFTER;
+    double t = xf_fma(xc, XF_MATH_LOG2E, XF_MATH_SHIFTER);
     double nd = t - XF_MATH_SHIFTER;
-    /* one constant: fl(n ln2) is off by at most 2^-53 |x| and the subtraction is exact (Sterbenz), so r
-     * carries an absolute error below 2^-43 for |x| <= 745, which is exp's relative error: far below the
-     * polynomial's 2^-32 (the two-constant reduction of xf_exp costs two more operations per element) */
-    double r = xc - nd * 0x1.62e42fefa39efp-1;
+    /* one constant, one rounding (xf_fma): r = x - n fl(ln2) is off by |n| |fl(ln2) - ln2| <= 1075 2^-54
+     * plus half an ulp of r, below 2^-43 for |x| <= 745, which is exp's relative error: far below the
+     * polynomial's 2^-32 (the two-constant reduction of xf_exp costs one more operation per element) */
+    double r = xf_fma(-nd, 0x1.62e42fefa39efp-1, xc);
     double r2 = r * r;
     double r4 = r2 * r2;
     double p01 = xf_fma(r, 0x1.000000142e536p+0, 1.0);
