@@ -45,7 +45,7 @@
  * the final sum c + tiny give c too, whatever ul's rounding).  A NaN operand gives a NaN.  The
  * exponentials, its only callers, stay inside that: in the polynomials |a|, |b| <= 1 and |c| >= 2^-26;
  * in the range reductions n = 0 or |n| >= 1 times fl(ln 2), and x log2(e), whose x is clamped to
- * [-745.2, 709.8], next to c = 1.5 2^52.  About 30 operations instead of 1;
+ * [-745.2, 709.8], next to c = 1.5 2^52.  About 35 operations instead of 1;
  * tests/test_numerics.py checks it bit for bit against the exact rational result. */
 XF_HD double xf_fma_emulated(double a, double b, double c)
 {
