@@ -21,6 +21,10 @@ XENTFAST_ONLY_XLA_FFI=1 builds them alone (CI adds them to the isolated install 
 OpenMP: probed by compiling a tiny program with -fopenmp.  Without it the build falls back to a serial
 extension with a visible warning; XENTFAST_REQUIRE_OPENMP=1 turns the fallback into an error (CI sets it),
 XENTFAST_NO_OPENMP=1 forces the serial build.
+
+AVX2+FMA path: on x86-64, avx2_softmax.c and avx2_binary.c are a static library compiled with -mavx2 -mfma
+(build_clib, run by build_ext first).  If the compiler cannot, the build warns and ships the baseline path
+alone; XENTFAST_REQUIRE_AVX2_PATH=1 turns that into an error (CI sets it).
 """
 
 import importlib.metadata
@@ -113,17 +117,27 @@ include_dirs = [str(PKG / "include"), str(PKG / "_core"), np.get_include()]
 # (neither build_clib nor build_ext looks at #include lines on its own)
 kernel_headers = sorted(str(p.relative_to(HERE)) for p in [*(PKG / "include" / "xentfast").glob("*.h"),
                                                            *(PKG / "_core").glob("*.h")])
+avx2_sources = ["src/xentfast/_core/avx2_softmax.c", "src/xentfast/_core/avx2_binary.c"]
 
 
 def avx2_path_library():
-    """The AVX2+FMA kernels, a static library of their own units (see xent_kernels.h); None off x86-64."""
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return None
+    """The AVX2+FMA kernels, a static library of their own units (see xent_kernels.h); None off x86-64.
+
+    Without it the package runs the baseline path only, whose emulated fma makes the softmax kernels
+    17-30x slower: hence the banner, and XENTFAST_REQUIRE_AVX2_PATH=1 (CI) to make it an error."""
+    target = sysconfig.get_platform() + " " + os.environ.get("ARCHFLAGS", "")
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686") or \
+            any(arch in target for arch in ("arm64", "universal2")):
+        return None                    # not an x86 build (the headers check the target again)
     if not _compiles(["-mavx2", "-mfma"], "int main(void){return 0;}"):
-        print("xentfast: the C compiler has no -mavx2 -mfma; building the baseline path only", file=sys.stderr)
+        message = ("xentfast: the C compiler did not build a test program with -mavx2 -mfma; building the "
+                   "baseline path only, whose exact fma emulation makes the kernels 17-30x slower.")
+        if _env_flag("XENTFAST_REQUIRE_AVX2_PATH"):
+            sys.exit(message + " XENTFAST_REQUIRE_AVX2_PATH=1 forbids that.")
+        print("\n" + "*" * 78 + "\nWARNING: " + message + "\n" + "*" * 78 + "\n", file=sys.stderr)
         return None
     return ("xentfast_avx2", {
-        "sources": ["src/xentfast/_core/avx2_softmax.c", "src/xentfast/_core/avx2_binary.c"],
+        "sources": avx2_sources,
         "include_dirs": include_dirs,
         "cflags": cflags + ["-mavx2", "-mfma"],
         "obj_deps": {"": kernel_headers},
@@ -146,7 +160,7 @@ extensions = [
         [f"src/xentfast/_core/{name}.pyx"],
         include_dirs=include_dirs,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")] + path_macros,
-        depends=kernel_headers,
+        depends=kernel_headers + avx2_sources,  # relink after a change to the AVX2+FMA units
         extra_compile_args=cflags,
         extra_link_args=ldflags,
     )
@@ -171,7 +185,7 @@ def xla_ffi_extension():
         ["src/xentfast/_core/_xla_ffi.cc"],
         include_dirs=[str(PKG / "include"), str(PKG / "_core")],
         define_macros=[("XF_JAXLIB_VERSION", f'"{version}"')] + path_macros,
-        depends=kernel_headers,
+        depends=kernel_headers + avx2_sources,  # relink after a change to the AVX2+FMA units
         # -isystem: jaxlib's headers are not ours to warn about
         extra_compile_args=cxxflags + ["-isystem", str(headers)],
         extra_link_args=ldflags,

@@ -3,6 +3,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 import xentfast
 from xentfast._config import config
@@ -13,6 +14,24 @@ def test_openmp_enabled():
     if os.environ.get("XENTFAST_SKIP_CHECK_OPENMP", "0") not in ("", "0"):
         return
     assert xentfast.openmp_enabled(), "built without OpenMP (set XENTFAST_SKIP_CHECK_OPENMP=1 to waive)"
+
+
+def _linux_cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def test_avx2_path_present_where_the_cpu_has_it():
+    # a build that lost the AVX2+FMA units runs the emulated fma everywhere, 17-30x slower: same bits, so
+    # no other test would notice
+    if not {"avx2", "fma"} <= _linux_cpu_flags():
+        pytest.skip("not Linux on a CPU with AVX2 and FMA: nothing to ask of the build")
+    from xentfast._core import _xent
+    assert "avx2" in _xent.available_cpu_paths()
+    assert _xent.cpu_path() == "avx2" or os.environ.get("XENTFAST_CPU") not in (None, "", "auto", "avx2")
 
 
 def test_no_flush_to_zero_after_import():

@@ -61,7 +61,7 @@ cdef _apply3(ternary_fn f, a, b, c):
 
 
 def fma_emulated(a, b, c):
-    """a * b + c rounded once by the baseline path's emulation (the exponentials' polynomials)."""
+    """a * b + c rounded once by the baseline path's emulation (the exponentials' xf_fma)."""
     return _apply3(xf_fma_emulated, a, b, c)
 
 

@@ -1,6 +1,6 @@
 /* Element loops of the binary family for one storage type and one CPU code path; included by
- * binary_kernels.h with XF_T (storage type), XF_SFX (name suffix) and XF_KERNEL (linkage plus the path's
- * target attribute) defined.  All arithmetic is double and comes from xentfast/binary.h.
+ * binary_kernels.h with XF_T (storage type), XF_SFX (name suffix) and XF_KERNEL (linkage; a path is a
+ * translation unit, binary_kernels.h) defined.  All arithmetic is double and comes from xentfast/binary.h.
  *
  * Every block function takes the outputs it should produce as pointers, NULL for the ones not wanted:
  * loss_d (double, for reductions), loss_o (storage type, reduction="none") and grad (storage type, may

@@ -138,7 +138,7 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
 #undef XF_SFX_F64
 
 #if !XF_CUDA
-#if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT
+#if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT && (defined(__x86_64__) || defined(__i386__))
 #define XF_BIN_HAVE_AVX2_PATH 1
 #else
 #define XF_BIN_HAVE_AVX2_PATH 0

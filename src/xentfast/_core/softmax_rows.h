@@ -1,8 +1,8 @@
 /* CPU softmax-family row kernels, written once and instantiated for float and double storage and for
  * each CPU code path.
  *
- * Included by xent_kernels.h with XF_T (storage type), XF_SFX (name suffix), XF_COMPENSATED and
- * XF_KERNEL (linkage plus the path's target attribute) defined.  All arithmetic is double and comes from
+ * Included by xent_kernels.h with XF_T (storage type), XF_SFX (name suffix), XF_COMPENSATED and XF_KERNEL
+ * (linkage) defined; a path is a translation unit (xent_kernels.h).  All arithmetic is double and comes from
  * xentfast/numerics.h, the header the CUDA kernels include too.
  *
  * Design (see also the block comment of _xent.pyx):

@@ -19,7 +19,7 @@
  * functions are compiled once per unit.  Contraction is off in the whole build and xf_fma rounds once on
  * both paths, so they produce the SAME bits: the wider vectors and the fma instruction change speed,
  * never an operation's rounding (tests/test_dispatch.py). */
-#if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT
+#if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT && (defined(__x86_64__) || defined(__i386__))
 #define XF_HAVE_AVX2_PATH 1
 #else
 #define XF_HAVE_AVX2_PATH 0

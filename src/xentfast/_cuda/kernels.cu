@@ -39,10 +39,10 @@
  *     options and NVRTC honours the last one: float32 logits would load through cvt.ftz.f64.f32
  *     (subnormal inputs read as 0) and float results below 2^-126 would store as 0.  xentfast compiles
  *     through NVRTC itself with -ftz=false and loads the cubin into a cupy.RawModule; the #error below
- *     refuses any build with FTZ on.  --fmad=false keeps every a*b+c two roundings, as
- *     -ffp-contract=off does on the CPU; the only fused multiply-adds are the header's explicit xf_fma
- *     (__fma_rn, the exponentials' polynomials), which the CPU rounds once too (tests/test_cuda.py:
- *     with xf_fma emulated, the PTX holds no fma.rn).
+ *     refuses any build with FTZ on.  --fmad=false keeps every a*b+c two roundings, as -ffp-contract=off does
+ *     on the CPU; the only fused multiply-adds are the header's explicit xf_fma (__fma_rn, the exponentials'
+ *     polynomials and range reductions), which the CPU rounds once too (tests/test_cuda.py: with xf_fma
+ *     emulated, the PTX holds no fma.rn).
  * (f) Host model: with XF_CUDA == 0 (g++), the __global__ wrappers disappear and the row drivers below
  *     run with a "team" whose step(f) calls f(tid) for tid = 0 .. nt-1 in turn: a faithful execution
  *     of the block, since steps communicate only through the shared scratch across barriers.

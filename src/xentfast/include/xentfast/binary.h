@@ -54,8 +54,9 @@
 
 /* ---- error-free products and exponent juggling ------------------------------------------------------ */
 
-/* a * b = *p + *e exactly (Dekker's product with Veltkamp's split; no fma, so the same bits on every
- * ISA).  Valid for |a|, |b| < 2^995 and a product far from under/overflow. */
+/* a * b = *p + *e exactly (Dekker's product with Veltkamp's split: exact, so the same bits on every ISA; an
+ * fma-based product would be exact too, but xf_fma's emulation costs more on the baseline path).  Valid for
+ * |a|, |b| < 2^995 and a product far from under/overflow. */
 XF_HD void xf_bin_two_prod(double a, double b, double *p, double *e)
 {
     const double split = 134217729.0; /* 2^27 + 1 */

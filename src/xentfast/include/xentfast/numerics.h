@@ -65,8 +65,8 @@ XF_HD void xf_acc_add_finite(double *acc, double *err, double v)
 
 /* ---- double-double arithmetic for rare exact paths (about 2^-104 relative) ----------------------- */
 
-/* p + e == a * b exactly (Dekker; Veltkamp split, since no fma may be assumed).  Finite inputs with
- * |a * b| well inside the normal range. */
+/* p + e == a * b exactly (Dekker; Veltkamp split: xf_fma's emulation would cost more on the baseline path).
+ * Finite inputs with |a * b| well inside the normal range. */
 XF_HD void xf_two_prod(double a, double b, double *p, double *e)
 {
     const double split = 134217729.0; /* 2^27 + 1 */

@@ -39,14 +39,14 @@
  * odd, is the sum rounded to nearest, moved one ulp towards the exact sum when it was inexact and landed
  * on an even significand (an integer step on the encoding; TwoSum gives the sign of the error).
  * Exact, the same bits as a hardware fma, for finite operands with |a|, |b| < 2^995 (the splits do not
- * overflow), no overflow (zero results get the instruction's sign: +0 from a cancellation, -0 only for
- * a * b = -0 and c = -0), and a * b either zero, at least 2^-969 in magnitude (its error term ul is then not subnormal, so the product
- * split is exact), or below 2^-60 |c| (then RN(a * b + c) = c, and the emulation's th = c, tl = uh and
- * the final sum c + tiny give c too, whatever ul's rounding).  A NaN operand gives a NaN.  The
- * exponentials, its only callers, stay inside that: in the polynomials |a|, |b| <= 1 and |c| >= 2^-26;
- * in the range reductions n = 0 or |n| >= 1 times fl(ln 2), and x log2(e), whose x is clamped to
- * [-745.2, 709.8], next to c = 1.5 2^52.  About 35 operations instead of 1;
- * tests/test_numerics.py checks it bit for bit against the exact rational result. */
+ * overflow), |a * b| < 2^1022 and |a * b + c| far from overflow (zero results get the instruction's sign: +0
+ * from a cancellation, -0 only for a * b = -0 and c = -0), and a * b either zero, at least 2^-969 in
+ * magnitude (its error term ul is then not subnormal, so the product split is exact), or below 2^-60 |c|
+ * (then RN(a * b + c) = c, and the emulation's th = c, tl = uh and the final sum c + tiny give c too,
+ * whatever ul's rounding).  A NaN operand gives a NaN.  The exponentials, its only callers, stay inside that:
+ * in the polynomials |a| <= 1, |b| < 1.01 and |c| >= 2^-26; in the range reductions n = 0 or |n| >= 1 times
+ * fl(ln 2), and x log2(e), whose x is clamped to [-745.2, 709.8], next to c = 1.5 2^52.  About 35 operations
+ * instead of 1; tests/test_numerics.py checks it bit for bit against the exact rational result. */
 XF_HD double xf_fma_emulated(double a, double b, double c)
 {
     double sa = a * 134217729.0;                    /* 2^27 + 1: Veltkamp's split into 26-bit halves */
@@ -254,7 +254,7 @@ XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
     double nd = t - XF_MATH_SHIFTER;
     /* one constant, one rounding (xf_fma): r = x - n fl(ln2) is off by |n| |fl(ln2) - ln2| <= 1075 2^-54
      * plus half an ulp of r, below 2^-43 for |x| <= 745, which is exp's relative error: far below the
-     * polynomial's 2^-32 (the two-constant reduction of xf_exp costs one more operation per element) */
+     * polynomial's 2^-32 (the two-constant reduction and Fast2Sum of xf_exp cost five more operations) */
     double r = xf_fma(-nd, 0x1.62e42fefa39efp-1, xc);
     double r2 = r * r;
     double r4 = r2 * r2;
@@ -322,10 +322,10 @@ XF_HD double xf_log_f(unsigned long long ix)
  * the result.
  * Method: log(1 + f) = 2 atanh(s), s = f / (2 + f), written as f - f^2/2 + s (f^2/2 + R(s^2)), with R
  * the classic 7-term minimax odd series (fdlibm's Lg1..Lg7, error below 2^-58.45 on this range).
- * Rounding budget: the three large terms k ln2_hi, f and f^2/2 are summed without error (f^2/2 split
- * by hand, since there is no fma), everything else is at most a quarter of the result and is added
- * first as one small correction, so only the very last addition rounds at the result's own scale.
- * Without that split the f^2/2 rounding alone costs up to 0.3 ULP near |f| = 0.4. */
+ * Rounding budget: the three large terms k ln2_hi, f and f^2/2 are summed without error (f^2/2 split by hand:
+ * cheaper than xf_fma's emulation on the baseline path), everything else is at most a quarter of the result
+ * and is added first as one small correction, so only the very last addition rounds at the result's own
+ * scale. Without that split the f^2/2 rounding alone costs up to 0.3 ULP near |f| = 0.4. */
 XF_HD double xf_log_kernel_hilo(double dk, double f, double c, double *out_lo)
 {
     /* f^2/2 = hh + hl with hh exact: fh keeps 26 significant bits of f, so fh * fh needs at most 52. */
