@@ -71,6 +71,14 @@ def _compiles(flags, source):
         return subprocess.run([str(Path(tmp) / "probe")], capture_output=True).returncode == 0
 
 
+def _fall_back(message, require_flag):
+    """A build that works but is far slower than it should be: a banner pip shows, or an error where
+    `require_flag`=1 (CI) says such a build must not land."""
+    if _env_flag(require_flag):
+        sys.exit(f"{message} {require_flag}=1 forbids that.")
+    print("\n" + "*" * 78 + "\nWARNING: " + message + "\n" + "*" * 78 + "\n", file=sys.stderr)
+
+
 OPENMP_PROBE = textwrap.dedent(
     """
     #include <omp.h>
@@ -93,11 +101,8 @@ def openmp_flags():
                                       (["-Xpreprocessor", "-fopenmp"], ["-lomp"])):
         if _compiles(compile_flags + link_flags, OPENMP_PROBE):
             return compile_flags, link_flags
-    message = ("xentfast: the C compiler does not support OpenMP; building a SERIAL extension "
-               "(n_threads will have no effect).")
-    if _env_flag("XENTFAST_REQUIRE_OPENMP"):
-        sys.exit(message + " XENTFAST_REQUIRE_OPENMP=1 forbids that.")
-    print("\n" + "*" * 78 + "\nWARNING: " + message + "\n" + "*" * 78 + "\n", file=sys.stderr)
+    _fall_back("xentfast: the C compiler does not support OpenMP; building a SERIAL extension "
+               "(n_threads will have no effect).", "XENTFAST_REQUIRE_OPENMP")
     return None
 
 
@@ -130,11 +135,9 @@ def avx2_path_library():
             any(arch in target for arch in ("arm64", "universal2")):
         return None                    # not an x86 build (the headers check the target again)
     if not _compiles(["-mavx2", "-mfma"], "int main(void){return 0;}"):
-        message = ("xentfast: the C compiler did not build a test program with -mavx2 -mfma; building the "
-                   "baseline path only, whose exact fma emulation makes the kernels 17-30x slower.")
-        if _env_flag("XENTFAST_REQUIRE_AVX2_PATH"):
-            sys.exit(message + " XENTFAST_REQUIRE_AVX2_PATH=1 forbids that.")
-        print("\n" + "*" * 78 + "\nWARNING: " + message + "\n" + "*" * 78 + "\n", file=sys.stderr)
+        _fall_back("xentfast: the C compiler did not build a test program with -mavx2 -mfma; building the "
+                   "baseline path only, whose exact fma emulation makes the kernels 17-30x slower.",
+                   "XENTFAST_REQUIRE_AVX2_PATH")
         return None
     return ("xentfast_avx2", {
         "sources": avx2_sources,
