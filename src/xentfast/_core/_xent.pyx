@@ -96,6 +96,7 @@ cdef extern from "xent_kernels.h" nogil:
     enum: XF_PATH_BASELINE
     enum: XF_PATH_AVX2
     int xf_cpu_supports_path(int path)
+    int xf_path_fma_native(int path)
     const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
 
@@ -116,6 +117,13 @@ _current_path = "baseline"
 def available_cpu_paths():
     """Code paths this build has and this CPU can run, baseline first."""
     return [name for name, code in _PATHS.items() if xf_cpu_supports_path(code)]
+
+
+def fma_instruction(name):
+    """Whether code path `name` computes xf_fma with the fma instruction (True) or its exact emulation."""
+    if name not in _PATHS:
+        raise ValueError(f"unknown code path {name!r}; choose from {', '.join(_PATHS)}")
+    return bool(xf_path_fma_native(_PATHS[name]))
 
 
 def set_cpu_path(name):

@@ -77,6 +77,7 @@ XF_DECLARE_TABLE(double, f64)
 /* the only symbols of the path's unit; hidden: each extension module links its own copy */
 __attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx2 = XF_TABLE(f32, f32_avx2);
 __attribute__((visibility("hidden"))) const xf_softmax_table_f64 xf_softmax_f64_avx2 = XF_TABLE(f64, f64_avx2);
+__attribute__((visibility("hidden"))) const int xf_avx2_fma_native = XF_FMA_NATIVE;
 #else
 static const xf_softmax_table_f32 xf_softmax_f32_baseline = XF_TABLE(f32, f32);
 static const xf_softmax_table_f64 xf_softmax_f64_baseline = XF_TABLE(f64, f64);
@@ -86,6 +87,7 @@ extern "C" {
 #endif
 __attribute__((visibility("hidden"))) extern const xf_softmax_table_f32 xf_softmax_f32_avx2;
 __attribute__((visibility("hidden"))) extern const xf_softmax_table_f64 xf_softmax_f64_avx2;
+__attribute__((visibility("hidden"))) extern const int xf_avx2_fma_native;
 #ifdef __cplusplus
 }
 #endif
@@ -107,6 +109,19 @@ static int xf_cpu_supports_path(int path)
     }
 #endif
     return 0;
+}
+
+/* Whether a path's xf_fma is the fma instruction (1) or the exact emulation (0): the same bits either
+ * way, so only this tells a build whose AVX2+FMA unit lost its -mfma. */
+static inline int xf_path_fma_native(int path)
+{
+#if XF_HAVE_AVX2_PATH
+    if (path == XF_PATH_AVX2) {
+        return xf_avx2_fma_native;
+    }
+#endif
+    (void)path;
+    return XF_FMA_NATIVE;
 }
 
 static const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)

@@ -75,18 +75,26 @@ XF_HD double xf_fma_emulated(double a, double b, double c)
     return v_odd == 0.0 ? th : th + v_odd;
 }
 
-/* a * b + c rounded once: the fma instruction where the code is compiled for one (CUDA devices, the
- * AVX2+FMA path of the CPU build, aarch64), the exact emulation above elsewhere (the baseline x86-64
- * path).  Every path therefore gives the same bits; only the speed differs.  XF_FMA_EMULATE=1 forces the
- * emulation (tests/test_cuda.py: the PTX of such a build must hold no fma at all, which shows that
- * --fmad=false leaves no contraction of the compiler's own). */
+/* XF_FMA_NATIVE: 1 where this unit is compiled for an fma instruction (CUDA devices, the AVX2+FMA path
+ * of the CPU build, aarch64), 0 elsewhere (the baseline x86-64 path).  XF_FMA_EMULATE=1 forces 0
+ * (tests/test_cuda.py: the PTX of such a build must hold no fma at all, which shows that --fmad=false
+ * leaves no contraction of the compiler's own).  The extension modules report it per CPU path
+ * (xentfast._core._xent.fma_instruction, show_config, tests/test_build.py). */
+#if defined(XF_FMA_EMULATE) && XF_FMA_EMULATE
+#define XF_FMA_NATIVE 0
+#elif defined(__CUDA_ARCH__) || (defined(__GNUC__) && (defined(__FMA__) || defined(__ARM_FEATURE_FMA)))
+#define XF_FMA_NATIVE 1
+#else
+#define XF_FMA_NATIVE 0
+#endif
+
+/* a * b + c rounded once: the instruction where XF_FMA_NATIVE, the exact emulation above elsewhere.
+ * Every path therefore gives the same bits; only the speed differs. */
 XF_HD double xf_fma(double a, double b, double c)
 {
-#if defined(XF_FMA_EMULATE) && XF_FMA_EMULATE
-    return xf_fma_emulated(a, b, c);
-#elif defined(__CUDA_ARCH__)
+#if XF_FMA_NATIVE && defined(__CUDA_ARCH__)
     return __fma_rn(a, b, c);
-#elif defined(__GNUC__) && (defined(__FMA__) || defined(__ARM_FEATURE_FMA))
+#elif XF_FMA_NATIVE
     return __builtin_fma(a, b, c);
 #else
     return xf_fma_emulated(a, b, c);
@@ -98,11 +106,9 @@ XF_HD double xf_fma(double a, double b, double c)
  * since the value is the same either way. */
 XF_HD double xf_mul_add_exact(double a, double b, double c)
 {
-#if defined(XF_FMA_EMULATE) && XF_FMA_EMULATE
-    return a * b + c;
-#elif defined(__CUDA_ARCH__)
+#if XF_FMA_NATIVE && defined(__CUDA_ARCH__)
     return __fma_rn(a, b, c);
-#elif defined(__GNUC__) && (defined(__FMA__) || defined(__ARM_FEATURE_FMA))
+#elif XF_FMA_NATIVE
     return __builtin_fma(a, b, c);
 #else
     return a * b + c;
