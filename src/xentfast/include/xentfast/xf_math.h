@@ -106,10 +106,8 @@ XF_HD double xf_fma(double a, double b, double c)
  * since the value is the same either way. */
 XF_HD double xf_mul_add_exact(double a, double b, double c)
 {
-#if XF_FMA_NATIVE && defined(__CUDA_ARCH__)
-    return __fma_rn(a, b, c);
-#elif XF_FMA_NATIVE
-    return __builtin_fma(a, b, c);
+#if XF_FMA_NATIVE
+    return xf_fma(a, b, c);
 #else
     return a * b + c;
 #endif
