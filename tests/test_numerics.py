@@ -191,6 +191,37 @@ def test_exp_lite_normal_is_exp_lite_bit_for_bit(x):
     assert _scalar.exp_lite_normal(np.array([x])).tobytes() == _scalar.exp_lite(np.array([x])).tobytes()
 
 
+# xf_bin_log1p_unit (binary.h): the minimax polynomial's equioscillation level in w = (2s)^2 plus the
+# evaluation's roundings (~2^-51)
+BIN_LOG1P_UNIT_REL = 4.7609e-12 + 2.0**-50
+
+
+def _bin_log1p_unit_rel_err(e):
+    got = _scalar.bin_log1p_unit(e)
+    ref = exact(mpmath.log1p, e)
+    return np.array([abs(mpmath.mpf(float(g)) / r - 1) for g, r in zip(got, ref)], dtype=float)
+
+
+def test_bin_log1p_unit_meets_its_bound_on_both_branches():
+    # the polynomial's error peaks at interior extrema of w in [0, 0.1178] and at its end, which both
+    # branches reach (e = sqrt 2 - 1 from either side); sample each densely, and the branch cutoff's
+    # floating-point neighbours
+    cut = np.sqrt(2.0) - 1.0
+    e = np.concatenate([np.linspace(2.0**-20, 1.0, 6001), np.exp2(np.linspace(-1000, -20, 500)),
+                        cut + np.arange(-8, 9) * np.spacing(cut), [1.0, np.nextafter(1.0, 0.0)]])
+    err = _bin_log1p_unit_rel_err(e)
+    assert err.max() <= BIN_LOG1P_UNIT_REL, err.max()
+    # and the bound is the polynomial's, not slack: a degree lower reaches 2^-30.2, a degree higher 2^-44.9
+    assert err.max() >= 0.8 * BIN_LOG1P_UNIT_REL
+
+
+@given(st.floats(min_value=2.0**-1000, max_value=1.0, **F64))
+@example(1.0)
+@example(2.0**-1000)
+def test_bin_log1p_unit(e):
+    assert _bin_log1p_unit_rel_err(np.array([e]))[0] <= BIN_LOG1P_UNIT_REL
+
+
 @given(st.floats(min_value=0.0, max_value=1.7976931348623157e308, exclude_min=True, **F64))
 def test_log(x):
     fn, ref, bound = CASES["log"]

@@ -16,6 +16,9 @@ cdef extern from "xentfast/numerics.h" nogil:
     void xf_dd_exp(double hi, double lo, double *eh, double *el)
     double xf_fma_emulated(double a, double b, double c)
 
+cdef extern from "xentfast/binary.h" nogil:
+    double xf_bin_log1p_unit(double e, double rd)
+
 
 ctypedef double (*unary_fn)(double) noexcept nogil
 ctypedef double (*binary_fn)(double, double) noexcept nogil
@@ -77,6 +80,13 @@ def exp_lite(x):
 def exp_lite_normal(x):
     """exp_lite for x in [-708, 0] without the clamp: the same bits there."""
     return _apply1(xf_exp_lite_normal, x)
+
+
+def bin_log1p_unit(e):
+    """log1p(e) for e in [2^-1000, 1] to 2^-37.6 relative (float32 BCE's plain-double form), given the
+    1 / (1 + e) that the kernels form and reuse."""
+    e = np.ascontiguousarray(e, dtype=np.float64)
+    return _apply2(xf_bin_log1p_unit, e, 1.0 / (1.0 + e))
 
 
 def exp_dd(hi, lo):

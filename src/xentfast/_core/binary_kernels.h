@@ -22,10 +22,13 @@
  * of the selected value) into phis of booleans that the vectorizer cannot if-convert: with it, the
  * element loops of BCE with logits and of the focal loss stay scalar (gcc 12, -fopt-info-vec).  It
  * removes recomputation only, never changes a rounding, so switching it off for this header changes
- * speed, not bits. */
+ * speed, not bits.  Jump threading is off for the same reason: where two selects test one condition
+ * (xf_bin_log1p_unit's `big`), it copies the short code between them onto each outcome, and the
+ * vectorizer then evaluates both copies, division and polynomial included (BCE float32: 156 divisions
+ * in the fast-chunk function instead of 108). */
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
 #pragma GCC push_options
-#pragma GCC optimize("no-tree-pre")
+#pragma GCC optimize("no-tree-pre", "no-thread-jumps")
 #define XF_BIN_POP_OPTIONS 1
 #endif
 

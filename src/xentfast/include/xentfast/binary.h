@@ -306,7 +306,7 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
  * double value to within a small fraction of a float32 ULP, and for an ordinary element plain double
  * arithmetic gives that:
  *   - |x| <= 80: e = exp(-|x|) >= 1.8e-35, every quantity below is a normal double; exp to 2^-32
- *     (xf_exp_lite_normal), log1p to 2^-39 (xf_bin_log1p_unit), 1/(1 + e), products and sums each
+ *     (xf_exp_lite_normal), log1p to 2^-37.6 (xf_bin_log1p_unit), 1/(1 + e), products and sums each
  *     2^-53;
  *   - 0 <= y <= 1, w and q in [2^-60, 2^60] (q may be 0), |upstream| in [2^-60, 2^60], no loss scaling:
  *     no product leaves the normal range, and the loss is a sum of non-negative terms (no cancellation).
@@ -346,32 +346,33 @@ typedef struct {
     int pos;    /* x >= 0 (true for -0), as xf_bin_logit */
 } xf_bin_fast_logit;
 
-/* log1p(e) for e in [2^-1000, 1] given rd = 1/(1 + e), to 2^-39 relative, with one division (xf_log1p
+/* log1p(e) for e in [2^-1000, 1] given rd = 1/(1 + e), to 2^-37.6 relative, with one division (xf_log1p
  * has two and carries double-double corrections a float32 result has no use for).
  *   1 + e <= sqrt 2: log1p(e) = 2 atanh(s), s = e / (2 + e), |s| <= 0.1716;
  *   1 + e >  sqrt 2: u = fl(1 + e) = 2 (1 + f) with f = u/2 - 1 exact in (-0.293, 0], and the rounding
  *                    d = e - (u - 1) (exact, Fast2Sum) enters as log(1 + d/u) = d rd to 2^-53;
  *                    log1p(e) = ln 2 + 2 atanh(f / (2 + f)) + d rd, in [0.346, 0.694] (no cancellation
  *                    beyond a factor 2).
- * 2 atanh(s) = 2s (1 + s^2/3 + ... + s^12/13): the first omitted term, s^14/15, is below 2^-39.5 of the
- * sum; the few roundings of the evaluation add ~2^-50.  Estrin's scheme, as in xf_exp_lite_reduced: this
- * chain follows the exponential and a division on the element's critical path. */
+ * With t = 2s (exact) and w = t^2 <= 0.1178: 2 atanh(s) = t (1 + w p(w)), p of degree 3, the minimax
+ * polynomial of the relative error on [0, 0.1178] (Remez, equioscillating at 4.76e-12 = 2^-37.6; the
+ * Taylor polynomial of degree 6 in s^2 it replaces reached 2^-39.5 with three more multiply-adds).  The
+ * roundings of the evaluation add ~2^-51.  Estrin's scheme, as in xf_exp_lite_reduced: this chain
+ * follows the exponential and a division on the element's critical path.  The multiply-adds are xf_fma,
+ * one rounding each, the same bits on every path (2^-37.6 leaves the float32 bound its margin, see above:
+ * the polynomial's degree, not the evaluation, sets the error). */
 XF_HD double xf_bin_log1p_unit(double e, double rd)
 {
     double u = 1.0 + e;
     double d = e - (u - 1.0);
     int big = u > 0x1.6a09e667f3bcdp+0;
-    double f = big ? 0.5 * u - 1.0 : e;
-    double sv = f / (2.0 + f);
-    double z = sv * sv;
-    double z2 = z * z;
-    double p01 = z * 0x1.999999999999ap-3 + 0x1.5555555555555p-2;  /* 1/5, 1/3 */
-    double p23 = z * 0x1.c71c71c71c71cp-4 + 0x1.2492492492492p-3;  /* 1/9, 1/7 */
-    double p45 = z * 0x1.3b13b13b13b14p-4 + 0x1.745d1745d1746p-4;  /* 1/13, 1/11 */
-    double p = (p01 + z2 * p23) + (z2 * z2) * p45;
-    double t = 2.0 * sv;
-    double at = t + t * (z * p);
-    return big ? (XF_MATH_LN2_HI + (at + (d * rd + XF_MATH_LN2_LO))) : at;
+    double f = big ? xf_mul_add_exact(0.5, u, -1.0) : e;
+    double t = 2.0 * (f / (2.0 + f));
+    double w = t * t;
+    double w2 = w * w;
+    double p01 = xf_fma(w, 0x1.999a7a1a2c12cp-7, 0x1.555554fde2d86p-4);
+    double p23 = xf_fma(w, 0x1.e2f2d41f1620dp-12, 0x1.2438f15e71923p-9);
+    double at = xf_fma(t, w * xf_fma(w2, p23, p01), t);
+    return big ? (XF_MATH_LN2_HI + (at + xf_fma(d, rd, XF_MATH_LN2_LO))) : at;
 }
 
 XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
@@ -385,20 +386,29 @@ XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
     return r;
 }
 
+/* The target's mass on x's own side, `own` (1 - y for x >= 0, q y below), and on the other, `other`.
+ * With sp(x) = a + l for x >= 0 and l below (and sp(-x) the other way round),
+ *     (1 - y) sp(x) + q y sp(-x) = own a + (own + other) l
+ * one product of a and one multiply-add, every term >= 0.  own + other = fma(q, y, 1 - y) is exactly 1
+ * for q = 1 (fl(1 - y) lies within 2^-54 of 1 - y, and adding y rounds back to 1, a tie going to even);
+ * the select says so to the compiler, which drops the product for the unweighted instances. */
 XF_HD double xf_bin_bce_fast_loss(xf_bin_fast_logit f, double y, double w, double q)
 {
-    double big = f.a + f.l;
-    double sp_x = f.pos ? big : f.l;
-    double sp_mx = f.pos ? f.l : big;
-    return w * ((1.0 - y) * sp_x + (q * y) * sp_mx);
+    double omy = 1.0 - y;
+    double own = f.pos ? omy : q * y;
+    double mass = (q == 1.0) ? 1.0 : xf_fma(q, y, omy);
+    return w * xf_fma(own, f.a, mass * f.l);
 }
 
+/* (1 - y) s(x) - q y s(-x) with s(|x|) = rd and s(-|x|) = tail = e rd is +-(own rd - other tail), + for
+ * x >= 0: one product and one multiply-add. */
 XF_HD double xf_bin_bce_fast_grad(xf_bin_fast_logit f, double y, double w, double q, double s)
 {
-    double tail = f.e * f.rd;
-    double sx = f.pos ? f.rd : tail;
-    double smx = f.pos ? tail : f.rd;
-    double bracket = (1.0 - y) * sx - (q * y) * smx;
+    double omy = 1.0 - y;
+    double own = f.pos ? omy : q * y;
+    double other = f.pos ? q * y : omy;
+    double b = xf_fma(own, f.rd, -(other * (f.e * f.rd)));
+    double bracket = f.pos ? b : -b;
     return (bracket == 0.0) ? 0.0 : (s * w) * bracket;
 }
 
