@@ -11,7 +11,8 @@
 #     by the fixed-shape double-double sum of xentfast/ddsum.h: either stored and summed by
 #     xentfast._core._xent.dd_sum, or (`part`) summed block by block inside the kernel into the same
 #     partials, then merged by the same tree.  `mean` is the mean of `none` for every thread count, and
-#     float32 sums are not built from float32-rounded terms.
+#     float32 sums are not built from float32-rounded terms.  The loops are schedule="guided", for
+#     the reason in _xent.pyx (c): which thread runs a block never changes its bits.
 # (d) Outputs are written once per element: the loss in the storage type for reduction="none" (no
 #     double temporary of the input's size), in double otherwise; the gradient in the storage type,
 #     possibly over the input (inplace).
@@ -186,7 +187,7 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     with nogil:
         with parallel(num_threads=n_threads):
             fp_thread = xf_fp_ieee_enter()
-            for b in prange(nb, schedule="static"):
+            for b in prange(nb, schedule="guided"):
                 off = b * XF_BIN_BLOCK
                 blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
                 _block(op, &x[0], &t[0], off, blen, &a, ld, lo, gp)
@@ -250,7 +251,7 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
     with nogil:
         with parallel(num_threads=n_threads):
             fp_thread = xf_fp_ieee_enter()
-            for i in prange(N, schedule="static"):
+            for i in prange(N, schedule="guided"):
                 loss[i] = _ce_probs_one_row(&p[0, 0], C, i, yp, ignore_index, tp, wp, rs, scale, &m, loss_k, gp)
             xf_fp_ieee_leave(fp_thread)
 
@@ -294,7 +295,7 @@ def unit_targets(const floating[::1] t, int n_threads):
     cdef Py_ssize_t b
     cdef int bad = 0
     with nogil:
-        for b in prange(nb, schedule="static", num_threads=n_threads):
+        for b in prange(nb, schedule="guided", num_threads=n_threads):
             bad += not _plain_unit_targets(&t[b * block], min(block, n - b * block))
     return bad == 0
 

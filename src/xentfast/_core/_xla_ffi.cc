@@ -10,7 +10,8 @@
 //     bits as the row loop (tests/test_threads.py) and only changes which thread runs which block, so
 //     the handlers keep to the row loop.
 // (c) Threads: OpenMP, with the NumPy API's rule (xentfast._threads.threads_for): all of OpenMP's
-//     threads, but one per 16384 elements at most.  A row's result never depends on the count.
+//     threads, but one per 16384 elements at most.  A row's result never depends on the count, nor
+//     on which thread runs it: the loops are schedule(guided), as _xent.pyx (c) explains.
 // (d) Nothing is validated here: xentfast.jax checks shapes and dtypes while tracing and replaces
 //     invalid labels by the skip label -1 before the call.  A handler still refuses a dtype it has no
 //     kernel for, with an error XLA reports, instead of reading memory wrongly.
@@ -136,7 +137,7 @@ void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long long i = 0; i < N; ++i) {
         double l = 0.0;
         if (y != nullptr && y[i] == kSkip) {
@@ -168,7 +169,7 @@ void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long long i = 0; i < N; ++i) {
         xf_rowjob job;
         xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1);
@@ -219,7 +220,7 @@ void bce_elements(const T *x, const T *y, const double *g, long long n, T *loss,
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long long b = 0; b < nb; ++b) {
         const long long off = b * XF_BIN_BLOCK;
         const long long blen = std::min(n - off, static_cast<long long>(XF_BIN_BLOCK));
@@ -236,7 +237,7 @@ void neg_product(const T *g, const T *x, T *out, long long n)
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
-#pragma omp for schedule(static)
+#pragma omp for schedule(guided)
     for (long long i = 0; i < n; ++i) {
         out[i] = -(g[i] * x[i]);
     }
