@@ -94,7 +94,9 @@ def ce_prob_cases(draw, dtype):
     C = draw(st.sampled_from([1, 2, 3, 5, 8]))
     p = draw(unit_probabilities((rows, C), dtype))
     if draw(st.booleans()):
-        p = (p / np.maximum(p.sum(axis=1, keepdims=True), 1e-300)).astype(dtype)   # some rows normalised
+        # some rows normalised; the sum in float64, where 1e-300 keeps an all-zero row at 0 (in float32 the
+        # floor rounds to 0 and 0/0 made that row NaN by accident)
+        p = (p / np.maximum(p.sum(axis=1, keepdims=True, dtype=np.float64), 1e-300)).astype(dtype)
     if draw(st.integers(0, 5)) == 0:
         p[draw(st.integers(0, rows - 1)), draw(st.integers(0, C - 1))] = np.nan
     if draw(st.booleans()):

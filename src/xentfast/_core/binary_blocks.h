@@ -138,6 +138,9 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
             if (fast_mode == 1) {
                 int fast = xf_bin_bce_fast_ok(xv, y, wj, qj, loss_k);
                 int fast_g = xf_bin_bce_fast_grad_ok(fast, sj);
+                /* evaluated on every element of the chunk, also outside the form's domain (|x| > 80,
+                 * inf, NaN), where its values are garbage and may differ between paths (the emulated
+                 * fma's domain ends there too): the selects below discard them, so no output does */
                 xf_bin_fast_logit f = xf_bin_fast_pieces(xv);
                 v = (fast & (want_d | want_o)) ? xf_bin_bce_fast_loss(f, y, wj, qj) : v;
                 gv = (fast_g & want_g) ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : gv;
