@@ -209,60 +209,91 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk) 
 }
 #undef XF_BIN_OWN_CODE
 
-/* The fast-form decision per chunk, for a literal `unweighted`. */
-XF_HD void XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                            const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
+/* The block's inputs and outputs from element c0 on. */
+XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_from)(XF_BIN_FN(xf_bin_blk) b, long long c0)
+{
+    b.x += c0;
+    b.t += c0;
+    b.w += c0;
+    b.q += c0;
+    b.g = b.g ? b.g + c0 : 0;
+    b.ld = b.ld ? b.ld + c0 : 0;
+    b.lo = b.lo ? b.lo + c0 : 0;
+    b.gr = b.gr ? b.gr + c0 : 0;
+    return b;
+}
+
+/* Whether every element of the chunk [c0, c0 + len) takes the fast form for each wanted output (the
+ * loss, and the gradient when asked), for a literal `unweighted`. */
+XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long len,
+                                               const xf_bin_args *a, const int unweighted, const int grad)
 {
     const double scale = a->scale, loss_k = a->loss_k;
+    const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
     /* no weights and no per-element upstream factor (the ones in b.g): the predicates reduce to
      * |x| <= 80 and 0 <= y <= 1 per element, and the rest is the same for every element.  Those two tests
      * give the same answer in the storage type (80, 0 and 1 are exact floats, and the conversion to double
      * is exact and monotone), where one vector holds 8 floats instead of 4 doubles and no conversion or
      * mask packing is needed (the double form was ~7 % of a float32 call). */
-    const int storage_test = unweighted && a->g == 0;
-    const int invariant_ok = (loss_k == 0.0) && (!grad || xf_bin_bce_fast_grad_ok(1, scale));
     const XF_T max_abs = (XF_T)XF_BIN_FAST_MAX_ABS_X, zero = (XF_T)0.0, one = (XF_T)1.0;
-    long long c0, j;
-    for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
-        const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
-        XF_BIN_FN(xf_bin_blk) c = b;
-        c.x += c0;
-        c.t += c0;
-        c.w += c0;
-        c.q += c0;
-        c.g = c.g ? c.g + c0 : 0;
-        c.ld = c.ld ? c.ld + c0 : 0;
-        c.lo = c.lo ? c.lo + c0 : 0;
-        c.gr = c.gr ? c.gr + c0 : 0;
-        int all_ok = 1;
-        /* all-fast: every element's wanted outputs (the loss, and the gradient when asked) qualify */
-        if (storage_test) {
-            all_ok = invariant_ok;
+    int all_ok = 1;
+    long long j;
+    if (unweighted && a->g == 0) {
+        all_ok = (loss_k == 0.0) && (!grad || xf_bin_bce_fast_grad_ok(1, scale));
 #pragma omp simd reduction(& : all_ok)
-            for (j = 0; j < len; j++) {
-                const XF_T xv = c.x[j], yv = c.t[j];
-                all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one);
-            }
-        } else if (grad) {
-#pragma omp simd reduction(& : all_ok)
-            for (j = 0; j < len; j++) {
-                all_ok &= xf_bin_bce_fast_grad_ok(
-                    xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
-                                       unweighted ? 1.0 : c.q[j], loss_k),
-                    scale * c.g[j]);
-            }
-        } else {
-#pragma omp simd reduction(& : all_ok)
-            for (j = 0; j < len; j++) {
-                all_ok &= xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
-                                             unweighted ? 1.0 : c.q[j], loss_k);
-            }
+        for (j = 0; j < len; j++) {
+            const XF_T xv = c.x[j], yv = c.t[j];
+            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one);
         }
-        if (all_ok) {
-            XF_BIN_FN(xf_bce_logits_fast_chunk)(c, len, a, unweighted, loss_d, loss_o, grad);
-        } else {
-            XF_BIN_FN(xf_bce_logits_mixed_chunk)(c, len, a, unweighted, loss_d, loss_o, grad);
+    } else if (grad) {
+#pragma omp simd reduction(& : all_ok)
+        for (j = 0; j < len; j++) {
+            all_ok &= xf_bin_bce_fast_grad_ok(
+                xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                   unweighted ? 1.0 : c.q[j], loss_k),
+                scale * c.g[j]);
         }
+    } else {
+#pragma omp simd reduction(& : all_ok)
+        for (j = 0; j < len; j++) {
+            all_ok &= xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                         unweighted ? 1.0 : c.q[j], loss_k);
+        }
+    }
+    return all_ok;
+}
+
+/* The fast-form decision per chunk of XF_BIN_FAST_CHUNK elements, for a literal `unweighted`; then one
+ * call per run of chunks that decided alike, so that a block of ordinary elements is one call of the
+ * fast loop.  A call per chunk cost ~10 % of a float32 BCE call: each call passes the block by value
+ * and loads and spills its ~15 constants afresh.  Every element still gets the form its own chunk
+ * decided, so the bits are those of one call per chunk. */
+XF_HD void XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                            const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
+{
+    long long c0 = 0;
+    int ok = n > 0 ? XF_BIN_FN(xf_bce_logits_chunk_fast)(b, 0, n < XF_BIN_FAST_CHUNK ? n : XF_BIN_FAST_CHUNK,
+                                                         a, unweighted, grad != 0) : 1;
+    while (c0 < n) {
+        long long c1 = c0 + XF_BIN_FAST_CHUNK;
+        int next_ok = ok;
+        while (c1 < n) {
+            const long long len = (n - c1 < XF_BIN_FAST_CHUNK) ? n - c1 : XF_BIN_FAST_CHUNK;
+            next_ok = XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c1, len, a, unweighted, grad != 0);
+            if (next_ok != ok) {
+                break;
+            }
+            c1 += len;
+        }
+        c1 = c1 < n ? c1 : n;
+        const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
+        if (ok) {
+            XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
+        } else {
+            XF_BIN_FN(xf_bce_logits_mixed_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
+        }
+        c0 = c1;
+        ok = next_ok;
     }
 }
 #endif
