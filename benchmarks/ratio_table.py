@@ -72,22 +72,28 @@ class Stat:
         self.cpu_per_wall = cpu / sum(times)
 
 
-def run_interleaved(fns, repeats, slow_repeats, slow_s, per_call=None):
+def run_interleaved(fns, repeats, slow_repeats, slow_s, per_call=None, row_s=0.0, max_repeats=None):
     """Median of each callable's timed runs, timed round by round in rotating order after one warm-up each.
 
     A peer whose first timed run takes more than ``slow_s`` stops after ``slow_repeats`` runs, so that the
     slow peers at the large shapes do not dominate the run time; xentfast itself always gets ``repeats``.
-    ``per_call``: how many calls each callable makes (tiny problems are timed in batches), to report the
-    time of one.
+    After ``repeats`` rounds, more rounds follow while the row has taken less than ``row_s`` seconds, up to
+    ``max_repeats``: the short rows' medians then rest on 15-25 runs instead of 5, where one slow run
+    (a busy core) moved a median far enough to flip a verdict.  ``per_call``: how many calls each
+    callable makes (tiny problems are timed in batches), to report the time of one.
     """
     names = list(fns)
     per_call = per_call or {}
+    max_repeats = max(repeats, max_repeats or repeats)
     for name in names:
         fns[name]()  # warm-up: page faults, thread pools, JAX's compilation
     times = {name: [] for name in names}
     cpu = {name: 0.0 for name in names}
-    wanted = dict.fromkeys(names, repeats)
-    for r in range(repeats):
+    wanted = dict.fromkeys(names, max_repeats)
+    start = time.perf_counter()
+    for r in range(max_repeats):
+        if r >= repeats and time.perf_counter() - start >= row_s:
+            break
         k = r % len(names)
         for name in names[k:] + names[:k]:
             if len(times[name]) >= wanted[name]:
@@ -130,7 +136,8 @@ def measure_row(row, args):
         fn = factories[name](a, b, args.threads)
         if fn is not None:
             fns[name] = fn
-    stats = run_interleaved(fns, args.repeats, args.slow_repeats, args.slow_s)
+    stats = run_interleaved(fns, args.repeats, args.slow_repeats, args.slow_s, row_s=args.row_s,
+                            max_repeats=args.max_repeats)
     nbytes = peers.BYTES[family](a, b)
     del fns, a, b, out
     peers.drop_problems()
@@ -195,6 +202,9 @@ def main(argv=None):
     ap.add_argument("--slow-repeats", type=int, default=3,
                     help="timed runs for a peer slower than --slow-s per call (default 3); never xentfast")
     ap.add_argument("--slow-s", type=float, default=2.0, help="see --slow-repeats (default 2.0 s)")
+    ap.add_argument("--row-s", type=float, default=3.0,
+                    help="after --repeats rounds, keep timing a row while it has taken less (default 3.0 s)")
+    ap.add_argument("--max-repeats", type=int, default=25, help="rounds per row at most (default 25)")
     ap.add_argument("--quick", action="store_true", help=f"only shapes of at most {QUICK_MAX_ELEMENTS:.0e} elements")
     ap.add_argument("--only", metavar="SUBSTRING", help="only rows whose label contains it (e.g. 'binary', "
                     "'128256', 'float64', 'tiny')")
