@@ -255,6 +255,44 @@ def test_small_probabilities_float64_keep_their_digits():
                      ref.cross_entropy_grad(x, np.array([1]), reduction="none"), 4.0, inputs={"x": x})
 
 
+@pytest.mark.parametrize("x, target, weight, eps", [
+    # q_0 = eps/2 * 1e-200 = 5e-401 underflows, q_0 (-log p_0) = 5e-101 does not: the loss came out 0
+    ([[-1e300, 0.0]], [1], [1e-200, 1.0], 1e-200),
+    # the case Hypothesis found, sharpened: q_0 = 5.9e-382 underflows, the loss is 17 subnormal ULPs
+    ([[0.0, 0.0], [-1.43057731e59, 0.0]], [0, 1], [1e-110, 0.0], 1.1830521861667747e-271),
+    # found by Hypothesis: q_13 = 1.11e-308 / 16 is subnormal and -log p_13 = 1e300; scaled by 2^1200
+    # before the product, the term overflowed
+    ([[0.0] * 7 + [1e300] + [0.0] * 8], [7], [0.0] * 13 + [1.11253693e-308, 0.0, 0.0], 1.0),
+    # probability targets: a tiny probability times a tiny weight, a huge -log p
+    ([[-1e250, 0.0]], [[1e-200, 1.0]], [1e-150, 1.0], 0.0),
+    # the argmax class carries a subnormal mass, rounded on the subnormal grid before, and log S = log 1e5
+    # magnified that to 6.9 ULP (0.08 now)
+    (np.zeros((1, 100_000)), [0], [1e-310] + [0.0] * 99_999, 0.7),
+])
+def test_loss_terms_with_an_underflowing_mass_keep_their_value(x, target, weight, eps):
+    """A smoothing or probability mass q_j times a tiny weight underflows long before q_j (-log p_j)
+    does; the term is then formed scaled by 2^1200 (softmax_row.h, xf_xent_term)."""
+    x = np.array(x)
+    t = np.array(target)
+    kw = dict(weight=np.array(weight), label_smoothing=eps)
+    loss = xf.cross_entropy(x, t, reduction="none", **kw)
+    exact = ref.cross_entropy(x, t, reduction="none", **kw)
+    assert all(v > 0 for v in exact)
+    assert_ulp_close(loss, exact, 4.0, inputs={"logits": x, "target": t})
+    assert_ulp_close(np.asarray(xf.cross_entropy(x, t, reduction="sum", **kw)),
+                     ref.cross_entropy(x, t, reduction="sum", **kw), 4.0)
+    if x.size <= 16:
+        _check_rows(XentCase(x, t, kw["weight"], eps, -100, 0.0), np.float64)
+
+
+def test_z_loss_of_the_smallest_weight_keeps_its_value():
+    """Found by Hypothesis: z r = 1e-4 * 5e-324 underflows to 0, while z r lse^2 = 5e272 and the
+    gradient's 2 z r lse = 1e-27 do not (the loss and gradient came out 0)."""
+    x = np.array([[1e300]])
+    t = np.array([0])
+    _check_rows(XentCase(x, t, np.array([5e-324]), 0.0, -100, 1e-4), np.float64)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_classes_contribute_exactly_zero(dtype):
     x = np.array([[1.0, -np.inf, 2.0, -np.inf]], dtype=dtype)

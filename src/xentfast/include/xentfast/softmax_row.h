@@ -217,6 +217,19 @@ XF_HD double xf_row_target_q(const xf_rowjob *job, long long j, double w_j, doub
     return (j == job->y) ? q + (1.0 - job->eps) * job->w_y : q;
 }
 
+/* q_j 2^1200, for a loss term whose q_j lies below 2^-969 (xf_xent_term): the weights and the masses
+ * (smoothing, probability, 1 - eps) each scaled by 2^600.  Exact scalings, and no overflow: q_j < 2^-969
+ * bounds every non-negative addend, so each scaled one stays below 2^231 (w_j > 2^423 would need a mass
+ * below 2^-1392, which no double above 0 is).  The products round once, as normal numbers, where the
+ * unscaled ones were subnormal or 0.  Not covered: a smoothing mass eps / C_eff that is itself subnormal. */
+XF_HD double xf_row_target_q_2p1200(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
+{
+    double smooth = (job->eps_per_class * finite) * 0x1p600;
+    double ws = w_j * 0x1p600;
+    double q = job->prob ? ws * ((1.0 - job->eps) * (t_j * 0x1p600) + smooth) : ws * smooth;
+    return (j == job->y) ? q + (((1.0 - job->eps) * 0x1p600) * job->w_y) * 0x1p600 : q;
+}
+
 /* scale * q_j, the target part of the gradient.  A subnormal probability t_j makes (1 - eps) t_j round
  * on the subnormal grid, and the later factors (w_j, the upstream factor) magnify that absolute error:
  * 6 ULP of a subnormal gradient entry was measured against the 5 allowed.  So where the result is below
@@ -251,15 +264,29 @@ XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double 
 {
     double finite = (x_j > -XF_INF) ? 1.0 : 0.0;
     double q = xf_row_target_q(job, j, w_j, finite, t_j);
+    /* q_j below the normal range (a tiny weight times a tiny smoothing mass: 0, or rounded on the
+     * subnormal grid) while q_j (-log p_j) may be far larger: q_j = 1e-400 times -log p_j = 1e300 is a
+     * normal 1e-100, and came out 0.  Such a term is formed from q_j 2^1200 and scaled back by 2^-1200
+     * in exact steps and one final rounding: after the product with -log p_j where that is at most 2^400
+     * (the product stays below 2^631), half before it otherwise (the product stays below 2^655; q_j 2^600
+     * is exact for q_j >= 2^-1622, and a smaller mass with -log p_j above 2^400 is not covered).  The two
+     * steps after the product: the first is exact wherever the result can be above 0, the second rounds
+     * once.  Every other term gets the same bits as before (factors of 1). */
+    int tiny = xf_fabs(q) < 0x1p-969;
+    double q_term = tiny ? xf_row_target_q_2p1200(job, j, w_j, finite, t_j) : q;
     double nlp = xf_neg_log_prob(x_j, job->m, job->log_s);
-    double q_loss = q * job->loss_scale;  /* exact: a power of two */
+    int huge = tiny && (nlp > 0x1p400);
+    double back_first = (tiny && !huge) ? 0x1p-600 : 1.0;
+    double back = tiny ? 0x1p-600 : 1.0;
+    double q_loss = (q_term * (huge ? 0x1p-600 : 1.0)) * job->loss_scale;  /* exact: powers of two */
     double term = xf_row_target_has_mass(job, j, w_j, finite, t_j) ? ((nlp == XF_INF) ? XF_INF : q_loss * nlp)
                                                                      : 0.0;
     if (!(nlp - nlp == 0.0) && x_j > -XF_INF) {
         term = (q_loss * xf_neg_log_prob(0.5 * x_j, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
     }
     *q_out = q;
-    return (j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
+    term = (j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
+    return (term * back_first) * back;
 }
 
 XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, double *lo)
@@ -319,18 +346,24 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
         double rl = r * job->loss_scale;
         double zr = (rl - rl == 0.0) ? job->z * rl : (job->z * r) * job->loss_scale;
         double zterm = (zr * job->lse) * job->lse;
-        if (zr < 0x1p-1022 && zr != 0.0) {
-            /* a subnormal class weight: z r would round onto the subnormal grid and carry that error
-             * times lse^2; with r last the term rounds there once (kept only where it stays finite) */
+        if (zr < 0x1p-1022 && job->z != 0.0 && r != 0.0) {
+            /* a subnormal class weight, or z r below even the subnormals: z r would round onto the
+             * subnormal grid (or to 0) and carry that error times lse^2; with r last the term rounds
+             * there once.  Where z lse^2 overflows while the term does not (r = 5e-324, lse = 1e300:
+             * 5e272), r 2^600 goes first and lse 2^-600 last (kept only where it stays finite) */
             double alt = r * (((job->z * job->loss_scale) * job->lse) * job->lse);
+            if (!(alt - alt == 0.0)) {
+                alt = (((job->z * job->loss_scale) * (r * 0x1p600)) * job->lse) * (job->lse * 0x1p-600);
+            }
             zterm = (alt - alt == 0.0) ? alt : zterm;
         }
         loss = ce + zterm;
         double zr2 = 2.0 * job->z * r;
         double zlse = zr2 * job->lse;
-        if (zr2 < 0x1p-1022 && zr2 != 0.0) {
-            /* a subnormal class weight: (2 z r) lse would carry 2 z r's rounding on the subnormal grid
-             * times |lse|; r last rounds there once (kept only where 2 z lse does not overflow) */
+        if (zr2 < 0x1p-1022 && job->z != 0.0 && r != 0.0) {
+            /* a subnormal class weight, or 2 z r below the subnormals: (2 z r) lse would carry 2 z r's
+             * rounding on the subnormal grid (or its 0) times |lse|; r last rounds there once (kept only
+             * where 2 z lse does not overflow) */
             double alt = r * ((2.0 * job->z) * job->lse);
             zlse = (alt - alt == 0.0) ? alt : zlse;
         }
