@@ -257,36 +257,46 @@ XF_HD int xf_row_target_has_mass(const xf_rowjob *job, long long j, double w_j, 
     return smooth || direct;
 }
 
+/* A class's loss term from q_loss = q_j loss_scale (or a power-of-two multiple of it, see below).  0 * inf
+ * = 0: a class the target gives no mass adds nothing, even when masked (-inf); where m - x_j exceeds
+ * DBL_MAX the term is evaluated halved. */
+XF_HD double xf_xent_term_from(const xf_rowjob *job, long long j, double x_j, double nlp, double q_loss,
+                               int has_mass)
+{
+    double term = has_mass ? ((nlp == XF_INF) ? XF_INF : q_loss * nlp) : 0.0;
+    if (!(nlp - nlp == 0.0) && x_j > -XF_INF) {
+        term = (q_loss * xf_neg_log_prob(0.5 * x_j, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
+    }
+    return (j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
+}
+
 /* One class's part of the loss-terms pass (probability targets, smoothing): returns the loss term
- * loss_scale * q_j * (-log p_j) and stores q_j.  0 * inf = 0: a class the target gives no mass adds
- * nothing, even when masked (-inf); where m - x_j exceeds DBL_MAX the term is evaluated halved. */
+ * loss_scale * q_j * (-log p_j) and stores q_j.
+ * q_j below the normal range (a tiny weight times a tiny smoothing mass: 0, or rounded on the subnormal
+ * grid) while q_j (-log p_j) may be far larger: q_j = 1e-400 times -log p_j = 1e300 is a normal 1e-100,
+ * and came out 0.  Such a term is also formed from q_j 2^1200 (xf_row_target_q_2p1200) and scaled back
+ * by 2^-1200 in exact steps and one final rounding: after the product with -log p_j where that is at
+ * most 2^400, half before it otherwise (q_j 2^600 is exact for q_j >= 2^-1622; a smaller mass with
+ * -log p_j above 2^400 is not covered).  Of the two steps after the product, the first is exact wherever
+ * the result can be above 0, the second rounds once.  Where that form overflows (a mean over a
+ * subnormal denominator scales by up to 2^1074) the direct one stands. */
 XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double w_j, double t_j, double *q_out)
 {
     double finite = (x_j > -XF_INF) ? 1.0 : 0.0;
     double q = xf_row_target_q(job, j, w_j, finite, t_j);
-    /* q_j below the normal range (a tiny weight times a tiny smoothing mass: 0, or rounded on the
-     * subnormal grid) while q_j (-log p_j) may be far larger: q_j = 1e-400 times -log p_j = 1e300 is a
-     * normal 1e-100, and came out 0.  Such a term is formed from q_j 2^1200 and scaled back by 2^-1200
-     * in exact steps and one final rounding: after the product with -log p_j where that is at most 2^400
-     * (the product stays below 2^631), half before it otherwise (the product stays below 2^655; q_j 2^600
-     * is exact for q_j >= 2^-1622, and a smaller mass with -log p_j above 2^400 is not covered).  The two
-     * steps after the product: the first is exact wherever the result can be above 0, the second rounds
-     * once.  Every other term gets the same bits as before (factors of 1). */
-    int tiny = xf_fabs(q) < 0x1p-969;
-    double q_term = tiny ? xf_row_target_q_2p1200(job, j, w_j, finite, t_j) : q;
     double nlp = xf_neg_log_prob(x_j, job->m, job->log_s);
-    int huge = tiny && (nlp > 0x1p400);
-    double back_first = (tiny && !huge) ? 0x1p-600 : 1.0;
-    double back = tiny ? 0x1p-600 : 1.0;
-    double q_loss = (q_term * (huge ? 0x1p-600 : 1.0)) * job->loss_scale;  /* exact: powers of two */
-    double term = xf_row_target_has_mass(job, j, w_j, finite, t_j) ? ((nlp == XF_INF) ? XF_INF : q_loss * nlp)
-                                                                     : 0.0;
-    if (!(nlp - nlp == 0.0) && x_j > -XF_INF) {
-        term = (q_loss * xf_neg_log_prob(0.5 * x_j, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
-    }
+    int has_mass = xf_row_target_has_mass(job, j, w_j, finite, t_j);
+    /* loss_scale is a power of two: q_j loss_scale is exact (or q_j's own rounding on the subnormal grid) */
+    double term = xf_xent_term_from(job, j, x_j, nlp, q * job->loss_scale, has_mass);
     *q_out = q;
-    term = (j == job->argmax) ? xf_weighted_log_s(job, q_loss) : term;
-    return (term * back_first) * back;
+    if (xf_fabs(q) < 0x1p-969) {
+        int huge = nlp > 0x1p400;
+        double q_term = xf_row_target_q_2p1200(job, j, w_j, finite, t_j) * (huge ? 0x1p-600 : 1.0);
+        double scaled = xf_xent_term_from(job, j, x_j, nlp, q_term * job->loss_scale, has_mass);
+        scaled = (scaled * (huge ? 1.0 : 0x1p-600)) * 0x1p-600;
+        term = (scaled - scaled == 0.0) ? scaled : term;
+    }
+    return term;
 }
 
 XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, double *lo)
