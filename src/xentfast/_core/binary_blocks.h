@@ -263,6 +263,19 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
     return all_ok;
 }
 
+/* Elements [c0, c1) in the form their chunks decided (fast: every element qualifies). */
+XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long c1, int fast,
+                                         const xf_bin_args *a, const int unweighted, double *loss_d,
+                                         XF_T *loss_o, XF_T *grad)
+{
+    const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
+    if (fast) {
+        XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
+    } else {
+        XF_BIN_FN(xf_bce_logits_mixed_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
+    }
+}
+
 /* The fast-form decision per chunk of XF_BIN_FAST_CHUNK elements, for a literal `unweighted`; then one
  * call per run of chunks that decided alike, so that a block of ordinary elements is one call of the
  * fast loop.  A call per chunk cost ~10 % of a float32 BCE call: each call passes the block by value
@@ -271,29 +284,19 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
 XF_HD void XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                             const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
-    long long c0 = 0;
-    int ok = n > 0 ? XF_BIN_FN(xf_bce_logits_chunk_fast)(b, 0, n < XF_BIN_FAST_CHUNK ? n : XF_BIN_FAST_CHUNK,
-                                                         a, unweighted, grad != 0) : 1;
-    while (c0 < n) {
-        long long c1 = c0 + XF_BIN_FAST_CHUNK;
-        int next_ok = ok;
-        while (c1 < n) {
-            const long long len = (n - c1 < XF_BIN_FAST_CHUNK) ? n - c1 : XF_BIN_FAST_CHUNK;
-            next_ok = XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c1, len, a, unweighted, grad != 0);
-            if (next_ok != ok) {
-                break;
-            }
-            c1 += len;
+    long long start = 0, c0;
+    int run_fast = 0;
+    for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
+        const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
+        const int fast = XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0);
+        if (c0 > 0 && fast != run_fast) {
+            XF_BIN_FN(xf_bce_logits_run)(b, start, c0, run_fast, a, unweighted, loss_d, loss_o, grad);
+            start = c0;
         }
-        c1 = c1 < n ? c1 : n;
-        const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
-        if (ok) {
-            XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
-        } else {
-            XF_BIN_FN(xf_bce_logits_mixed_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
-        }
-        c0 = c1;
-        ok = next_ok;
+        run_fast = fast;
+    }
+    if (n > 0) {
+        XF_BIN_FN(xf_bce_logits_run)(b, start, n, run_fast, a, unweighted, loss_d, loss_o, grad);
     }
 }
 #endif
