@@ -54,7 +54,11 @@ BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
 INSTANTIATE = """#include "kernels.cu"
 #define XF_INST(T) \\
 template __global__ void xf_softmax_xent_kernel<T>(const T *, const long long *, const T *, const double *, \\
-    const double *, double *, T *, long long, long long, long long, double, double, double, double, int); \\
+    const double *, double *, T *, long long, long long, long long, double, double, double, double, int, \\
+    unsigned char *); \\
+template __global__ void xf_xent_z_exact_kernel<T>(const T *, const long long *, const T *, const double *, \\
+    const double *, double *, T *, long long, long long, long long, double, double, double, double, int, \\
+    unsigned char *); \\
 template __global__ void xf_softmax_family_kernel<T>(const T *, T *, double *, unsigned char *, long long, \\
     long long, int, int); \\
 template __global__ void xf_lse_exact_kernel<T>(const T *, double *, const unsigned char *, long long, long long);
@@ -301,10 +305,11 @@ def test_nvcc_cubin_sm90_no_spills(tmp_path, order):
     kernels = [k for k in usage if "xf_softmax" in k]
     assert len(kernels) == 4, usage
     assert all(usage[k][0] is not None for k in kernels), log
-    # the exact logsumexp of cancelling rows (a rare path, its own kernel and an out-of-line function
-    # with multi-word integer arrays) may use local memory; the row kernels must not spill
-    exact = [k for k in usage if "xf_lse_exact_kernel" in k or "xf_lse_cancelling" in k]
-    assert len([k for k in exact if "kernel" in k]) == 2, usage
+    # the exact logsumexp of cancelling rows and the z-loss rows redone with it (rare paths, kernels of
+    # their own and out-of-line functions with multi-word integer arrays) may use local memory; the row
+    # kernels must not spill
+    exact = [k for k in usage if "xf_lse_exact_kernel" in k or "xf_lse_cancelling" in k or "z_exact" in k]
+    assert len([k for k in exact if "kernel" in k]) == 4, usage
     if order == 0:  # the shipped configuration must not spill; the counterfactual is only reported
         spilling = {k: usage[k] for k in kernels if usage[k][1] or usage[k][2]}
         assert not spilling, f"register spills: {spilling}"
@@ -395,9 +400,11 @@ def test_nvrtc_registers_and_no_spills(dtype, source):
             usage)
     kernels = set(res.lowered.values())
     assert kernels <= set(usage)
-    # besides the kernels only the out-of-line exact logsumexp (a rare path, kernels.cu) may appear
-    assert all("xf_lse_cancelling" in k for k in set(usage) - kernels), usage
-    assert not {k: usage[k] for k in kernels if usage[k][1] or usage[k][2]}
+    # besides the kernels only the out-of-line rare paths (kernels.cu) may appear: the exact logsumexp
+    # and the z-loss's exact rows
+    assert all("xf_lse_cancelling" in k or "xf_cu_z_exact" in k for k in set(usage) - kernels), usage
+    # xf_xent_z_exact_kernel redoes rare rows (128 registers and a few dozen bytes of spills, float64)
+    assert not {k: usage[k] for k in kernels if (usage[k][1] or usage[k][2]) and "z_exact" not in k}
 
 
 @needs_nvrtc
@@ -552,6 +559,30 @@ def _long_row_problems(dtype):
         probs += [Args(x, y, None, None, -100, 0.0, 0.0, None, 1.0),
                   Args(x, y, None, np.full(9000, 7.0), -100, 0.0, 0.01, None, 1.0)]
     return probs
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("inplace", [False, True], ids=["grad", "inplace"])
+def test_model_z_loss_exact_rows_give_the_cpu_bits(host_model, dtype, inplace):
+    # rows the row kernel leaves to xf_xent_z_exact_kernel: lse ~ 0 (m + log S cancels) and lse ~ -1 with
+    # z = 0.5 (A + 2 z r lse cancels); their logits must still be there for it when inplace
+    rng = np.random.default_rng(12)
+    n, c = 8, 300
+    x = rng.standard_normal((n, c))
+    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
+    x[4:] -= 1.0 + np.geomspace(1e-9, 1e-2, 4)[:, None]
+    x = x.astype(dtype)
+    y = rng.integers(0, c, n).astype(np.int64)
+    y[2] = -100
+    t = np.zeros((n, c), dtype)
+    t[4:, 0] = 1.0
+    for a in (Args(x, y, None, None, -100, 0.0, 0.5, None, 1.0),
+              Args(x, None, t, rng.uniform(0.5, 1.5, c), -100, 0.0, 0.5, None, 1.0),
+              Args(x, y, None, None, -100, 0.0, 1e-4, None, 1.0)):
+        lc, gc = cpu_xent(a)
+        lm, gm = host_model.xent(a, True, 64, False, 1, inplace)
+        assert_same_bits(lm, lc, "row losses")
+        assert_same_bits(gm, gc, "gradient")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -293,6 +293,76 @@ def test_z_loss_of_the_smallest_weight_keeps_its_value():
     _check_rows(XentCase(x, t, np.array([5e-324]), 0.0, -100, 1e-4), np.float64)
 
 
+def _rows_with_lse(rng, lse, c):
+    """Rows of c logits whose logsumexp is lse[i] (to the rounding of the shifted logits)."""
+    base = rng.standard_normal((len(lse), c))
+    return base - np.log(np.exp(base).sum(axis=1, keepdims=True)) + np.asarray(lse)[:, None]
+
+
+def _target_mass(t, w, eps, finite):
+    """A = sum_c q_c of probability targets, in float64 (close enough to aim lse at -A / (2 z))."""
+    n = finite.sum(axis=1, keepdims=True)
+    return (w * ((1 - eps) * t + eps / n * finite)).sum(axis=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("targets", ["index", "weighted index", "probabilities", "smoothed weighted probabilities"])
+def test_z_loss_gradient_where_A_and_2zr_lse_cancel(dtype, targets):
+    """The gradient p_j (A + 2 z r lse) - q_j, for rows whose lse lies near -A / (2 z r): the sum is a
+    small difference of large terms.  Found by Hypothesis (10 ULP, 0.765 - 0.678); aimed closer, lse's
+    rounding and the target masses' made float64 gradients 10^8 ULP off and float32 ones 10^5."""
+    rng = np.random.default_rng(3)
+    n, c, z = 40, 9, 0.5
+    # lse - (-A / (2 z r)) from 1e-11 to 0.3, both signs: the sum cancels by up to 2^-36
+    gap = np.geomspace(1e-11, 0.3, n) * np.where(np.arange(n) % 2, 1.0, -1.0)
+    w = rng.uniform(0.5, 2.0, c) if "weighted" in targets else None
+    eps = 0.1 if "smoothed" in targets else 0.0
+    if "index" in targets:
+        t = rng.integers(0, c, n)
+        x = _rows_with_lse(rng, -1.0 / (2 * z) + gap, c)  # A = r = w_y
+    else:
+        t = rng.dirichlet(np.ones(c), n)
+        t[:, :3] = 0.0
+        finite = np.ones((n, c), bool)
+        finite[:, 1] = False  # a masked class without target mass
+        A = _target_mass(t, w if w is not None else np.ones(c), eps, finite)
+        x = _rows_with_lse(rng, -A / (2 * z) + gap, c)
+        x[:, 1] = -np.inf
+        t = t.astype(dtype)  # the kernels take the logits' dtype; the reference must see the same masses
+    x = x.astype(dtype)
+    _check_rows(XentCase(x, t, w, eps, -100, z), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_z_loss_where_max_and_log_s_cancel(dtype):
+    """Targets without mass leave the loss z lse^2 and the gradient 2 z lse p_j; for a row of
+    log-probabilities lse = m + log S is a rounding error of m, and came out 10^10 ULP off (float64) and
+    10^6 (float32): the z-loss took the fast path's lse, not the exact one that logsumexp returns."""
+    rng = np.random.default_rng(4)
+    n, c = 24, 7
+    lse = np.geomspace(1e-18, 1e-3, n) * np.where(np.arange(n) % 2, 1.0, -1.0)
+    x = _rows_with_lse(rng, lse, c).astype(dtype)
+    t = np.zeros((n, c), dtype)
+    t[::3, 2] = 1e-30  # and a mass far below the z-term
+    _check_rows(XentCase(x, t, None, 0.0, -100, 1.0), dtype)
+
+
+def test_z_loss_gradient_beyond_the_cancellation_it_resolves():
+    """The documented limit: with lse at -A / (2 z r) to the last bit, A + 2 z r lse is known to within
+    ~(C + 18) 2^-99 |z r| absolutely (level 2 of the z-loss's logsumexp); each entry p_j times that."""
+    rng = np.random.default_rng(5)
+    n, c, z = 16, 9, 0.5
+    x = _rows_with_lse(rng, np.full(n, -1.0), c)
+    y = rng.integers(0, c, n)
+    grad = xf.cross_entropy_with_grad(x, y, reduction="none", z_loss=z)[1]
+    exact = ref.cross_entropy_grad(x, y, reduction="none", z_loss=z)
+    p = np.exp(x - np.log(np.exp(x).sum(axis=1, keepdims=True)))
+    ulp = np.spacing(np.abs(np.array(exact, dtype=np.float64)))
+    allowed = 4 * ulp + p * (c + 18) * 2.0**-99 * (2 * z)
+    err = np.abs(grad - np.array([[float(v) for v in row] for row in exact]))
+    assert (err <= allowed).all(), (err / allowed).max()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_classes_contribute_exactly_zero(dtype):
     x = np.array([[1.0, -np.inf, 2.0, -np.inf]], dtype=dtype)

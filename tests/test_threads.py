@@ -80,6 +80,30 @@ def test_phased_split_equals_row_path(dtype, prob):
     assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_phased_split_equals_row_path_for_z_loss_rows_read_again(dtype):
+    # rows whose z-loss logsumexp is recomputed from the row (xentfast/softmax_row.h, "logsumexp for the
+    # z-loss"): where m + log S cancels (lse ~ 0) and where A + 2 z lse does (lse ~ -1, z = 0.5)
+    rng = np.random.default_rng(8)
+    n, c = 6, _xent.BLOCK + 77
+    x = rng.standard_normal((n, c))
+    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
+    x[3:] -= 1.0 + np.geomspace(1e-9, 1e-3, 3)[:, None]
+    x = x.astype(dtype)
+    y = rng.integers(0, c, n)
+    outs = []
+    for force in (False, True):
+        loss = np.empty(n)
+        grad = np.empty_like(x)
+        _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), np.empty(0), -100, 0.0, 0.5, np.empty(0), 1.0,
+                           loss, grad, 2, True, False, False, False, True, force)
+        outs.append((loss, grad))
+    assert np.array_equal(outs[0][0], outs[1][0])
+    assert np.array_equal(outs[0][1], outs[1][1])
+    fused = xf.cross_entropy_with_grad(x, y, reduction="none", z_loss=0.5)
+    assert np.array_equal(fused[0], outs[0][0].astype(dtype)) and np.array_equal(fused[1], outs[0][1])
+
+
 @pytest.mark.parametrize("f", [xf.log_softmax, xf.softmax, xf.logsumexp])
 def test_softmax_family_thread_count(f):
     x, _ = _problem(np.float64, 64, 4096, seed=3)

@@ -821,7 +821,11 @@ cross_entropy_backward.__doc__ = f"""Gradient of :func:`cross_entropy` with resp
     -----------
     Index targets without smoothing or z-loss: <= 2 ULP (float32), <= 4 ULP (float64), relative, every
     entry including the target class.  Probability targets, smoothing, z-loss (where ``p_j A - q_j``
-    cancels by nature): the same numbers in units of ``ulp(|p_j A| + |q_j|)`` times the upstream scale.{_HALF_BOUND}
+    cancels by nature): the same numbers in units of ``ulp(|p_j A| + |q_j|)`` times the upstream scale,
+    with ``A = sum_c q_c + 2 z_loss r lse``.  That holds also where ``A``'s two terms cancel (``lse``
+    near ``-sum_c q_c / (2 z_loss r)``: all logits negative), down to ``|A| ~ 2**-44 (|sum_c q_c| +
+    C |2 z_loss r|)``; closer still, ``A`` is within ``(C + 18) 2**-99 |z_loss r| + 2**-100 |sum_c q_c|``
+    absolutely.{_HALF_BOUND}
 
     Notes
     -----{_XENT_DOC_NOTES}

@@ -65,9 +65,18 @@ static void model_xent(const T *x, const long long *y, const T *t, const double 
     a.scale = scale;
     a.loss_scale = loss_scale;
     a.cache_row = cache_row;
+    std::vector<unsigned char> z_redo(N > 0 ? N : 1, 0);
+    a.z_redo = z != 0.0 ? z_redo.data() : nullptr;
     for (long long row = 0; row < N; row++) {
         poison(smem, &job);
-        xf_cu_xent_row(team, a, row, sc);
+        xf_cu_xent_row<0>(team, a, row, sc);
+    }
+    /* as xf_xent_z_exact_kernel, which the launcher runs after the row kernel when z != 0 */
+    for (long long row = 0; a.z_redo && row < N; row++) {
+        if (z_redo[row]) {
+            poison(smem, &job);
+            xf_cu_xent_row<1>(team, a, row, sc);
+        }
     }
 }
 

@@ -82,6 +82,8 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_sum)(const float *, long long, xf_rowjob *, float *) noexcept nogil
         double (*xent_row)(const float *, float *, long long, xf_rowjob *, const float *,
                            const double *) noexcept nogil
+        void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
+                          double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double) noexcept nogil
         void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
@@ -96,6 +98,8 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_sum)(const double *, long long, xf_rowjob *, double *) noexcept nogil
         double (*xent_row)(const double *, double *, long long, xf_rowjob *, const double *,
                            const double *) noexcept nogil
+        void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
+                          double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double) noexcept nogil
         void (*softmax_block)(const double *, double *, long long, double, double) noexcept nogil
     enum: XF_PATH_BASELINE
@@ -301,6 +305,10 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
         if jobs[i].status == XF_ROW_OK and jobs[i].needs_terms:
             for b in range(nb):
                 xf_terms_merge(acc, &bsum[4 * (i * nb + b)])
+        if floating is float:
+            K32.row_z_lse(x + i * C, C, &jobs[i], t + i * C if t != NULL else NULL, a.w, acc)
+        else:
+            K64.row_z_lse(x + i * C, C, &jobs[i], t + i * C if t != NULL else NULL, a.w, acc)
         loss[i] = xf_rowjob_finish(&jobs[i], acc)
     # pass 4: gradient
     if grad != NULL:

@@ -519,6 +519,36 @@ XF_KERNEL void XF_FN(xf_row_terms)(const XF_T *x, long long C, const xf_rowjob *
     }
 }
 
+/* The z-loss's logsumexp for finish (xentfast/softmax_row.h, "logsumexp for the z-loss"): level 1 from
+ * the row's statistics (the exact logsumexp where m + log S cancels), level 2 re-reads the row where
+ * A + 2 z r lse cancels.  Serial and per row: the first level is a few dozen operations, the second
+ * rare. */
+XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, const XF_T *t, const double *w,
+                               double *terms)
+{
+    long long j;
+    if (job->z == 0.0 || job->status != XF_ROW_OK) {
+        return;
+    }
+    double exact = 0.0;
+    if (xf_rowjob_lse_cancels(job)) {
+#if XF_COMPENSATED
+        exact = xf_lse_cancelling((const float *)0, (const double *)x, C, 0);
+#else
+        exact = xf_lse_cancelling((const float *)x, (const double *)0, C, 1);
+#endif
+    }
+    xf_rowjob_z_lse(job, exact);
+    if (xf_rowjob_z_cancels(job, terms, !XF_COMPENSATED)) {
+        double mass[4], acc[4] = {0.0, 0.0, 0.0, 0.0};
+        xf_z_redo_masses(job, mass);
+        for (j = 0; j < C; j++) {
+            xf_z_redo_add(job, j, (double)x[j], w ? w[j] : 1.0, t ? (double)t[j] : 0.0, mass, acc);
+        }
+        xf_rowjob_z_redo(job, C, acc, terms);
+    }
+}
+
 /* The one-thread-per-row driver: statistics, loss, gradient.  Returns the row loss (double; the
  * caller reduces or rounds it).  grad may be NULL (forward only) and may alias x (inplace). */
 XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
@@ -532,6 +562,7 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
     }
+    XF_FN(xf_row_z_lse)(x, C, job, t, w, terms);
     double loss = xf_rowjob_finish(job, terms);
     if (grad) {
         if (job->status != XF_ROW_OK) {

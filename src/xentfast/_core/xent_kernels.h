@@ -63,6 +63,7 @@
         void (*row_max)(const T *, long long, xf_rowjob *);                                              \
         void (*row_sum)(const T *, long long, xf_rowjob *, T *);                                         \
         double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *);           \
+        void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
         void (*log_softmax_block)(const T *, T *, long long, double, double);                            \
         void (*softmax_block)(const T *, T *, long long, double, double);                                \
     } xf_softmax_table_##SFX;
@@ -72,7 +73,7 @@ XF_DECLARE_TABLE(double, f64)
 
 #define XF_TABLE(SFX, PSFX)                                                                             \
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
-     xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_log_softmax_block_##PSFX, xf_softmax_block_##PSFX}
+     xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_row_z_lse_##PSFX, xf_log_softmax_block_##PSFX, xf_softmax_block_##PSFX}
 #ifdef XF_AVX2_PATH_UNIT
 /* the only symbols of the path's unit; hidden: each extension module links its own copy */
 __attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx2 = XF_TABLE(f32, f32_avx2);

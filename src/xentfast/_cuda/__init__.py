@@ -181,7 +181,8 @@ def name_expressions(dtype, source="kernels.cu"):
     """The kernels of `source` instantiated for `dtype` (reduce.cu: none depends on it)."""
     t = _DTYPES[np.dtype(dtype)]
     if _source_name(source) == "kernels.cu":
-        return (f"xf_softmax_xent_kernel<{t}>", f"xf_softmax_family_kernel<{t}>", f"xf_lse_exact_kernel<{t}>")
+        return (f"xf_softmax_xent_kernel<{t}>", f"xf_xent_z_exact_kernel<{t}>", f"xf_softmax_family_kernel<{t}>",
+                f"xf_lse_exact_kernel<{t}>")
     if source == "binary.cu":
         return tuple(f"xf_bin_elementwise_kernel<{t}, {op}>" for op in _OPS) + (f"xf_ce_probs_kernel<{t}>",)
     return ("xf_ddsum_blocks_kernel", "xf_ddsum_tree_kernel", "xf_target_weight_sum_kernel")
@@ -430,11 +431,15 @@ def softmax_xent(x, y, t, w, ignore_index, eps, z, row_scale, scale, loss, grad,
         mod = _module(x.dtype)
         expr = f"xf_softmax_xent_kernel<{_DTYPES[x.dtype]}>"
         nt, cache, smem = _launch_config(mod, expr, C, x.dtype.itemsize)
+        # z-loss rows that need the exact logsumexp are flagged here and redone by a second kernel (kernels.cu)
+        z_redo = _cupy().zeros(N, dtype=np.uint8) if z != 0 else None
         args = (x, y if has_y else _NULL, t if has_t else _NULL, w if has_w else _NULL,
                 row_scale if has_row_scale else _NULL, loss, grad if has_grad else _NULL, np.int64(N), np.int64(C),
                 np.int64(ignore_index), np.float64(eps), np.float64(z), np.float64(scale), np.float64(loss_scale),
-                np.int32(cache))
+                np.int32(cache), z_redo if z_redo is not None else _NULL)
         mod.kernel(expr)((_grid(N),), (nt,), args, shared_mem=smem)
+        if z_redo is not None:
+            mod.kernel(f"xf_xent_z_exact_kernel<{_DTYPES[x.dtype]}>")((_grid(N),), (nt,), args, shared_mem=smem)
 
 
 def softmax_family(x, out, lse, mode, n_threads, has_lse):

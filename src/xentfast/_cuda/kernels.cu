@@ -83,6 +83,42 @@ XF_HD void xf_cu_store(double *p, double v) { *p = v; }
 XF_HD double xf_cu_lse_cancelling(const float *x, long long C) { return xf_lse_cancelling(x, 0, C, 1); }
 XF_HD double xf_cu_lse_cancelling(const double *x, long long C) { return xf_lse_cancelling(0, x, C, 0); }
 
+/* softmax_rows.h xf_row_z_lse, for the thread that finishes a row.  Level 1 is a few dozen operations
+ * and runs in the row kernel.  The rest (the exact logsumexp where m + log S cancels, level 2 where
+ * A + 2 z r lse cancels) would weigh on every row of the row kernel as xf_lse_cancelling does on the
+ * family kernel (calls, local arrays, spills), so the row kernel (ZX = 0) only flags such rows
+ * (job->z_exact) and leaves their gradient unwritten; xf_xent_z_exact_kernel then redoes each flagged
+ * row whole with ZX = 1.  Same bits as the CPU, which does it all in one pass. */
+template <typename T>
+XF_HD_COLD void xf_cu_z_exact(xf_rowjob *job, const T *x, long long C, const T *t, const double *w, double *terms)
+{
+    xf_rowjob_z_lse(job, xf_rowjob_lse_cancels(job) ? xf_cu_lse_cancelling(x, C) : 0.0);
+    if (xf_rowjob_z_cancels(job, terms, sizeof(T) == sizeof(float))) {
+        double mass[4], acc[4] = {0.0, 0.0, 0.0, 0.0};
+        xf_z_redo_masses(job, mass);
+        for (long long j = 0; j < C; j++) {
+            xf_z_redo_add(job, j, xf_cu_load(x[j]), w ? w[j] : 1.0, t ? xf_cu_load(t[j]) : 0.0, mass, acc);
+        }
+        xf_rowjob_z_redo(job, C, acc, terms);
+    }
+}
+
+template <int ZX, typename T>
+XF_HD void xf_cu_row_z_lse(xf_rowjob *job, const T *x, long long C, const T *t, const double *w, double *terms)
+{
+    job->z_exact = 0;
+    if (job->z == 0.0 || job->status != XF_ROW_OK) {
+        return;
+    }
+    if (ZX) {
+        xf_cu_z_exact(job, x, C, t, w, terms);
+        return;
+    }
+    int cancels = xf_rowjob_lse_cancels(job);
+    xf_rowjob_z_lse(job, job->lse); /* a placeholder where cancels: the row is flagged */
+    job->z_exact = cancels || xf_rowjob_z_cancels(job, terms, sizeof(T) == sizeof(float));
+}
+
 /* exp(x - m) as the CPU's storage type sees it (softmax_rows.h xf_exp_minus, instantiated per type) */
 XF_HD double xf_cu_exp_minus(float x, double m) { return xf_exp_minus_f32(x, m); }
 XF_HD double xf_cu_exp_minus(double x, double m) { return xf_exp_minus_f64(x, m); }
@@ -328,6 +364,7 @@ struct xf_cu_xent_args {
     long long C, ignore_index;
     double eps, z, scale, loss_scale;
     int cache_row;
+    unsigned char *z_redo;    /* (N,) rows flagged for xf_xent_z_exact_kernel, or NULL (z = 0) */
 };
 
 /* The gradient of one element, d loss / d x_j, from the finished job (as softmax_rows.h:
@@ -369,7 +406,7 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
 
 /* One row of cross-entropy: loss[row] and, when a.grad, the gradient row (as _xent.pyx
  * _xent_one_row + softmax_rows.h xf_xent_row). */
-template <typename T, typename Team>
+template <int ZX, typename T, typename Team>
 XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long long row, const xf_cu_scratch &sc)
 {
     const int nt = team.nt;
@@ -486,7 +523,11 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
                 }
 #endif
             }
+            xf_cu_row_z_lse<ZX>(sc.job, x, C, t, w, terms);
             a.loss[row] = xf_rowjob_finish(sc.job, terms);
+            if (!ZX && a.z_redo) {
+                a.z_redo[row] = (unsigned char)sc.job->z_exact;
+            }
         }
     });
     if (g) {
@@ -497,6 +538,9 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
                     xf_cu_store(g + j, XF_NAN);
                 }
                 return;
+            }
+            if (!ZX && job->z_exact) {
+                return; /* xf_xent_z_exact_kernel writes this row, from logits still unchanged (inplace) */
             }
             for (long long j = tid; j < C; j += nt) {
                 xf_cu_store(g + j, xf_cu_grad_elem(job, x[j], j, t, w));
@@ -563,14 +607,11 @@ struct xf_cu_device_team {
     }
 };
 
-/* softmax cross-entropy, as _xent.softmax_xent: a block per row, grid-stride over rows.  Absent
- * arrays are NULL.  Dynamic shared memory: 8 * xf_cu_scratch_doubles(nt, C) bytes (+ C * sizeof(T) with
- * cache_row). */
-template <typename T>
-__global__ void __launch_bounds__(XF_CU_MAX_THREADS)
-xf_softmax_xent_kernel(const T *x, const long long *y, const T *t, const double *w, const double *row_scale,
-                       double *loss, T *grad, long long N, long long C, long long ignore_index, double eps,
-                       double z, double scale, double loss_scale, int cache_row)
+/* The body of both cross-entropy kernels below. */
+template <int ZX, typename T>
+__device__ __forceinline__ void xf_cu_xent_rows(const T *x, const long long *y, const T *t, const double *w, const double *row_scale,
+                                double *loss, T *grad, long long N, long long C, long long ignore_index, double eps,
+                                double z, double scale, double loss_scale, int cache_row, unsigned char *z_redo)
 {
     extern __shared__ double xf_cu_smem[];
     __shared__ xf_rowjob job;
@@ -591,10 +632,40 @@ xf_softmax_xent_kernel(const T *x, const long long *y, const T *t, const double 
     a.scale = scale;
     a.loss_scale = loss_scale;
     a.cache_row = cache_row;
+    a.z_redo = z_redo;
     for (long long row = blockIdx.x; row < N; row += gridDim.x) {
-        xf_cu_xent_row(team, a, row, sc);
+        if (ZX && !z_redo[row]) {
+            continue; /* block-uniform: the row index is */
+        }
+        xf_cu_xent_row<ZX>(team, a, row, sc);
         __syncthreads(); /* the next row's first step rewrites the scratch */
     }
+}
+
+/* softmax cross-entropy, as _xent.softmax_xent: a block per row, grid-stride over rows.  Absent
+ * arrays are NULL; z_redo (zeroed, (N,)) only where z != 0: rows the z-loss needs exact, see
+ * xf_cu_row_z_lse.  Dynamic shared memory: 8 * xf_cu_scratch_doubles(nt, C) bytes (+ C * sizeof(T)
+ * with cache_row). */
+template <typename T>
+__global__ void __launch_bounds__(XF_CU_MAX_THREADS)
+xf_softmax_xent_kernel(const T *x, const long long *y, const T *t, const double *w, const double *row_scale,
+                       double *loss, T *grad, long long N, long long C, long long ignore_index, double eps,
+                       double z, double scale, double loss_scale, int cache_row, unsigned char *z_redo)
+{
+    xf_cu_xent_rows<0>(x, y, t, w, row_scale, loss, grad, N, C, ignore_index, eps, z, scale, loss_scale,
+                       cache_row, z_redo);
+}
+
+/* The rows xf_softmax_xent_kernel flagged in z_redo, redone whole with the z-loss's exact logsumexp
+ * (same launch configuration).  Flagged rows are rare; the others cost a byte read per block. */
+template <typename T>
+__global__ void __launch_bounds__(XF_CU_MAX_THREADS)
+xf_xent_z_exact_kernel(const T *x, const long long *y, const T *t, const double *w, const double *row_scale,
+                       double *loss, T *grad, long long N, long long C, long long ignore_index, double eps,
+                       double z, double scale, double loss_scale, int cache_row, unsigned char *z_redo)
+{
+    xf_cu_xent_rows<1>(x, y, t, w, row_scale, loss, grad, N, C, ignore_index, eps, z, scale, loss_scale,
+                       cache_row, z_redo);
 }
 
 /* log_softmax (mode 1), softmax (mode 2), logsumexp only (mode 0), as _xent.softmax_family.

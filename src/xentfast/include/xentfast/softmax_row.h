@@ -57,11 +57,13 @@ typedef struct {
     double s_scaled;
     double log_s;        /* log S = log1p(s) */
     double lse;          /* m + log S */
+    double lse_lo;       /* z-loss rows: lse + lse_lo carries the logsumexp beyond a double (xf_rowjob_z_lse) */
     /* set by finish */
     double coef;         /* gradient: coef * p_j * coef_mult - scale * q_j */
     double coef_mult;    /* power of two kept apart so coef stays finite (logits or upstream near DBL_MAX) */
     double coef_per_S;   /* coef / S rounded once (xf_rowjob_div_S): coef p_j = e_j * coef_per_S */
     int grad_scaled;     /* float64 rows with subnormal p_j and |coef| > 1: see xf_exp_shifted_pow2 */
+    int z_exact;         /* GPU row kernel: the z-loss needs what it leaves to a second kernel (kernels.cu) */
 } xf_rowjob;
 
 XF_HD void xf_rowmax_init(xf_rowmax *st)
@@ -114,6 +116,8 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->S = 1.0;
     job->log_s = 0.0;
     job->lse = 0.0;
+    job->lse_lo = 0.0;
+    job->z_exact = 0;
     job->coef = 0.0;
     job->coef_mult = 1.0;
     job->coef_per_S = 0.0;
@@ -152,6 +156,7 @@ XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
     /* log1p of the double-double s: the low part enters through the derivative 1/(1+s) */
     job->log_s = xf_log1p(s_hi) + s_lo / job->S;
     job->lse = job->m + job->log_s;
+    job->lse_lo = 0.0;
 }
 
 /* a / (1 + s) for the row's double-double s = s_hi + s_lo, rounded once (within 0.5 ULP plus ~2^-100
@@ -318,6 +323,29 @@ XF_HD void xf_terms_merge(double *acc, const double *blk)
     xf_dd_add(&acc[2], &acc[3], blk[2], blk[3]);
 }
 
+/* A + z2 r (lh + ll) for the z-loss's gradient coefficient (z2 = 2 z), with A = a_hi + a_lo: the
+ * products exact (Dekker) and the sum rounded once, so that where A and 2 z r lse cancel only the
+ * operands' own errors remain (see xf_rowjob_z_lse); within ~2^-104 of the larger term otherwise. */
+XF_HD double xf_a_eff_dd(double a_hi, double a_lo, double z2, double r, double lh, double ll)
+{
+    double zh, zl, ph, pl, sh, se;
+    xf_two_prod(z2, r, &zh, &zl);
+    xf_two_prod(zh, lh, &ph, &pl);
+    pl += zh * ll + zl * lh;
+    xf_two_sum(a_hi, ph, &sh, &se);
+    return sh + (se + (pl + a_lo));
+}
+
+/* Where xf_a_eff_dd's splits cannot overflow and its error terms stay normal: every factor and product
+ * between 2^-960 and 2^990.  Outside (subnormal weights, logits near the overflow threshold) finish
+ * keeps its range-safe forms, and the cancellation of A + 2 z r lse is not resolved there. */
+XF_HD int xf_a_eff_dd_in_range(double A, double z2, double r, double lse, double zr2, double zlse)
+{
+    double big = 0x1p990, small = 0x1p-960;
+    return xf_fabs(A) <= big && xf_fabs(z2) <= big && xf_fabs(r) <= big && xf_fabs(lse) <= big &&
+           xf_fabs(zr2) >= small && xf_fabs(zr2) <= big && xf_fabs(zlse) >= small && xf_fabs(zlse) <= big;
+}
+
 /* Row loss and gradient coefficient (x_y from xf_rowjob_plan).  terms: see pass 3.
  *   loss = sum_c q_c (-log p_c) + z r lse^2         (r = w_y for index targets, 1 for probabilities)
  *   d loss / d x_j = p_j (A + 2 z r lse) - q_j       (A = sum_c q_c)                                   */
@@ -378,6 +406,10 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
             zlse = (alt - alt == 0.0) ? alt : zlse;
         }
         a_eff = A + zlse;
+        double a_lo = job->needs_terms ? terms[3] : 0.0;
+        if (xf_a_eff_dd_in_range(A, 2.0 * job->z, r, job->lse, zr2, zlse)) {
+            a_eff = xf_a_eff_dd(job->needs_terms ? terms[2] : A, a_lo, 2.0 * job->z, r, job->lse, job->lse_lo);
+        }
         if (!(a_eff - a_eff == 0.0)) {
             /* 2 z r lse overflowed (logits near DBL_MAX) though p_j times it may not: carry 2^1000
              * separately (powers of two scale exactly; near that magnitude A is far below a rounding) */
@@ -573,6 +605,139 @@ XF_HD double xf_rowjob_exact_lse_f64(const xf_rowjob *job, const double *x, long
 XF_HD double xf_rowjob_exact_lse_f32(const xf_rowjob *job, const float *x, long long C)
 {
     return xf_rowjob_lse_cancels(job) ? xf_lse_cancelling(x, (const double *)0, C, 1) : job->lse;
+}
+
+/* ---- logsumexp for the z-loss ---------------------------------------------------------------------
+ * With z != 0 a row's loss carries z r lse^2 and every gradient entry p_j (A + 2 z r lse): lse must be
+ * right relative to itself (the loss), and where A + 2 z r lse cancels (lse < 0: every logit below 0,
+ * A > 0) right to a fraction of that sum's ULP.  The fast path's m + log S has three errors: the
+ * exponentials' inside S, at most eps_s log S (log(1 + s) >= s / (1 + s) turns S's relative error
+ * into one relative to log S; eps_s = 0.62 2^-53 for float64 rows, 2^-32 for float32 ones), log1p's
+ * 0.63 ULP of log S, and the rounding of the sum.  And A, a sum of rounded target masses q_c, carries
+ * those roundings.  Two levels, the second only where the first cannot hold the bound:
+ *   1. every z-loss row: lse as a double-double, m plus log1p's unrounded kernel (~2^-57 of log S), so
+ *      that only the exponentials' error remains (under 1.24 ULP of lse, as log S <= 2 |lse| where
+ *      nothing cancels); where m + log S cancels (xf_rowjob_lse_cancels) the exact logsumexp instead.
+ *      finish then forms A + 2 z r lse with exact products and one rounding (xf_a_eff_dd).
+ *   2. where |A| + |2 z r lse| exceeds |A + 2 z r lse| twice over (float32: 2^5 times), the row is read
+ *      again: S from double-double exponentials corrects lse by a Newton step on log,
+ *      lse += log1p(S e^(m - lse) - 1), within (C + 18) 2^-100 absolute; and A is summed from
+ *      double-double masses (1 - eps exact, eps / C_eff to 2^-106, exact products with t_j and w_j).
+ *      The step keeps the correction only where its own error is below 2^-56 |lse|.
+ * What is left: where A + 2 z r lse cancels to below about 2^-44 (|A| + C |2 z r|), an input made to put
+ * lse at -A / (2 z r) to 44 bits, its error stays under ~(C + 18) 2^-99 |z r| + 2^-100 |A| absolute.
+ * Cost: a log kernel per z-loss row; level 2 (~100x an ordinary row) on cancelling rows only, which in
+ * training (z ~ 1e-4, lse > 0) never occur. */
+
+/* lse + lse_lo := hi + lo, renormalised (an infinite or NaN hi stands alone) */
+XF_HD void xf_rowjob_set_lse_dd(xf_rowjob *job, double hi, double lo)
+{
+    double h = hi + lo;
+    int finite = (h - h == 0.0);
+    job->lse = finite ? h : hi;
+    job->lse_lo = finite ? lo - (h - hi) : 0.0;
+}
+
+/* Level 1.  exact: the row's exact logsumexp (xf_lse_cancelling) where xf_rowjob_lse_cancels, unused
+ * otherwise. */
+XF_HD void xf_rowjob_z_lse(xf_rowjob *job, double exact)
+{
+    if (xf_rowjob_lse_cancels(job)) {
+        job->lse = exact;
+        job->lse_lo = 0.0;
+        return;
+    }
+    double lo, h, e;
+    double l = xf_log1p_hilo(job->s_hi, &lo);
+    /* the low part of s enters through the derivative 1 / (1 + s), as in xf_rowjob_set_sum */
+    lo += job->s_lo / job->S;
+    xf_two_sum(job->m, l, &h, &e);
+    xf_rowjob_set_lse_dd(job, h, e + lo);
+}
+
+/* Whether level 2 is needed (after level 1, terms as for xf_rowjob_finish). */
+XF_HD int xf_rowjob_z_cancels(const xf_rowjob *job, const double *terms, int is_f32)
+{
+    if (job->z == 0.0 || job->status != XF_ROW_OK) {
+        return 0;
+    }
+    double A = job->needs_terms ? terms[2] + terms[3] : job->w_y;
+    double r = job->prob ? 1.0 : job->w_y;
+    double zl = ((2.0 * job->z) * r) * job->lse;
+    double mag = xf_fabs(A) + xf_fabs(zl);
+    return (mag - mag == 0.0) && mag > (is_f32 ? 0x1p5 : 2.0) * xf_fabs(A + zl);
+}
+
+/* Level 2's constants: 1 - eps exactly (mass[0] + mass[1]) and eps / C_eff to 2^-106 (mass[2] + mass[3]) */
+XF_HD void xf_z_redo_masses(const xf_rowjob *job, double mass[4])
+{
+    double n = (double)job->n_finite, p, pe;
+    xf_two_sum(1.0, -job->eps, &mass[0], &mass[1]);
+    mass[2] = job->eps_per_class;
+    mass[3] = 0.0;
+    if (n > 0.0 && job->eps_per_class >= 0x1p-960) {
+        /* eps / n - q = (eps - q n) / n, with q n = p + pe exactly */
+        xf_two_prod(job->eps_per_class, n, &p, &pe);
+        mass[3] = ((job->eps - p) - pe) / n;
+    }
+}
+
+/* Level 2, one class: e^(x_j - m) into acc[0] + acc[1] (x_j - m exact by TwoSum; terms below e^-80,
+ * under 2^-115 of S, from xf_exp) and, where the loss has terms, q_j into acc[2] + acc[3]
+ * (see xf_row_target_q; masses from xf_z_redo_masses). */
+XF_HD void xf_z_redo_add(const xf_rowjob *job, long long j, double x_j, double w_j, double t_j,
+                         const double *mass, double *acc)
+{
+    double finite = (x_j > -XF_INF) ? 1.0 : 0.0;
+    if (finite != 0.0) {
+        double dh, dl, eh, el;
+        xf_two_sum(x_j, -job->m, &dh, &dl);
+        if (dh >= -80.0) {
+            xf_dd_exp(dh, dl, &eh, &el);
+        } else {
+            eh = xf_exp(dh);
+            el = 0.0;
+        }
+        xf_dd_add(&acc[0], &acc[1], eh, el);
+    }
+    if (!job->needs_terms) {
+        return;
+    }
+    double qh = 0.0, ql = 0.0, ph, pl;
+    if (job->prob) {
+        xf_two_prod(mass[0], t_j, &qh, &ql);
+        ql += mass[1] * t_j;
+    }
+    if (finite != 0.0) {
+        xf_dd_add(&qh, &ql, mass[2], mass[3]);
+    }
+    xf_dd_mul(qh, ql, w_j, 0.0, &ph, &pl);
+    if (j == job->y) {
+        double yh, yl;
+        xf_dd_mul(mass[0], mass[1], job->w_y, 0.0, &yh, &yl);
+        xf_dd_add(&ph, &pl, yh, yl);
+    }
+    xf_dd_add(&acc[2], &acc[3], ph, pl);
+}
+
+/* Level 2's result: lse corrected (where that helps) and A replaced in terms (where finite). */
+XF_HD void xf_rowjob_z_redo(xf_rowjob *job, long long C, const double *acc, double *terms)
+{
+    double kh, kl, eh, el, ph, pl, uh, ue;
+    xf_two_sum(job->m, -job->lse, &kh, &kl);
+    kl -= job->lse_lo;
+    if (kh >= -80.0 && kh <= 12.0 && ((double)C + 18.0) * 0x1p-100 < 0x1p-56 * xf_fabs(job->lse)) {
+        xf_dd_exp(kh, kl, &eh, &el);
+        xf_dd_mul(acc[0], acc[1], eh, el, &ph, &pl);
+        xf_two_sum(ph, -1.0, &uh, &ue);
+        double u = uh + (ue + pl);
+        /* |u| ~ the level-1 error, so the cubic term of log1p is far below 2^-100 */
+        xf_rowjob_set_lse_dd(job, job->lse, job->lse_lo + (u - 0.5 * (u * u)));
+    }
+    if (job->needs_terms && (acc[2] - acc[2] == 0.0)) {
+        terms[2] = acc[2];
+        terms[3] = acc[3];
+    }
 }
 
 /* exp(x_j - m) per storage type: exact shift and the 0.62-ULP exponential for double; for float the
