@@ -363,6 +363,52 @@ def test_z_loss_gradient_beyond_the_cancellation_it_resolves():
     assert (err <= allowed).all(), (err / allowed).max()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_negative_and_nan_target_probabilities_are_in_the_loss(dtype):
+    """torch's semantics: the loss is sum_c -t_c log p_c for any t.  A negative t_c was left out of the
+    loss (3.611 for the row below, exact 2.908) though not out of the gradient; a NaN t_c gave a finite
+    loss and a NaN gradient."""
+    x = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [0.5, -np.inf, 2.0]], dtype=dtype)
+    t = np.array([[1.5, -0.5, 0.0], [0.5, np.nan, 0.5], [0.5, -0.25, 0.75]], dtype=dtype)
+    loss, grad = xf.cross_entropy_with_grad(x, t, reduction="none")
+    assert np.isnan(loss[1]) and np.isnan(grad[1]).all()
+    assert loss[2] == -np.inf  # -0.25 * (-log p = +inf), as torch
+    rows = [0]
+    assert_ulp_close(loss[rows], ref.cross_entropy(x[rows], t[rows], reduction="none"), BOUND[np.dtype(dtype)])
+    exact, scale = ref.cross_entropy_grad(x[rows], t[rows], reduction="none", return_scale=True)
+    assert_ulp_close(grad[rows], exact, BOUND[np.dtype(dtype)], scale=scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("targets", ["smoothed index", "probabilities"])
+def test_loss_terms_of_long_rows_with_rare_elements(dtype, targets):
+    """Rows of several 64-class chunks (the loss-terms pass evaluates whole chunks vectorized and redoes
+    a chunk that holds a rare element element by element): a subnormal target mass, logits spread past
+    DBL_MAX, masked classes, the argmax and the target in different chunks, and a short last chunk."""
+    rng = np.random.default_rng(9)
+    n, c = 6, 200
+    x = rng.standard_normal((n, c)) * 3
+    x[0, 70] = 40.0
+    x[1, rng.random(c) < 0.2] = -np.inf
+    if np.dtype(dtype) == np.float64:
+        x[2, [5, 150]] = [1.5e308, -1.5e308]
+    x[3, 199] = 30.0
+    x = x.astype(dtype)
+    eps = 0.1
+    if targets == "probabilities":
+        t = rng.dirichlet(np.ones(c), n)
+        t[4, 130] = 1e-310 if np.dtype(dtype) == np.float64 else 1e-40
+        t[5, 64:128] = 0.0
+        t = t.astype(dtype)
+        eps = 0.0
+    else:
+        t = np.array([3, 190, 0, 199, 64, 127])
+    w = rng.uniform(0.5, 2.0, c)
+    w[17] = 1e-300
+    _check_rows(XentCase(x, t, w, eps, -100, 0.0), dtype)
+    _check_rows(XentCase(x, t, None, eps, -100, 0.0), dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_classes_contribute_exactly_zero(dtype):
     x = np.array([[1.0, -np.inf, 2.0, -np.inf]], dtype=dtype)

@@ -212,13 +212,20 @@ XF_HD double xf_weighted_log_s(const xf_rowjob *job, double w)
     return job->rescued ? (w * job->s_scaled) * XF_POW2_UNSCALE : w * job->log_s;
 }
 
+/* q_j of a class other than an index target, from the row's parameters: the vectorized loops
+ * (softmax_rows.h) pass them as constants, so that the selects on `prob` fold away. */
+XF_HD double xf_target_q_other(int prob, double eps, double eps_per_class, double w_j, double finite, double t_j)
+{
+    double smooth = eps_per_class * finite;
+    return prob ? w_j * ((1.0 - eps) * t_j + smooth) : w_j * smooth;
+}
+
 /* The effective (unscaled) target mass of class j, see the README's semantics:
  *   index targets:        q_j = (1 - eps) w_y [j == y] + eps/C_eff * w_j [x_j > -inf]
  *   probability targets:  q_j = w_j ((1 - eps) t_j + eps/C_eff [x_j > -inf])                      */
 XF_HD double xf_row_target_q(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
 {
-    double smooth = job->eps_per_class * finite;
-    double q = job->prob ? w_j * ((1.0 - job->eps) * t_j + smooth) : w_j * smooth;
+    double q = xf_target_q_other(job->prob, job->eps, job->eps_per_class, w_j, finite, t_j);
     return (j == job->y) ? q + (1.0 - job->eps) * job->w_y : q;
 }
 
@@ -242,24 +249,58 @@ XF_HD double xf_row_target_q_2p1200(const xf_rowjob *job, long long j, double w_
  * back once at the end; a rounding then lands on the subnormal grid only in that last step.  This covers
  * w_j and scale of at least 2^-400 (then every intermediate is normal, or the result is far below the
  * smallest subnormal); subnormal weights times subnormal probabilities are not covered. */
-XF_HD double xf_row_target_grad_q(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
+XF_HD double xf_target_grad_q_from(int prob, double eps, double eps_per_class, double scale, double q, double w_j,
+                                   double finite, double t_j)
 {
-    double sq = job->scale * xf_row_target_q(job, j, w_j, finite, t_j);
-    if (job->prob && xf_fabs(sq) < 0x1p-500 && xf_fabs(w_j) >= 0x1p-400 && xf_fabs(job->scale) >= 0x1p-400) {
-        double a = (1.0 - job->eps) * (t_j * 0x1p600) + (job->eps_per_class * finite) * 0x1p600;
-        sq = (job->scale * (w_j * a)) * 0x1p-600;
+    double sq = scale * q;
+    if (prob && xf_fabs(sq) < 0x1p-500 && xf_fabs(w_j) >= 0x1p-400 && xf_fabs(scale) >= 0x1p-400) {
+        double a = (1.0 - eps) * (t_j * 0x1p600) + (eps_per_class * finite) * 0x1p600;
+        sq = (scale * (w_j * a)) * 0x1p-600;
     }
     return sq;
 }
 
-/* Whether q_j > 0 in exact arithmetic (the computed q_j of a subnormal weight or probability may round
- * to 0, and a class with mass on a -inf logit must still make the loss +inf). */
+XF_HD double xf_row_target_grad_q(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
+{
+    return xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale,
+                                 xf_row_target_q(job, j, w_j, finite, t_j), w_j, finite, t_j);
+}
+
+/* "a, b and c all > 0" as min(a, b, c) > 0: one comparison per element for the vectorized loops (gcc 12
+ * gives up on a loop where a loop-invariant condition meets a per-element one).  The callers' values
+ * are never NaN. */
+XF_HD int xf_all_positive(double a, double b, double c)
+{
+    double ab = (a < b) ? a : b;
+    return ((c < ab) ? c : ab) > 0.0;
+}
+
+/* Whether q_j != 0 in exact arithmetic (the computed q_j of a subnormal weight or probability may round
+ * to 0, and a class with mass on a -inf logit must still make the loss +inf), or is NaN.  A negative or
+ * NaN probability counts: its term q_j (-log p_j) is in the loss as it is in the gradient (torch's
+ * semantics; before, such a class was left out of the loss alone). */
+XF_HD int xf_target_has_mass_from(int prob, double eps, double eps_per_class, int is_y, double w_y, double w_j,
+                                  double finite, double t_j)
+{
+    /* 1 - eps > 0 is eps < 1 (exact near 1 by Sterbenz); a negative or NaN t_j has mass too */
+    int smooth = xf_all_positive(eps_per_class, finite, w_j);
+    int direct = prob ? xf_all_positive(w_j, (t_j != 0.0) ? 1.0 : 0.0, 1.0 - eps)
+                      : (is_y && w_y > 0.0 && eps < 1.0);
+    return smooth | direct;
+}
+
 XF_HD int xf_row_target_has_mass(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
 {
-    int smooth = (job->eps_per_class > 0.0 && finite > 0.0 && w_j > 0.0);
-    int direct = job->prob ? (w_j > 0.0 && t_j > 0.0 && job->eps < 1.0)
-                           : (j == job->y && job->w_y > 0.0 && job->eps < 1.0);
-    return smooth || direct;
+    return xf_target_has_mass_from(job->prob, job->eps, job->eps_per_class, j == job->y, job->w_y, w_j, finite,
+                                   t_j);
+}
+
+/* q_loss (-log p_j) of a class with mass, 0 without: a masked class (-log p_j = +inf) with mass gives
+ * +-inf by the sign of its mass even where q_loss rounded to 0, and NaN for a NaN one. */
+XF_HD double xf_mass_term(double q_loss, double nlp, int has_mass)
+{
+    double masked = (q_loss < 0.0) ? -XF_INF : ((q_loss == q_loss) ? XF_INF : q_loss);
+    return has_mass ? ((nlp == XF_INF) ? masked : q_loss * nlp) : 0.0;
 }
 
 /* A class's loss term from q_loss = q_j loss_scale (or a power-of-two multiple of it, see below).  0 * inf
@@ -268,7 +309,7 @@ XF_HD int xf_row_target_has_mass(const xf_rowjob *job, long long j, double w_j, 
 XF_HD double xf_xent_term_from(const xf_rowjob *job, long long j, double x_j, double nlp, double q_loss,
                                int has_mass)
 {
-    double term = has_mass ? ((nlp == XF_INF) ? XF_INF : q_loss * nlp) : 0.0;
+    double term = xf_mass_term(q_loss, nlp, has_mass);
     if (!(nlp - nlp == 0.0) && x_j > -XF_INF) {
         term = (q_loss * xf_neg_log_prob(0.5 * x_j, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
     }
