@@ -202,6 +202,51 @@ def torch_fused(x, y, n_threads):
     return run
 
 
+def make_soft_problem(n, c, dtype, seed=0):
+    """Logits as make_problem and probability targets (Dirichlet(1) rows) of the same dtype."""
+    key = ("soft", n, c, np.dtype(dtype).name)
+    if key not in _DATA:
+        _DATA.clear()
+        rng = np.random.default_rng(seed)
+        x = _logits(rng, n, c, dtype)
+        _DATA[key] = (x, rng.dirichlet(np.ones(c), n).astype(dtype))
+    return _DATA[key]
+
+
+# The options beside plain index targets: (problem, keyword arguments shared by xentfast and torch).
+# z_loss is xentfast's own (torch has none: its peer adds z * logsumexp^2 by hand, as users do).
+OPTIONS = {
+    "smoothing": (make_problem, {"label_smoothing": 0.1}),
+    "soft-targets": (make_soft_problem, {}),
+    "z-loss": (make_problem, {"z_loss": 1e-4}),
+}
+
+
+def xentfast_option(option, x, y, n_threads, out=None):
+    out = np.empty_like(x) if out is None else out
+    kw = OPTIONS[option][1]
+    return lambda: xentfast.cross_entropy_with_grad(x, y, out=out, n_threads=n_threads, **kw)
+
+
+def torch_option(option, x, y, n_threads):
+    torch = _torch(n_threads)
+    if torch is None:
+        return None
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    kw = dict(OPTIONS[option][1])
+    z = kw.pop("z_loss", 0.0)
+
+    def run():
+        xr = xt.detach().requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(xr, yt, **kw)
+        if z:
+            loss = loss + z * torch.logsumexp(xr, dim=1).square().mean()
+        loss.backward()
+        return loss, xr.grad
+
+    return run
+
+
 def torch_forward(x, y, n_threads):
     torch = _torch(n_threads)
     if torch is None:

@@ -7,6 +7,7 @@ is xentfast on one thread, for the thread-scaling target.  The shapes above 10^7
     python -m pytest benchmarks -q                                    # 4096x1000 rows and tiny problems
     XENTFAST_BENCH_LARGE=1 python -m pytest benchmarks -q             # every shape (about 10 minutes)
     python -m pytest benchmarks -q -k "binary and jax"                # a selection
+    python -m pytest benchmarks -q -k options                         # smoothing, soft targets, z-loss
 """
 import pytest
 
@@ -55,3 +56,20 @@ def test_tiny(benchmark, row, impl, n_threads):
     benchmark.group = "tiny-" + _row_id(row)
     # pytest-benchmark calibrates the number of calls per round itself at this size
     benchmark(_callable(family, impl, a, b, n_threads))
+
+
+@pytest.mark.parametrize("impl", ["xentfast", "xentfast-1t", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("option", list(peers.OPTIONS))
+def test_options(benchmark, option, dtype, impl, n_threads):
+    """Fused cross-entropy at 4096x1000 with label smoothing, probability targets or the z-loss: the
+    paths beside plain index targets, against torch's (not an issue target; tracked, see README)."""
+    a, b = peers.OPTIONS[option][0](4096, 1000, dtype)
+    nt = 1 if impl == "xentfast-1t" else n_threads
+    run = (peers.torch_option(option, a, b, nt) if impl == "torch"
+           else peers.xentfast_option(option, a, b, nt))
+    if run is None:
+        pytest.skip(f"{impl} not installed")
+    benchmark.group = f"options-{option}-{dtype}-4096x1000"
+    benchmark.extra_info["threads"] = nt
+    benchmark.pedantic(run, rounds=10, iterations=1, warmup_rounds=1)
