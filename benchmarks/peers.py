@@ -54,28 +54,39 @@ def _logits(rng, n, c, dtype):
     return x
 
 
-def make_problem(n, c, dtype, seed=0):
-    """Logits (N, C) ~ 3 N(0, 1) and index targets, one problem kept alive at a time."""
-    key = ("index", n, c, np.dtype(dtype).name)
+def _kept(key, build):
+    """The problem under `key`, built on first use; one (large) problem is kept alive at a time."""
     if key not in _DATA:
-        _DATA.clear()  # keep one (large) problem alive at a time
+        _DATA.clear()
+        _DATA[key] = build()
+    return _DATA[key]
+
+
+def make_problem(n, c, dtype, seed=0):
+    """Logits (N, C) ~ 3 N(0, 1) and index targets."""
+    def build():
         rng = np.random.default_rng(seed)
         x = _logits(rng, n, c, dtype)
-        y = rng.integers(0, c, size=n)
-        _DATA[key] = (x, y)
-    return _DATA[key]
+        return x, rng.integers(0, c, size=n)
+    return _kept(("index", n, c, np.dtype(dtype).name), build)
 
 
 def make_binary_problem(n, c, dtype, seed=0):
     """Logits (N, C) ~ 3 N(0, 1) and hard 0/1 targets of the same dtype and shape."""
-    key = ("binary", n, c, np.dtype(dtype).name)
-    if key not in _DATA:
-        _DATA.clear()
+    def build():
         rng = np.random.default_rng(seed)
         x = _logits(rng, n, c, dtype)
-        t = (rng.random((n, c), dtype=np.float32) < 0.5).astype(dtype)
-        _DATA[key] = (x, t)
-    return _DATA[key]
+        return x, (rng.random((n, c), dtype=np.float32) < 0.5).astype(dtype)
+    return _kept(("binary", n, c, np.dtype(dtype).name), build)
+
+
+def make_soft_problem(n, c, dtype, seed=0):
+    """Logits as make_problem and probability targets (Dirichlet(1) rows) of the same dtype."""
+    def build():
+        rng = np.random.default_rng(seed)
+        x = _logits(rng, n, c, dtype)
+        return x, rng.dirichlet(np.ones(c), n).astype(dtype)
+    return _kept(("soft", n, c, np.dtype(dtype).name), build)
 
 
 def drop_problems():
@@ -200,17 +211,6 @@ def torch_fused(x, y, n_threads):
         return loss, xr.grad
 
     return run
-
-
-def make_soft_problem(n, c, dtype, seed=0):
-    """Logits as make_problem and probability targets (Dirichlet(1) rows) of the same dtype."""
-    key = ("soft", n, c, np.dtype(dtype).name)
-    if key not in _DATA:
-        _DATA.clear()
-        rng = np.random.default_rng(seed)
-        x = _logits(rng, n, c, dtype)
-        _DATA[key] = (x, rng.dirichlet(np.ones(c), n).astype(dtype))
-    return _DATA[key]
 
 
 # The options beside plain index targets: (problem, keyword arguments shared by xentfast and torch).
