@@ -8,7 +8,7 @@ with finite differences (the founding Paddle bug hid behind a loose finite-diffe
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import example, given, note
+from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 import xentfast as xf
@@ -47,6 +47,16 @@ def _check_rows(case, dtype):
 @given(data=st.data())
 def test_row_loss_and_gradient_within_bound(dtype, data):
     _check_rows(data.draw(softmax_xent_cases(dtype)), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@settings(max_examples=25)
+@given(data=st.data())
+def test_rows_of_several_chunks_within_bound(dtype, data):
+    """Rows of 65-200 classes: the loss-terms pass makes whole 64-class chunks in a vectorized loop and
+    redoes a chunk holding a rare element one element at a time (softmax_rows.h); the rows above stay
+    within one chunk."""
+    _check_rows(data.draw(softmax_xent_cases(dtype, min_classes=65, max_classes=200, max_rows=3)), dtype)
 
 
 def _case(x, t, dtype, weight=None, eps=0.0, z=0.0):
