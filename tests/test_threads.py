@@ -104,6 +104,25 @@ def test_phased_split_equals_row_path_for_z_loss_rows_read_again(dtype):
     assert np.array_equal(fused[0], outs[0][0].astype(dtype)) and np.array_equal(fused[1], outs[0][1])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("opts", [dict(label_smoothing=0.1), dict(prob=True), dict(z_loss=1e-2, weight="w")],
+                         ids=["smoothing", "probabilities", "z-loss"])
+def test_inplace_equals_out_of_place_for_general_rows(dtype, opts):
+    # float64 rows out of place keep the sum pass's exponentials for the gradient pass; in place they
+    # cannot (the gradient buffer is the logits) and evaluate them again: the same doubles either way
+    shape = (40, 1500)
+    loss, grad = _call(xf.cross_entropy_with_grad, dtype, shape, opts, 2, reduction="none")
+    opts_in = dict(opts)
+    prob = opts_in.pop("prob", False)
+    x, t = _problem(dtype, *shape, seed=1, prob=prob)
+    if opts_in.get("weight") == "w":
+        opts_in["weight"] = np.linspace(0.5, 2.0, shape[1])
+    loss_in, grad_in = xf.cross_entropy_with_grad(x, t, reduction="none", inplace=True, n_threads=2, **opts_in)
+    assert grad_in is x
+    assert np.array_equal(loss_in, loss, equal_nan=True)
+    assert np.array_equal(grad_in, grad, equal_nan=True)
+
+
 @pytest.mark.parametrize("f", [xf.log_softmax, xf.softmax, xf.logsumexp])
 def test_softmax_family_thread_count(f):
     x, _ = _problem(np.float64, 64, 4096, seed=3)

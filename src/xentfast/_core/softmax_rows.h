@@ -446,7 +446,7 @@ XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long 
  * before the loop, from x still unchanged (inplace), and stored after it. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)(
     const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
-    const int has_t, const int has_w)
+    const int has_t, const int has_w, const int kept)
 {
     const double m = job->m, coef_per_S = job->coef_per_S, mult = job->coef_mult;
     const long long y = job->y - offset;
@@ -463,7 +463,8 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
 #pragma omp simd
     for (j = 0; j < n; j++) {
         double xv = (double)x[j];
-        double e = XF_EXP_MINUS(x[j], m);
+        /* kept: the sum pass's exponential, the same double (see xf_xent_row) */
+        double e = kept ? (double)out[j] : XF_EXP_MINUS(x[j], m);
         double wc = has_w ? w[j] : 1.0;
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double tj = has_t ? (double)t[j] : 0.0;
@@ -475,6 +476,28 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
         out[y] = (XF_T)g_y;
     }
 }
+
+#if XF_COMPENSATED
+/* xf_xent_grad_general with the exponentials kept in `out` (float64 rows of the one-thread-per-row
+ * path whose gradient buffer is not the logits, job->kept) */
+XF_KERNEL void XF_FN(xf_xent_grad_general_kept)(const XF_T *x, XF_T *out, long long n, long long offset,
+                                                const xf_rowjob *job, const XF_T *t, const double *w)
+{
+    if (w) {
+        if (job->prob) {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, 1);
+        } else {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, 1);
+        }
+    } else {
+        if (job->prob) {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, 1);
+        } else {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, 1);
+        }
+    }
+}
+#endif
 
 /* Pass 4 of a block: the gradient  out_j = coef * p_j - scale * q_j  (p_j = e_j / S), see xf_rowjob.
  * coef p_j is (e_j * coef_per_S) * coef_mult (xf_rowjob_div_S) on every path but float32's `stored` one,
@@ -550,17 +573,23 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         }
         return;
     }
+#if XF_COMPENSATED
+    if (job->kept) {
+        XF_FN(xf_xent_grad_general_kept)(x, out, n, offset, job, t, w);
+        return;
+    }
+#endif
     if (w) {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, 0);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, 0);
         }
     } else {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, 0);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, 0);
         }
     }
 }
@@ -690,7 +719,13 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     long long b0;
     XF_FN(xf_row_max)(x, C, job);
     xf_rowjob_plan(job, (job->y >= 0) ? (double)x[job->y] : 0.0, grad != 0);
-    XF_FN(xf_row_sum)(x, C, job, job->stored ? grad : 0);
+#if XF_COMPENSATED
+    /* float64 rows the general gradient serves, where the gradient buffer is not the logits (the loss
+     * terms and the z-loss read x again): the sum pass keeps each exp(x_j - m) there, exactly, and the
+     * gradient pass multiplies instead of evaluating it again */
+    job->kept = grad && grad != x && !job->stored && !job->simple && job->status == XF_ROW_OK;
+#endif
+    XF_FN(xf_row_sum)(x, C, job, (job->stored || job->kept) ? grad : 0);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
