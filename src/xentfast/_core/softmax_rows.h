@@ -477,27 +477,25 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
     }
 }
 
-#if XF_COMPENSATED
-/* xf_xent_grad_general with the exponentials kept in `out` (float64 rows of the one-thread-per-row
- * path whose gradient buffer is not the logits, job->kept) */
-XF_KERNEL void XF_FN(xf_xent_grad_general_kept)(const XF_T *x, XF_T *out, long long n, long long offset,
-                                                const xf_rowjob *job, const XF_T *t, const double *w)
+/* xf_xent_grad_general for the row's targets and weights; kept: see xf_xent_grad_general */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_for)(
+    const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
+    const int kept)
 {
     if (w) {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, 1);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, kept);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, 1);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, kept);
         }
     } else {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, 1);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, kept);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, 1);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, kept);
         }
     }
 }
-#endif
 
 /* Pass 4 of a block: the gradient  out_j = coef * p_j - scale * q_j  (p_j = e_j / S), see xf_rowjob.
  * coef p_j is (e_j * coef_per_S) * coef_mult (xf_rowjob_div_S) on every path but float32's `stored` one,
@@ -574,24 +572,13 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         return;
     }
 #if XF_COMPENSATED
+    /* float64 rows whose sum pass kept the exponentials in `out` (xf_xent_row) */
     if (job->kept) {
-        XF_FN(xf_xent_grad_general_kept)(x, out, n, offset, job, t, w);
+        XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, 1);
         return;
     }
 #endif
-    if (w) {
-        if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, 0);
-        } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, 0);
-        }
-    } else {
-        if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, 0);
-        } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, 0);
-        }
-    }
+    XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, 0);
 }
 
 /* log_softmax / softmax of a block from the row statistics. */
