@@ -675,27 +675,18 @@ XF_KERNEL void XF_FN(xf_row_terms)(const XF_T *x, long long C, const xf_rowjob *
 XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, const XF_T *t, const double *w,
                                double *terms)
 {
-    long long j;
     if (job->z == 0.0 || job->status != XF_ROW_OK) {
         return;
     }
-    double exact = 0.0;
-    if (xf_rowjob_lse_cancels(job)) {
 #if XF_COMPENSATED
-        exact = xf_lse_cancelling((const float *)0, (const double *)x, C, 0);
+    const double exact = xf_rowjob_exact_lse_f64(job, (const double *)x, C);
+    xf_rowjob_z_lse_row(job, (const float *)0, (const double *)x, (const float *)0, (const double *)t, w, C, exact,
+                        terms);
 #else
-        exact = xf_lse_cancelling((const float *)x, (const double *)0, C, 1);
+    const double exact = xf_rowjob_exact_lse_f32(job, (const float *)x, C);
+    xf_rowjob_z_lse_row(job, (const float *)x, (const double *)0, (const float *)t, (const double *)0, w, C, exact,
+                        terms);
 #endif
-    }
-    xf_rowjob_z_lse(job, exact);
-    if (xf_rowjob_z_cancels(job, terms, !XF_COMPENSATED)) {
-        double mass[4], acc[4] = {0.0, 0.0, 0.0, 0.0};
-        xf_z_redo_masses(job, mass);
-        for (j = 0; j < C; j++) {
-            xf_z_redo_add(job, j, (double)x[j], w ? w[j] : 1.0, t ? (double)t[j] : 0.0, mass, acc);
-        }
-        xf_rowjob_z_redo(job, C, acc, terms);
-    }
 }
 
 /* The one-thread-per-row driver: statistics, loss, gradient.  Returns the row loss (double; the
@@ -710,7 +701,7 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     /* float64 rows the general gradient serves, where the gradient buffer is not the logits (the loss
      * terms and the z-loss read x again): the sum pass keeps each exp(x_j - m) there, exactly, and the
      * gradient pass multiplies instead of evaluating it again */
-    job->kept = grad && grad != x && !job->stored && !job->simple && job->status == XF_ROW_OK;
+    job->kept = grad && grad != x && !job->simple && job->status == XF_ROW_OK;
 #endif
     XF_FN(xf_row_sum)(x, C, job, (job->stored || job->kept) ? grad : 0);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};

@@ -88,19 +88,17 @@ XF_HD double xf_cu_lse_cancelling(const double *x, long long C) { return xf_lse_
  * A + 2 z r lse cancels) would weigh on every row of the row kernel as xf_lse_cancelling does on the
  * family kernel (calls, local arrays, spills), so the row kernel (ZX = 0) only flags such rows
  * (job->z_exact) and leaves their gradient unwritten; xf_xent_z_exact_kernel then redoes each flagged
- * row whole with ZX = 1.  Same bits as the CPU, which does it all in one pass. */
-template <typename T>
-XF_HD_COLD void xf_cu_z_exact(xf_rowjob *job, const T *x, long long C, const T *t, const double *w, double *terms)
+ * row whole with ZX = 1.  Same bits as the CPU, which does it all in one pass (both through
+ * xf_rowjob_z_lse_row). */
+XF_HD_COLD void xf_cu_z_exact(xf_rowjob *job, const float *x, long long C, const float *t, const double *w,
+                             double *terms)
 {
-    xf_rowjob_z_lse(job, xf_rowjob_lse_cancels(job) ? xf_cu_lse_cancelling(x, C) : 0.0);
-    if (xf_rowjob_z_cancels(job, terms, sizeof(T) == sizeof(float))) {
-        double mass[4], acc[4] = {0.0, 0.0, 0.0, 0.0};
-        xf_z_redo_masses(job, mass);
-        for (long long j = 0; j < C; j++) {
-            xf_z_redo_add(job, j, xf_cu_load(x[j]), w ? w[j] : 1.0, t ? xf_cu_load(t[j]) : 0.0, mass, acc);
-        }
-        xf_rowjob_z_redo(job, C, acc, terms);
-    }
+    xf_rowjob_z_lse_row(job, x, 0, t, 0, w, C, xf_rowjob_lse_cancels(job) ? xf_cu_lse_cancelling(x, C) : 0.0, terms);
+}
+XF_HD_COLD void xf_cu_z_exact(xf_rowjob *job, const double *x, long long C, const double *t, const double *w,
+                             double *terms)
+{
+    xf_rowjob_z_lse_row(job, 0, x, 0, t, w, C, xf_rowjob_lse_cancels(job) ? xf_cu_lse_cancelling(x, C) : 0.0, terms);
 }
 
 template <int ZX, typename T>

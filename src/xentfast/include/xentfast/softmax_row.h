@@ -783,6 +783,30 @@ XF_HD void xf_rowjob_z_redo(xf_rowjob *job, long long C, const double *acc, doub
     }
 }
 
+/* Both levels for one row given as float (xf, tf) or as double (xd, td) data, the other pointers NULL;
+ * tf / td NULL for index targets, w NULL without weights; exact as for xf_rowjob_z_lse (the caller's:
+ * on the GPU, calling xf_lse_cancelling from here cost its own kernel 16 registers and a spill).  What
+ * the CPU runs before finish on every z-loss row, and the GPU's second kernel on the rows its row kernel
+ * flagged (kernels.cu). */
+XF_HD void xf_rowjob_z_lse_row(xf_rowjob *job, const float *xf, const double *xd, const float *tf,
+                               const double *td, const double *w, long long C, double exact, double *terms)
+{
+    long long j;
+    const int is_f32 = (xf != 0);
+    xf_rowjob_z_lse(job, exact);
+    if (!xf_rowjob_z_cancels(job, terms, is_f32)) {
+        return;
+    }
+    double mass[4], acc[4] = {0.0, 0.0, 0.0, 0.0};
+    const int has_t = (tf != 0 || td != 0);
+    xf_z_redo_masses(job, mass);
+    for (j = 0; j < C; j++) {
+        xf_z_redo_add(job, j, xf_lse_load(xf, xd, j), w ? w[j] : 1.0, has_t ? xf_lse_load(tf, td, j) : 0.0, mass,
+                      acc);
+    }
+    xf_rowjob_z_redo(job, C, acc, terms);
+}
+
 /* exp(x_j - m) per storage type: exact shift and the 0.62-ULP exponential for double; for float the
  * double difference (error 2^-53 |x - m|, far below float32's grain) and the 2^-32 exponential, since
  * every use rounds to float32 or lands in a double sum of float32-accurate terms. */
