@@ -77,11 +77,11 @@ cdef extern from "xent_kernels.h" nogil:
         void (*terms_block)(const float *, long long, long long, const xf_rowjob *, const float *,
                             const double *, double *) noexcept nogil
         void (*grad_block)(const float *, float *, long long, long long, const xf_rowjob *, const float *,
-                           const double *) noexcept nogil
+                           const double *, const double *) noexcept nogil
         void (*row_max)(const float *, long long, xf_rowjob *) noexcept nogil
-        void (*row_sum)(const float *, long long, xf_rowjob *, float *) noexcept nogil
+        void (*row_sum)(const float *, long long, xf_rowjob *, float *, double *) noexcept nogil
         double (*xent_row)(const float *, float *, long long, xf_rowjob *, const float *,
-                           const double *) noexcept nogil
+                           const double *, double *) noexcept nogil
         void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double) noexcept nogil
@@ -93,11 +93,11 @@ cdef extern from "xent_kernels.h" nogil:
         void (*terms_block)(const double *, long long, long long, const xf_rowjob *, const double *,
                             const double *, double *) noexcept nogil
         void (*grad_block)(const double *, double *, long long, long long, const xf_rowjob *, const double *,
-                           const double *) noexcept nogil
+                           const double *, const double *) noexcept nogil
         void (*row_max)(const double *, long long, xf_rowjob *) noexcept nogil
-        void (*row_sum)(const double *, long long, xf_rowjob *, double *) noexcept nogil
+        void (*row_sum)(const double *, long long, xf_rowjob *, double *, double *) noexcept nogil
         double (*xent_row)(const double *, double *, long long, xf_rowjob *, const double *,
-                           const double *) noexcept nogil
+                           const double *, double *) noexcept nogil
         void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double) noexcept nogil
@@ -194,7 +194,7 @@ cdef inline void _fill(floating *out, Py_ssize_t n, double v) noexcept nogil:
 
 
 cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, const XentArgs *a,
-                          Py_ssize_t i) noexcept nogil:
+                          Py_ssize_t i, double *scratch) noexcept nogil:
     cdef xf_rowjob job
     cdef Py_ssize_t C = a.C
     if _row_ignored(a, i):
@@ -204,10 +204,10 @@ cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, 
     _row_job_init(a, i, &job)
     if floating is float:
         return K32.xent_row(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
-                               t + i * C if t != NULL else NULL, a.w)
+                               t + i * C if t != NULL else NULL, a.w, scratch)
     else:
         return K64.xent_row(x + i * C, grad + i * C if grad != NULL else NULL, C, &job,
-                               t + i * C if t != NULL else NULL, a.w)
+                               t + i * C if t != NULL else NULL, a.w, scratch)
 
 
 cdef void _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
@@ -325,11 +325,11 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
                 elif floating is float:
                     K32.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
                                            t + i * C + b0 if t != NULL else NULL,
-                                           a.w + b0 if a.w != NULL else NULL)
+                                           a.w + b0 if a.w != NULL else NULL, NULL)
                 else:
                     K64.grad_block(x + i * C + b0, grad + i * C + b0, blen, b0, &jobs[i],
                                            t + i * C + b0 if t != NULL else NULL,
-                                           a.w + b0 if a.w != NULL else NULL)
+                                           a.w + b0 if a.w != NULL else NULL, NULL)
             xf_fp_ieee_leave(fp_thread)
     free(jobs)
     free(bmax)
@@ -365,6 +365,8 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     cdef const floating *xp
     cdef const floating *tp = NULL
     cdef floating *gp = NULL
+    cdef double *scratch = NULL
+    cdef bint want_scratch
     if N == 0 or C == 0:
         return
     xp = &x[0, 0]
@@ -382,14 +384,21 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         tp = &t[0, 0]
     if has_grad:
         gp = &grad[0, 0]
+    # rows the general gradient serves (not the plain index-target form); float64 keeps the
+    # exponentials in the gradient buffer itself unless that is the logits
+    want_scratch = has_grad and (has_t or eps != 0.0 or z != 0.0) and (floating is float or <const floating *>gp == xp)
     with nogil:
         if force_phased or _use_phased(N, C, n_threads):
             _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         else:
             with parallel(num_threads=n_threads):
                 fp_thread = xf_fp_ieee_enter()
+                # the general gradient's exponentials, kept between passes (xf_xent_row); without the
+                # memory the rows evaluate them again, to the same bits
+                scratch = <double *>malloc(C * sizeof(double)) if want_scratch else NULL
                 for i in prange(N, schedule="guided"):
-                    loss[i] = _xent_one_row(xp, gp, tp, &a, i)
+                    loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)
+                free(scratch)
                 xf_fp_ieee_leave(fp_thread)
 
 
@@ -403,10 +412,10 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
     # softmax keeps the exponentials of the sum pass in `out` and scales them by 1 / S in place
     if floating is float:
         K32.row_max(x + i * C, C, &job)
-        K32.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL)
+        K32.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL, NULL)
     else:
         K64.row_max(x + i * C, C, &job)
-        K64.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL)
+        K64.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL, NULL)
     if lse != NULL:
         # rows where max x and log S cancel are redone to the result's own precision (softmax_row.h)
         if floating is float:
@@ -655,11 +664,13 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         if f32:
             for i in range(N):
                 loss[i] = _xent_one_row(<const float *>cnp.PyArray_DATA(x),
-                                        <float *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i)
+                                        <float *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i,
+                                        NULL)
         else:
             for i in range(N):
                 loss[i] = _xent_one_row(<const double *>cnp.PyArray_DATA(x),
-                                        <double *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i)
+                                        <double *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i,
+                                        NULL)
         if red == 0:
             for i in range(N):
                 if f32:

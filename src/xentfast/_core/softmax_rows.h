@@ -223,8 +223,8 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * given (the row's output buffer, possibly the logits themselves with inplace=True), each exponential
  * is also written there, so the output pass multiplies instead of evaluating exp a second time. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
-    const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, const int normal,
-    long long ahead)
+    const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
+    const int normal, long long ahead)
 {
     double acc[XF_LANES], cmp[XF_LANES];
     int k;
@@ -235,10 +235,12 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
     }
     /* exponentials of a chunk into a small buffer (one flat vectorized loop), then added to the lanes
      * with the accumulators held in registers: the same operations in the same order as adding each
-     * exponential to its lane as it is made */
-    double buf[XF_CHUNK];
+     * exponential to its lane as it is made.  With `keep` the buffer is the row's own place there, so the
+     * doubles stay for the gradient pass at no extra store. */
+    double chunk_buf[XF_CHUNK];
     for (; j + XF_CHUNK <= n; j += XF_CHUNK) {
         long long i;
+        double *buf = keep ? keep + j : chunk_buf;
         if (ahead) {
             const char *pf = (const char *)(x + j + ahead);
             for (i = 0; i < XF_CHUNK * (long long)sizeof(XF_T); i += 64) {
@@ -256,7 +258,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
         }
         /* the left-out argmax as one store after the loop, not a compare and select per element (~5 %
          * of the float32 sum pass); the lanes add the same numbers */
-        if (skip >= j && skip < j + XF_CHUNK) {
+        const int skip_here = (skip >= j && skip < j + XF_CHUNK);
+        const double e_skip = skip_here ? buf[skip - j] : 0.0;
+        if (skip_here) {
             buf[skip - j] = 0.0;
         }
         for (i = 0; i < XF_CHUNK; i += XF_LANES) {
@@ -269,6 +273,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
 #endif
             }
         }
+        if (skip_here) {
+            buf[skip - j] = e_skip;
+        }
     }
     for (; j + XF_LANES <= n; j += XF_LANES) {
 #pragma omp simd
@@ -276,6 +283,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
             double e = XF_EXP_FORM(normal, x[j + k], m);
             if (store) {
                 store[j + k] = (XF_T)(e * XF_STORE_SCALE);
+            }
+            if (keep) {
+                keep[j + k] = e;
             }
             e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
@@ -289,6 +299,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
         double e = XF_EXP_FORM(normal, x[j + k], m);
         if (store) {
             store[j + k] = (XF_T)(e * XF_STORE_SCALE);
+        }
+        if (keep) {
+            keep[j + k] = e;
         }
         e = (j + k == skip) ? 0.0 : e;
 #if XF_COMPENSATED
@@ -308,21 +321,29 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
  * otherwise wait on that memory (the hardware prefetcher does not follow a new row across the page
  * boundary).  Measured on one core: fused 4096x1000 float64 4.4 -> 3.8 ns per element, 256x32000 float32
  * 2.07 -> 1.73, 4096x1000 float32 1.88 -> 1.82. */
+/* `keep` (or NULL): where to leave each exp(x_j - m) as the double it is (the general gradient's, see
+ * xf_xent_row); a literal NULL in its own copies, so the rows without it run the loops they ran before. */
 XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m, long long skip, int normal,
-                                            double *hi, double *lo, XF_T *store, long long ahead)
+                                            double *hi, double *lo, XF_T *store, double *keep, long long ahead)
 {
-    if (normal) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 1, ahead);
+    if (keep) {
+        if (normal) {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, keep, 1, ahead);
+        } else {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, keep, 0, ahead);
+        }
+    } else if (normal) {
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, ahead);
     } else {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, ahead);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, ahead);
     }
 }
 
-/* the dispatch table's entry (the phased path): no prefetch */
+/* the dispatch table's entry (the phased path): no prefetch, nothing kept */
 XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long long skip, int normal,
                                       double *hi, double *lo, XF_T *store)
 {
-    XF_FN(xf_sumexp_block_ahead)(x, n, m, skip, normal, hi, lo, store, 0);
+    XF_FN(xf_sumexp_block_ahead)(x, n, m, skip, normal, hi, lo, store, 0, 0);
 }
 
 /* Pass 3's ordinary case, vectorized: the loss term and q_j of each element of a chunk (x, t, w at its
@@ -446,7 +467,7 @@ XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long 
  * before the loop, from x still unchanged (inplace), and stored after it. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)(
     const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
-    const int has_t, const int has_w, const int kept)
+    const int has_t, const int has_w, const double *keep)
 {
     const double m = job->m, coef_per_S = job->coef_per_S, mult = job->coef_mult;
     const long long y = job->y - offset;
@@ -463,8 +484,8 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
 #pragma omp simd
     for (j = 0; j < n; j++) {
         double xv = (double)x[j];
-        /* kept: the sum pass's exponential, the same double (see xf_xent_row) */
-        double e = kept ? (double)out[j] : XF_EXP_MINUS(x[j], m);
+        /* keep: the sum pass's exponential, the same double (see xf_xent_row) */
+        double e = keep ? keep[j] : XF_EXP_MINUS(x[j], m);
         double wc = has_w ? w[j] : 1.0;
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double tj = has_t ? (double)t[j] : 0.0;
@@ -477,22 +498,23 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
     }
 }
 
-/* xf_xent_grad_general for the row's targets and weights; kept: see xf_xent_grad_general */
+/* xf_xent_grad_general for the row's targets and weights; keep: see xf_xent_grad_general (NULL or not is
+ * a literal in each expansion, so the loop has no per-element test) */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_for)(
     const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
-    const int kept)
+    const double *keep)
 {
     if (w) {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, kept);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, kept);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep);
         }
     } else {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, kept);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, kept);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep);
         }
     }
 }
@@ -501,9 +523,10 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_
  * coef p_j is (e_j * coef_per_S) * coef_mult (xf_rowjob_div_S) on every path but float32's `stored` one,
  * whose kept exponentials are float32 already and whose one factor's double roundings cannot show.
  * `out` may alias `x` (inplace): each element is read before it is written, and every row statistic was
- * computed by the earlier passes. */
+ * computed by the earlier passes.  `keep` (or NULL): the block's exponentials as the sum pass left them
+ * (xf_xent_row), read by the general gradient instead of evaluated again; `out` itself for float64. */
 XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long long offset,
-                                     const xf_rowjob *job, const XF_T *t, const double *w)
+                                     const xf_rowjob *job, const XF_T *t, const double *w, const double *keep)
 {
     long long j;
     const double m = job->m, coef_per_S = job->coef_per_S, mult = job->coef_mult;
@@ -571,13 +594,11 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         }
         return;
     }
-#if XF_COMPENSATED
-    /* float64 rows whose sum pass kept the exponentials in `out` (xf_xent_row) */
-    if (job->kept) {
-        XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, 1);
+    /* rows whose sum pass kept the exponentials (xf_xent_row) */
+    if (keep) {
+        XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, keep);
         return;
     }
-#endif
     XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, 0);
 }
 
@@ -629,7 +650,7 @@ XF_KERNEL void XF_FN(xf_row_max)(const XF_T *x, long long C, xf_rowjob *job)
     xf_rowjob_set_exp_form(job, C);
 }
 
-XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store)
+XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep)
 {
     long long b0;
     if (job->status != XF_ROW_OK) {
@@ -641,7 +662,7 @@ XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_
         long long skip = job->argmax - b0;
         double bhi, blo;
         XF_FN(xf_sumexp_block_ahead)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1,
-                                     job->exp_normal, &bhi, &blo, store ? store + b0 : 0, C);
+                                     job->exp_normal, &bhi, &blo, store ? store + b0 : 0, keep ? keep + b0 : 0, C);
         xf_dd_add(&hi, &lo, bhi, blo);
     }
     xf_rowjob_set_sum(job, hi, lo);
@@ -690,20 +711,27 @@ XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, c
 }
 
 /* The one-thread-per-row driver: statistics, loss, gradient.  Returns the row loss (double; the
- * caller reduces or rounds it).  grad may be NULL (forward only) and may alias x (inplace). */
+ * caller reduces or rounds it).  grad may be NULL (forward only) and may alias x (inplace).
+ * scratch (or NULL): C doubles of the calling thread's own.  On rows the general gradient serves, the sum
+ * pass keeps each exp(x_j - m) there, exactly, and the gradient pass multiplies instead of evaluating it
+ * again; float64 rows whose gradient buffer is not the logits keep them in that buffer instead (the loss
+ * terms and the z-loss read x again after the sum pass).  A float32 buffer would round them, and the
+ * gradient's q_j may cancel most of p_j.  The bits are those of the evaluating form either way. */
 XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
-                                const double *w)
+                                const double *w, double *scratch)
 {
     long long b0;
     XF_FN(xf_row_max)(x, C, job);
     xf_rowjob_plan(job, (job->y >= 0) ? (double)x[job->y] : 0.0, grad != 0);
+    double *keep = 0;
+    if (grad && !job->simple && job->status == XF_ROW_OK) {
 #if XF_COMPENSATED
-    /* float64 rows the general gradient serves, where the gradient buffer is not the logits (the loss
-     * terms and the z-loss read x again): the sum pass keeps each exp(x_j - m) there, exactly, and the
-     * gradient pass multiplies instead of evaluating it again */
-    job->kept = grad && grad != x && !job->simple && job->status == XF_ROW_OK;
+        keep = (grad != x) ? (double *)grad : scratch;
+#else
+        keep = scratch;
 #endif
-    XF_FN(xf_row_sum)(x, C, job, (job->stored || job->kept) ? grad : 0);
+    }
+    XF_FN(xf_row_sum)(x, C, job, job->stored ? grad : 0, keep);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
@@ -718,7 +746,8 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
         } else {
             for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
                 long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
-                XF_FN(xf_xent_grad_block)(x + b0, grad + b0, nb, b0, job, t ? t + b0 : 0, w ? w + b0 : 0);
+                XF_FN(xf_xent_grad_block)(x + b0, grad + b0, nb, b0, job, t ? t + b0 : 0, w ? w + b0 : 0,
+                                          keep ? keep + b0 : 0);
             }
         }
     }

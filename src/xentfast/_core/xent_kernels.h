@@ -59,10 +59,10 @@
         void (*terms_block)(const T *, long long, long long, const xf_rowjob *, const T *, const double *, \
                             double *);                                                                    \
         void (*grad_block)(const T *, T *, long long, long long, const xf_rowjob *, const T *,            \
-                           const double *);                                                               \
+                           const double *, const double *);                                               \
         void (*row_max)(const T *, long long, xf_rowjob *);                                              \
-        void (*row_sum)(const T *, long long, xf_rowjob *, T *);                                         \
-        double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *);           \
+        void (*row_sum)(const T *, long long, xf_rowjob *, T *, double *);                               \
+        double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *, double *); \
         void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
         void (*log_softmax_block)(const T *, T *, long long, double, double);                            \
         void (*softmax_block)(const T *, T *, long long, double, double);                                \

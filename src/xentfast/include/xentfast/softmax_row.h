@@ -64,7 +64,6 @@ typedef struct {
     double coef_per_S;   /* coef / S rounded once (xf_rowjob_div_S): coef p_j = e_j * coef_per_S */
     int grad_scaled;     /* float64 rows with subnormal p_j and |coef| > 1: see xf_exp_shifted_pow2 */
     int z_exact;         /* GPU row kernel: the z-loss needs what it leaves to a second kernel (kernels.cu) */
-    int kept;            /* CPU, float64, not inplace: the sum pass kept exp(x_j - m) for the general gradient */
 } xf_rowjob;
 
 XF_HD void xf_rowmax_init(xf_rowmax *st)
@@ -119,7 +118,6 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->lse = 0.0;
     job->lse_lo = 0.0;
     job->z_exact = 0;
-    job->kept = 0;
     job->coef = 0.0;
     job->coef_mult = 1.0;
     job->coef_per_S = 0.0;
