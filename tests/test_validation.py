@@ -250,3 +250,165 @@ class TestEdgeShapes:
             assert xf.cross_entropy(x, Y, reduction="none").dtype == dtype
             assert xf.cross_entropy_backward(1.0, x, Y).dtype == dtype
             assert xf.softmax(x).dtype == dtype and xf.logsumexp(x).dtype == dtype
+
+
+class TestByteOrder:
+    """A byte-swapped array has the type number of the native one: every lane must see the swap."""
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    @pytest.mark.parametrize("n", [3, 3000])          # the plain-call lane (small) and the general path
+    def test_swapped_logits_give_the_native_results(self, dtype, n):
+        rng = np.random.default_rng(3)
+        x = (rng.standard_normal((n, 5)) * 3).astype(dtype)
+        y = rng.integers(0, 5, n)
+        swapped = x.astype(np.dtype(dtype).newbyteorder("S"))
+        loss, grad = xf.cross_entropy_with_grad(swapped, y)
+        ref_loss, ref_grad = xf.cross_entropy_with_grad(x, y)
+        assert loss == ref_loss and np.array_equal(grad, ref_grad) and grad.dtype.isnative
+        assert xf.cross_entropy(swapped, y.astype(np.dtype(np.int64).newbyteorder("S"))) == ref_loss
+        t = rng.random(x.shape).astype(dtype)
+        ref = xf.binary_cross_entropy_with_logits_with_grad(x, t)
+        for xs, ts in ((swapped, t), (x, t.astype(t.dtype.newbyteorder("S")))):
+            got = xf.binary_cross_entropy_with_logits_with_grad(xs, ts)
+            assert got[0] == ref[0] and np.array_equal(got[1], ref[1])
+
+    def test_swapped_logits_refuse_inplace(self):
+        with raises(TypeError, "input", "inplace=True", "byte order"):
+            xf.cross_entropy_with_grad(X.astype(">f8" if np.little_endian else "<f8"), Y, inplace=True)
+
+
+class TestGradientBufferApart:
+    """out= (or the input, inplace) must not share memory with what the kernels read while writing it."""
+
+    def test_out_is_the_target_probabilities(self):
+        t = np.full((3, 4), 0.25)
+        with raises(ValueError, "out", "target"):
+            xf.cross_entropy_with_grad(X, t, out=t)
+
+    def test_out_holds_the_weights(self):
+        out = np.empty((3, 4))
+        with raises(ValueError, "out", "weight"):
+            xf.cross_entropy_with_grad(X, Y, weight=out[0], out=out)
+
+    def test_out_holds_grad_output(self):
+        out = np.empty((3, 4))
+        with raises(ValueError, "out", "grad_output"):
+            xf.cross_entropy_with_grad(X, Y, reduction="none", grad_output=out[1, :3], out=out)
+
+    def test_inplace_input_is_the_target(self):
+        t = np.full((3, 4), 0.25)
+        with raises(ValueError, "inplace", "target"):
+            xf.cross_entropy_with_grad(t, t, inplace=True)
+
+    @pytest.mark.parametrize("n", [4, 3000])           # the plain-call lane and the general path
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_binary_out_is_the_target(self, n, dtype):
+        x = np.linspace(-3, 3, 2 * n).reshape(n, 2).astype(dtype)
+        t = np.full((n, 2), 0.5, dtype=dtype)
+        with raises(ValueError, "out", "target"):
+            xf.binary_cross_entropy_with_logits_with_grad(x, t, out=t)
+
+    def test_binary_out_holds_pos_weight(self):
+        out = np.empty((3, 4))
+        with raises(ValueError, "out", "pos_weight"):
+            xf.binary_cross_entropy_with_logits_with_grad(X, np.full((3, 4), 0.5), pos_weight=out[0], out=out)
+
+    def test_probs_out_is_the_target(self):
+        t = np.full((3, 4), 0.25)
+        with raises(ValueError, "out", "target"):
+            xf.cross_entropy_from_probs_with_grad(t.copy(), t, out=t)
+
+    def test_plain_lane_out_over_the_labels(self):
+        # float rows over int64 labels: the kernel would read labels it has already overwritten
+        buf = np.zeros(3 * 4, dtype=np.float64)
+        labels = buf.view(np.int64)[:3]
+        with raises(ValueError, "out", "target"):
+            xf.cross_entropy_with_grad(X, labels, out=buf.reshape(3, 4))
+
+
+class TestSmallerOptions:
+    @pytest.mark.parametrize("f", [xf.cross_entropy, xf.cross_entropy_from_probs])
+    def test_nan_policy_raise_sees_target_probabilities(self, f):
+        t = np.full((2, 3), 1 / 3)
+        t[1, 2] = np.nan
+        p = np.full((2, 3), 1 / 3)
+        with raises(ValueError, "target", "NaN", "row [1]", "class 2"):
+            f(p, t, nan_policy="raise")
+        assert np.isnan(f(p, t, reduction="none")[1])       # 'propagate': the row is NaN
+
+    @pytest.mark.parametrize("ignore", [-0.1, 0.1, 1e40, 2**24 + 1])
+    def test_binary_ignore_index_must_be_a_target_value(self, ignore):
+        x = np.array([0.5, -1.0, 2.0, 0.3], dtype=np.float32)
+        t = np.array([1.0, 0.0, 0.5, 1.0], dtype=np.float32)
+        with raises(ValueError, "ignore_index", repr(ignore)):
+            xf.binary_cross_entropy_with_logits(x, t, ignore_index=ignore)
+        with raises(ValueError, "ignore_index"):
+            xf.sigmoid_focal_loss(x, t, ignore_index=ignore, reduction="mean")
+
+    def test_binary_ignore_index_of_the_targets_dtype_is_ignored_everywhere(self):
+        x = np.array([0.5, -1.0, 2.0, 0.3], dtype=np.float32)
+        t = np.array([1.0, 0.0, -0.1, 1.0], dtype=np.float32)
+        kept = [0, 1, 3]
+        loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, ignore_index=float(np.float32(-0.1)))
+        ref_loss, ref_grad = xf.binary_cross_entropy_with_logits_with_grad(x[kept], t[kept])
+        assert loss == ref_loss and grad[2] == 0
+        # the mean over three elements: each gradient entry is 1/3 of its 'sum' entry, as in the reference
+        assert np.array_equal(grad[kept], ref_grad)
+
+    def test_ignore_index_beyond_int64(self):
+        for f in (xf.cross_entropy, xf.cross_entropy_from_probs):
+            with raises(ValueError, "ignore_index", str(2**70)):
+                f(np.full((3, 4), 0.25), Y, ignore_index=2**70)
+
+    @pytest.mark.parametrize("bad", ["no", 0.5, None])
+    def test_inplace_must_be_a_bool(self, bad):
+        x = X.copy()
+        with raises(TypeError, "inplace", repr(bad)):
+            xf.cross_entropy_with_grad(x, Y, inplace=bad)
+        with raises(TypeError, "inplace"):
+            xf.binary_cross_entropy_with_logits_with_grad(x, np.full((3, 4), 0.5), inplace=bad)
+        assert np.array_equal(x, X)
+
+    @pytest.mark.parametrize("alpha", [np.nan, np.inf])
+    def test_focal_alpha_not_finite(self, alpha):
+        with raises(ValueError, "alpha", "finite", repr(alpha)):
+            xf.sigmoid_focal_loss(X, np.full((3, 4), 0.5), alpha=alpha)
+
+
+class TestDocumentedDifferencesFromTorch:
+    """README, "Deliberate differences from torch": each one stated there is held here."""
+
+    def test_negative_class_weight_raises(self):
+        with raises(ValueError, "weight", "-0.5"):
+            xf.cross_entropy(X, Y, weight=np.array([1.0, -0.5, 1.0, 1.0]))
+
+    @pytest.mark.parametrize("f", [xf.log_softmax, xf.softmax, xf.logsumexp])
+    def test_softmax_family_needs_a_class_axis(self, f):
+        with raises(ValueError, "input", "0-d"):
+            f(np.float64(3.0))
+
+    def test_binary_bool_targets_are_zero_and_one(self):
+        t = np.array([[True, False], [False, True]])
+        x = np.array([[0.3, -2.0], [4.0, 1.5]])
+        assert xf.binary_cross_entropy_with_logits(x, t) == xf.binary_cross_entropy_with_logits(x, t.astype(float))
+
+
+def test_main_on_small_shapes():
+    from xentfast.__main__ import main
+    assert main(["--rows", "7", "--classes", "1"]) == 0
+    assert main(["--rows", "9", "--classes", "50"]) == 0
+    with pytest.raises(SystemExit):
+        main(["--rows", "3"])
+
+
+def test_numpy_baseline_leaves_ignored_rows_out():
+    from xentfast.testing import naive_cross_entropy_with_grad
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 50))
+    y = rng.integers(0, 50, 6)
+    y[2] = -100                   # class 950 of a 1000-class row once, an IndexError at 50 classes
+    loss, grad = naive_cross_entropy_with_grad(x, y)
+    ref_loss, ref_grad = xf.cross_entropy_with_grad(x, y)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-13)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-12, atol=1e-16)
+    assert not grad[2].any()

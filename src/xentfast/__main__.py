@@ -20,6 +20,9 @@ from xentfast.testing import max_ulp_error, naive_cross_entropy_with_grad
 BOUNDS = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
 
 
+HARD_ROWS = 7  # rows 0-6 of default_batch
+
+
 def default_batch(n=4096, c=1000, dtype=np.float32, seed=20261130):
     """The embedded workload: ordinary logits plus one of each hard case near the top of the batch."""
     rng = np.random.default_rng(seed)
@@ -38,7 +41,8 @@ def default_batch(n=4096, c=1000, dtype=np.float32, seed=20261130):
 
 def sample_rows(n, k=16):
     """The hard rows plus an even spread of ordinary ones."""
-    return np.unique(np.concatenate([np.arange(7), np.linspace(7, n - 1, k - 7).astype(int)]))
+    rows = np.unique(np.concatenate([np.arange(HARD_ROWS), np.linspace(HARD_ROWS, n - 1, k - HARD_ROWS).astype(int)]))
+    return rows[rows < n]
 
 
 def median_time(fn, repeats=5):
@@ -101,6 +105,8 @@ def main(argv=None):
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: all)")
     args = ap.parse_args(argv)
+    if args.rows < HARD_ROWS or args.classes < 1:
+        ap.error(f"--rows must be at least {HARD_ROWS} (the embedded hard cases) and --classes at least 1")
 
     xentfast.show_config()
     print()

@@ -86,7 +86,9 @@ def _check_real(value, name, lo=None, hi=None):
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected a real number, got {value!r}") from None
     if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
-        bounds = f"[{lo}, {hi}]" if hi is not None else f"[{lo}, inf)"
+        if lo is None and hi is None:
+            raise ValueError(f"{name}: must be finite; got {value!r}")
+        bounds = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}{']' if hi is not None else ')'}"
         raise ValueError(f"{name}: must be finite and in {bounds}; got {value!r}")
     return v
 
@@ -95,6 +97,16 @@ def _check_real(value, name, lo=None, hi=None):
 # the subnormal range, where it is rounded to a few bits before it multiplies -log p (up to ~10^300)
 # and the documented bound cannot hold.  Deliberate difference from torch, which accepts any [0, 1].
 _MIN_SMOOTHING = 2.0**-900
+
+
+def _check_ignore_index(ignore_index):
+    try:
+        value = operator.index(ignore_index)
+    except TypeError:
+        raise TypeError(f"ignore_index: expected an int, got {ignore_index!r}") from None
+    if value not in _INT64_RANGE:
+        raise ValueError(f"ignore_index: {value} is outside int64, the labels' range")
+    return value
 
 
 def _check_smoothing(label_smoothing):
@@ -251,19 +263,20 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
     return None, float(ga)
 
 
-def _raise_nan_row(rows, batch_shape, name):
+def _raise_nan_row(rows, batch_shape, name, what):
     nan_rows = np.isnan(rows).any(axis=1)
     r = int(np.flatnonzero(nan_rows)[0])
     c = int(np.flatnonzero(np.isnan(rows[r]))[0])
-    raise ValueError(f"{name}: NaN logit in row {_fmt_index(r, batch_shape)} at class {c} (nan_policy='raise')")
+    raise ValueError(f"{name}: NaN {what} in row {_fmt_index(r, batch_shape)} at class {c} (nan_policy='raise')")
 
 
-def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_backend.CPU, checks=None):
+def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_backend.CPU, checks=None,
+                      what="logit"):
     _check_choice(nan_policy, _NAN_POLICIES, "nan_policy")
     if nan_policy == "raise" and rows.size:
         checks = checks or backend.checks(immediate=True)
         checks.require(backend.xp.isnan(rows).any(),
-                       lambda: _raise_nan_row(backend.to_host(rows), batch_shape, name))
+                       lambda: _raise_nan_row(backend.to_host(rows), batch_shape, name, what))
 
 
 _TINY_K = 600.0
@@ -379,10 +392,7 @@ class _Problem:
         self.empty_mean = _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
         self.eps = _check_smoothing(label_smoothing)
         self.z = _check_real(z_loss, "z_loss", 0.0)
-        try:
-            self.ignore_index = operator.index(ignore_index)
-        except TypeError:
-            raise TypeError(f"ignore_index: expected an int, got {ignore_index!r}") from None
+        self.ignore_index = _check_ignore_index(ignore_index)
         self.rows, self.batch_shape, self.C = _rows(self.x_orig, self.axis)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
@@ -390,9 +400,18 @@ class _Problem:
                                                    self.ignore_index, self.backend, checks)
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks)
+        if self.t is not None:
+            # a NaN target probability makes its row NaN as a NaN logit does (README, special values)
+            _check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
+                              "target probability")
         self.N = self.rows.shape[0]
         self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
+
+    def read_arrays(self):
+        """(argument name, array) of what the kernels read besides the input, as they read it (a
+        converted copy shares nothing with the caller's array, the caller's own array may)."""
+        return (("target", self.y), ("target", self.t), ("weight", self.w))
 
     def _set_dtypes(self):
         """dtype: the kernels' (float64 for half inputs); loss_dtype: losses and reductions; grad_dtype: the
@@ -588,7 +607,25 @@ def _loss_and_grad(problem, buf, grad_output, **grad_only):
     return problem.reduce(losses)
 
 
-def _grad_target(problem, out, inplace):
+def _check_apart(problem, dest, what, grad_output):
+    """dest (out=, or the input with inplace=True) shares no memory with anything else the kernels read:
+    they read targets, weights and the upstream gradient while writing the gradient (a row's target
+    probabilities after its exponentials were kept in the gradient buffer, say)."""
+    backend = problem.backend
+    named = problem.read_arrays() + (("grad_output", grad_output if backend.owns(grad_output) else None),)
+    for name, a in named:
+        if a is not None and backend.owns(a) and backend.overlaps(dest, a):
+            raise ValueError(f"{what}: shares memory with {name}; the gradient needs a buffer of its own")
+
+
+def _check_flag(value, name):
+    """A bool argument: "no" or 0.5 would otherwise pass as True (inplace="no" overwrote the input)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
+
+
+def _grad_target(problem, out, inplace, grad_output=None):
     """The (N, C) C-contiguous buffer the kernel writes the gradient into, and how to hand it back.
 
     Half-precision inputs (problem.x_orig is then a float64 copy of problem.x_given) always get a float64
@@ -598,11 +635,13 @@ def _grad_target(problem, out, inplace):
     given = problem.x_given
     backend = problem.backend
     xp = backend.xp
+    inplace = _check_flag(inplace, "inplace")
     direct = problem.grad_dtype == problem.dtype
     last_axis_contiguous = direct and problem.axis == x.ndim - 1 and x.flags.c_contiguous
     if inplace:
         if out is not None:
             raise ValueError("out: cannot be combined with inplace=True (the gradient goes into input)")
+        _check_apart(problem, given, "input (inplace=True)", grad_output)
         if last_axis_contiguous:
             return problem.rows, given
         return xp.empty_like(problem.rows), given
@@ -617,6 +656,7 @@ def _grad_target(problem, out, inplace):
             raise ValueError("out: the array is read-only")
         if backend.overlaps(out, given):
             raise ValueError("out: overlaps input; use inplace=True to write the gradient into input")
+        _check_apart(problem, out, "out", grad_output)
         if last_axis_contiguous and out.flags.c_contiguous:
             return out.reshape(problem.rows.shape), out
         return xp.empty_like(problem.rows), out
@@ -728,8 +768,9 @@ _XENT_DOC_PARAMS = """
         Result of ``reduction='mean'`` when the denominator is 0 (all rows ignored, zero weights, no rows):
         NaN as torch, or 0.  The gradient is 0 in both cases.
     nan_policy : {'propagate', 'raise'}, default 'propagate'
-        'propagate': a NaN logit makes its row's loss and gradient NaN.  'raise': ValueError naming the
-        first row and class holding a NaN (costs one extra read of the logits).
+        'propagate': a NaN logit or target probability makes its row's loss and gradient NaN.  'raise':
+        ValueError naming the first row and class holding a NaN (costs one extra read of the logits, and
+        of the target probabilities).
     n_threads : int, optional
         OpenMP threads; None means all available (``OMP_NUM_THREADS``).  Results are bitwise identical
         for every value."""
@@ -839,7 +880,7 @@ def cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduc
                             n_threads=None):
     p = _Problem(input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss, empty_mean,
                  nan_policy, n_threads, inplace=inplace, grad_output=grad_output, out=out)
-    buf, dest = _grad_target(p, out, inplace)
+    buf, dest = _grad_target(p, out, inplace, grad_output)
     loss = _loss_and_grad(p, buf, grad_output)
     return loss, _finish_grad(p, buf, dest)
 
@@ -974,6 +1015,14 @@ def _as_float_input(input, name="input", what="logits", writeable=False, backend
             raise ValueError(f"{name}: inplace=True on a read-only array; pass a writeable copy or use out=")
     given = backend.xp.asarray(input)
     dt = given.dtype
+    if not dt.isnative and dt.newbyteorder("=") in _FLOAT_DTYPES:
+        # the kernels read native numbers: a byte-swapped array is read through a native copy, as NumPy's
+        # own functions do, and the results come back in native byte order
+        if writeable:
+            raise TypeError(f"{name}: inplace=True needs native byte order, got dtype {dt.str!r}; convert with "
+                            f".astype({name}.dtype.newbyteorder('='))")
+        given = given.astype(dt.newbyteorder("="))
+        dt = given.dtype
     if dt in _FLOAT_DTYPES:
         return given, given
     if _dtypes.is_half(dt):

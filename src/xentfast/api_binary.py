@@ -74,6 +74,19 @@ def _ignore_value(ignore_index):
     raise TypeError(f"ignore_index: expected None, an int or a finite float; got {ignore_index!r}")
 
 
+def _check_ignore_exact(ignore, dtype):
+    """The kernels compare each target, widened to double, with float(ignore) and the validation compares
+    in the targets' dtype: the two agree only when ignore is one of that dtype's values (-0.1 is not a
+    float32, so float32 targets of -0.1 would be ignored by one test and not by the other)."""
+    with np.errstate(over="ignore"):
+        held = float(dtype.type(ignore))
+    if not math.isfinite(held):
+        raise ValueError(f"ignore_index: {ignore!r} is outside the range of {dtype}, the targets' dtype")
+    if held != ignore:
+        raise ValueError(f"ignore_index: {ignore!r} is not a {dtype} value, so no {dtype} target can equal it "
+                         f"exactly (nearest: {held!r}); pass that value, or use targets of a wider dtype")
+
+
 def _not_unit(tc, ignore):
     with np.errstate(invalid="ignore"):
         ok = (tc >= 0) & (tc <= 1)
@@ -92,6 +105,8 @@ def _unit_targets(target, x, ignore, name="target", backend=_backend.CPU, checks
     """Targets of x's shape, cast to x's dtype (the kernels': float64, exactly, for half inputs), every
     value in [0, 1] or equal to `ignore`."""
     checks = checks or backend.checks(immediate=True)
+    if ignore is not None:
+        _check_ignore_exact(ignore, x.dtype)
     t = backend.xp.asarray(target)
     if not (_dtypes.is_real(t.dtype) or t.dtype.kind == "b"):
         raise TypeError(f"{name}: expected real values in [0, 1], got dtype {t.dtype}")
@@ -429,6 +444,11 @@ class _Elementwise:
     def forward(self):
         return self.reduce(self.run())
 
+    def read_arrays(self):
+        """As the softmax family's _Problem.read_arrays."""
+        return (("target", self.t), ("weight", self.w.base if self.w is not None else None),
+                ("pos_weight", self.pw.base if self.pw is not None else None))
+
     def backward(self, grad_output):
         buf, dest = _grad_target(self, None, False)
         self.run(grad=buf, grad_output=grad_output, want_loss=False)
@@ -438,7 +458,7 @@ class _Elementwise:
     def with_grad(self, input, grad_output, out, inplace):
         # a 0-d problem runs as shape (1,): a 0-d out= buffer is viewed the same way
         out1 = out.reshape(1) if (self.scalar and self.backend.owns(out) and out.shape == ()) else out
-        buf, dest = _grad_target(self, out1, inplace)
+        buf, dest = _grad_target(self, out1, inplace, grad_output)
         loss = _loss_and_grad(self, buf, grad_output, want_loss=False)
         g = _finish_grad(self, buf, dest)
         if out is not None:
@@ -494,6 +514,8 @@ _BCE_LOGITS_PARAMS = """
     ignore_index : int or float, optional
         Elements whose target equals it contribute 0 loss and 0 gradient, whatever their logit holds
         (even NaN), and are left out of the mean's denominator (Paddle's option).  Default: none.
+        It must be a value of the targets' dtype as the kernels read them (float32 for float32 input,
+        float64 otherwise): ``ignore_index=-0.1`` with float32 input raises ValueError.
     empty_mean : {'nan', 'zero'}, default 'nan'
         'mean' with nothing to average (every element ignored, or an empty input): NaN (torch's mean of
         nothing) or 0.  The gradient is 0 in both cases.
@@ -942,10 +964,7 @@ class _ProbsProblem(_api._Problem):
         self.eps = 0.0
         self.z = 0.0
         self.clip_eps = _check_eps(eps)
-        try:
-            self.ignore_index = operator.index(ignore_index)
-        except TypeError:
-            raise TypeError(f"ignore_index: expected an int, got {ignore_index!r}") from None
+        self.ignore_index = _api._check_ignore_index(ignore_index)
         self.rows, self.batch_shape, self.C = _rows(x, self.axis)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
@@ -954,6 +973,9 @@ class _ProbsProblem(_api._Problem):
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_probabilities(x, backend=self.backend, checks=checks)
         _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
+        if self.t is not None:
+            _api._check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
+                                   "target probability")
         self.N = self.rows.shape[0]
         self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
@@ -1051,7 +1073,7 @@ def cross_entropy_from_probs_with_grad(input, target, weight=None, ignore_index=
                                        grad_output=None, out=None, inplace=False, n_threads=None):
     p = _ProbsProblem(input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy, n_threads,
                       inplace=inplace)
-    buf, dest = _grad_target(p, out, inplace)
+    buf, dest = _grad_target(p, out, inplace, grad_output)
     loss = _loss_and_grad(p, buf, grad_output)
     return loss, _finish_grad(p, buf, dest)
 

@@ -319,7 +319,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     n = cnp.PyArray_SIZE(x)
     if cnp.PyArray_NDIM(x) == 0 or n == 0 or n >= PLAIN_MAX_ELEMENTS or not plain_same_layout(x, t):
         return NotImplemented
-    if with_grad and out is not None and not plain_out(out, x):
+    if with_grad and out is not None and not plain_out(out, x, t):
         return NotImplemented
     f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
     xp = cnp.PyArray_DATA(x)

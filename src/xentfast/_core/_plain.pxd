@@ -15,13 +15,16 @@ cdef enum:
 
 
 cdef inline bint plain_float_array(object a) noexcept:
-    """A NumPy float32/float64 array (exact type), C-contiguous and aligned."""
+    """A NumPy float32/float64 array (exact type), C-contiguous, aligned, in native byte order (a
+    byte-swapped '>f8' has the type number of float64 too, and the kernels would read its bytes as if
+    it were not swapped)."""
     cdef cnp.ndarray arr
     if type(a) is not cnp.ndarray:
         return False
     arr = <cnp.ndarray>a
     return ((cnp.PyArray_TYPE(arr) == cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(arr) == cnp.NPY_FLOAT64)
-            and cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr))
+            and cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr)
+            and cnp.PyArray_ISNOTSWAPPED(arr))
 
 
 cdef inline bint plain_zero(object v) noexcept:
@@ -58,23 +61,25 @@ cdef inline bint plain_same_layout(cnp.ndarray a, cnp.ndarray b) noexcept:
     return True
 
 
-cdef inline bint plain_out(object out, cnp.ndarray x) noexcept:
+cdef inline bint plain_disjoint(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """No byte in common, for C-contiguous a and b (comparing the two address ranges is then exact)."""
+    cdef char *a0 = <char *>cnp.PyArray_DATA(a)
+    cdef char *b0 = <char *>cnp.PyArray_DATA(b)
+    cdef Py_ssize_t na = cnp.PyArray_NBYTES(a)
+    cdef Py_ssize_t nb = cnp.PyArray_NBYTES(b)
+    return na == 0 or nb == 0 or a0 + na <= b0 or b0 + nb <= a0
+
+
+cdef inline bint plain_out(object out, cnp.ndarray x, cnp.ndarray target) noexcept:
     """`out` usable as the gradient buffer: the input's exact type, dtype and shape, C-contiguous,
-    aligned, writeable, and no byte in common with the input (both are contiguous, so comparing the
-    two address ranges is exact)."""
+    aligned, writeable, and no byte in common with the input or the (C-contiguous) target."""
     cdef cnp.ndarray o
-    cdef char *a0
-    cdef char *b0
-    cdef Py_ssize_t nbytes
     if not plain_float_array(out):
         return False
     o = <cnp.ndarray>out
     if not plain_same_layout(o, x) or not cnp.PyArray_ISWRITEABLE(o):
         return False
-    a0 = <char *>cnp.PyArray_DATA(o)
-    b0 = <char *>cnp.PyArray_DATA(x)
-    nbytes = cnp.PyArray_NBYTES(x)
-    return nbytes == 0 or a0 + nbytes <= b0 or b0 + nbytes <= a0
+    return plain_disjoint(o, x) and plain_disjoint(o, target)
 
 
 cdef inline object plain_scalar(double total, bint f32):

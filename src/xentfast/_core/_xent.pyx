@@ -610,7 +610,8 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     x = <cnp.ndarray>input
     y = <cnp.ndarray>target
     if (cnp.PyArray_NDIM(x) != 2 or cnp.PyArray_NDIM(y) != 1 or cnp.PyArray_TYPE(y) != cnp.NPY_INT64
-            or not cnp.PyArray_IS_C_CONTIGUOUS(y) or not cnp.PyArray_ISALIGNED(y)):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(y) or not cnp.PyArray_ISALIGNED(y)
+            or not cnp.PyArray_ISNOTSWAPPED(y)):
         return NotImplemented
     N = cnp.PyArray_DIMS(x)[0]
     C = cnp.PyArray_DIMS(x)[1]
@@ -622,7 +623,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         ign = ignore_index
     except OverflowError:                  # beyond int64: the general path's
         return NotImplemented
-    if with_grad and out is not None and not plain_out(out, x):
+    if with_grad and out is not None and not plain_out(out, x, y):
         return NotImplemented
     # the label check of xentfast.api._index_targets, which counts the kept rows (the mean's denominator)
     yp = <const int64_t *>cnp.PyArray_DATA(y)

@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -134,9 +136,13 @@ void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N
 {
     const auto *K = Tables<T>::softmax();
     const int nt = threads_for(N * C);
+    // the general gradient's exponentials, kept between passes (softmax_rows.h, xf_xent_row); float64
+    // keeps them in its own gradient buffer
+    const bool want_scratch = grad != nullptr && (t != nullptr || z != 0.0) && sizeof(T) == sizeof(float);
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
+    std::unique_ptr<double[]> scratch(want_scratch ? new (std::nothrow) double[C] : nullptr);
 #pragma omp for schedule(guided)
     for (long long i = 0; i < N; ++i) {
         double l = 0.0;
@@ -149,7 +155,7 @@ void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N
             const double s = g != nullptr ? 1.0 * static_cast<double>(g[i]) : 1.0;
             xf_rowjob_init(&job, y != nullptr ? y[i] : -1, 1.0, 0.0, z, s, 1.0, y == nullptr);
             l = K->xent_row(x + i * C, grad != nullptr ? grad + i * C : nullptr, C, &job,
-                            t != nullptr ? t + i * C : nullptr, nullptr);
+                            t != nullptr ? t + i * C : nullptr, nullptr, scratch.get());
         }
         if (loss != nullptr) {
             loss[i] = static_cast<T>(l);  // the NumPy API's astype: one rounding, inf beyond the range
@@ -174,7 +180,7 @@ void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
         xf_rowjob job;
         xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1);
         K->row_max(x + i * C, C, &job);
-        K->row_sum(x + i * C, C, &job, nullptr);
+        K->row_sum(x + i * C, C, &job, nullptr, nullptr);
         if (job.status != XF_ROW_OK) {
             fill(out + i * C, C, XF_NAN);
         } else {
