@@ -526,6 +526,44 @@ def test_refusals_name_the_argument():
         xt.cross_entropy(x, torch.tensor([0, 1, 7]))
 
 
+def test_refusals_of_arguments_the_op_and_the_denominator_would_read_differently():
+    x = torch.randn(5, 5, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 3, 1])
+    # torch: "'ignore_index' must be int"; truncated, the op would drop label 1 and the mean count it
+    for f in (xt.cross_entropy, xt.cross_entropy_from_probs):
+        with pytest.raises(TypeError, match="ignore_index: expected an int, got 1.5"):
+            f(x.softmax(1), y, ignore_index=1.5)
+    # a meta tensor among CPU ones would send the call to the shape-only fake kernels (garbage values)
+    meta = dict(device="meta")
+    with pytest.raises(ValueError, match="target: on device meta, expected the input's device cpu"):
+        xt.binary_cross_entropy_with_logits(x, torch.zeros(5, 5, **meta))
+    with pytest.raises(ValueError, match="weight: on device meta"):
+        xt.cross_entropy(x, y, weight=torch.ones(5, **meta), reduction="none")
+    with pytest.raises(ValueError, match="pos_weight: on device meta"):
+        xt.binary_cross_entropy_with_logits(x, torch.zeros(5, 5), pos_weight=torch.ones(5, **meta))
+    with pytest.raises(ValueError, match="targets: on device meta"):
+        xt.sigmoid_focal_loss(x, torch.zeros(5, 5, **meta))
+    with pytest.raises(ValueError, match="target: on device meta"):
+        xt.binary_cross_entropy(x.sigmoid(), torch.zeros(5, 5, **meta))
+    # every tensor on meta is the fake kernels' own business: shapes only
+    assert xt.cross_entropy(x.to("meta"), y.to("meta")).shape == ()
+
+
+@pytest.mark.parametrize("label_dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_narrow_labels_with_class_weights(label_dtype):
+    # the weighted mean's denominator indexes the weights with the labels: torch reads a uint8 index as
+    # a mask (here N == C: silently the sum of all weights) and refuses int8 and int16 ones
+    x = torch.randn(5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    w = torch.arange(1.0, 6.0, dtype=torch.float64)
+    y = torch.tensor([1, 4, 2, 3, 1])
+    got = xt.cross_entropy(x, y.to(label_dtype), weight=w)
+    want = F.cross_entropy(x, y, weight=w)
+    assert abs(got.item() - want.item()) <= 4 * math.ulp(want.item())
+    (g_got,) = torch.autograd.grad(got, x)
+    (g_want,) = torch.autograd.grad(want, x)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-14, atol=1e-17)
+
+
 def test_modules_match_torchs_and_share_state_dict_keys():
     rng = _rng("modules")
     w = torch.from_numpy(rng.random(5) + 0.1)

@@ -44,6 +44,7 @@ Design
 
 import contextlib
 import math
+import operator
 
 import numpy as np
 import torch
@@ -293,6 +294,23 @@ def _check_no_grad(**tensors):
                 f"(pass {name}.detach() if no gradient is wanted for it)")
 
 
+def _check_devices(input, **tensors):
+    """Every tensor argument on the input's device.  A meta tensor among CPU ones would otherwise send the
+    call to the shape-only fake kernels, which return uninitialised memory as the loss."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device != input.device:
+            raise ValueError(f"{name}: on device {t.device}, expected the input's device {input.device}")
+
+
+def _check_int(value, name):
+    """An integer argument, as torch takes it (ignore_index=1.5 would be truncated for the op and not
+    for the mean's denominator)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {value!r}") from None
+
+
 def _as_tensor(value, like):
     """Array-like weights as tensors on the input's device (None stays None)."""
     if value is None or isinstance(value, torch.Tensor):
@@ -325,11 +343,14 @@ def _reduce(rows, reduction, denominator, empty_mean):
 
 def _target_weight_sum(target, weight, ignore_index, n_classes):
     """torch's weighted mean denominator: the sum of weight[target] over rows not ignored, in float64."""
-    kept = target != ignore_index
+    # int64 labels: torch reads a uint8 index as a mask and refuses int8/int16 ones, and a narrow label
+    # compared with ignore_index=-100 would wrap it into the label's range
+    labels = target.long()
+    kept = labels != ignore_index
     if weight is None:
         return kept.sum(dtype=torch.float64)
     # clamp: an ignored row's label may lie outside [0, C) and must not index out of bounds
-    picked = weight.to(torch.float64)[target.clamp(0, n_classes - 1)]
+    picked = weight.to(torch.float64)[labels.clamp(0, n_classes - 1)]
     return torch.where(kept, picked, 0.0).sum()
 
 
@@ -371,8 +392,10 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     weight = _as_tensor(weight, input)
     _check_no_grad(target=target, weight=weight)
+    _check_devices(input, target=target, weight=weight)
+    ignore_index = _check_int(ignore_index, "ignore_index")
     fwd, _ = _OPS["cross_entropy"]
-    rows = fwd(input, target, weight, int(ignore_index), float(label_smoothing), float(z_loss), nan_policy)
+    rows = fwd(input, target, weight, ignore_index, float(label_smoothing), float(z_loss), nan_policy)
     if reduction != "mean":
         return _reduce(rows, reduction, None, empty_mean)
     return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
@@ -392,8 +415,10 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     weight = _as_tensor(weight, input)
     _check_no_grad(target=target, weight=weight)
+    _check_devices(input, target=target, weight=weight)
+    ignore_index = _check_int(ignore_index, "ignore_index")
     fwd, _ = _OPS["cross_entropy_from_probs"]
-    rows = fwd(input, target, weight, int(ignore_index), None if eps is None else float(eps), nan_policy)
+    rows = fwd(input, target, weight, ignore_index, None if eps is None else float(eps), nan_policy)
     if reduction != "mean":
         return _reduce(rows, reduction, None, empty_mean)
     return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
@@ -414,6 +439,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     weight, pos_weight = _as_tensor(weight, input), _as_tensor(pos_weight, input)
     _check_no_grad(target=target, weight=weight, pos_weight=pos_weight)
+    _check_devices(input, target=target, weight=weight, pos_weight=pos_weight)
     ignore = None if ignore_index is None else float(ignore_index)
     fwd, _ = _OPS["binary_cross_entropy_with_logits"]
     rows = fwd(input, target, weight, pos_weight, ignore, nan_policy)
@@ -431,6 +457,7 @@ def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none",
     _check_choice(reduction, _REDUCTIONS, "reduction")
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     _check_no_grad(targets=targets)
+    _check_devices(inputs, targets=targets)
     ignore = None if ignore_index is None else float(ignore_index)
     fwd, _ = _OPS["sigmoid_focal_loss"]
     rows = fwd(inputs, targets, float(alpha), float(gamma), ignore, nan_policy)
@@ -451,6 +478,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     weight = _as_tensor(weight, input)
     _check_no_grad(target=target, weight=weight)
+    _check_devices(input, target=target, weight=weight)
     fwd, _ = _OPS["binary_cross_entropy"]
     rows = fwd(input, target, weight, None if eps is None else float(eps),
                None if log_clamp is None else float(log_clamp), nan_policy)
