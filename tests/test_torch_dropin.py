@@ -521,6 +521,13 @@ def test_refusals_name_the_argument():
         xt.binary_cross_entropy_with_logits(x, soft)
     with pytest.raises(NotImplementedError, match="weight"):
         xt.cross_entropy(x, y, weight=torch.ones(4, requires_grad=True))
+    # nothing is differentiated under no_grad: torch computes the loss, and so does the drop-in
+    learnable = torch.nn.Parameter(torch.linspace(0.5, 2.0, 4))
+    with torch.no_grad():
+        assert xt.cross_entropy(x, y, weight=learnable).item() == pytest.approx(
+            F.cross_entropy(x, y, weight=learnable).item(), rel=1e-6)
+        assert xt.binary_cross_entropy_with_logits(x, soft).item() == pytest.approx(
+            F.binary_cross_entropy_with_logits(x, soft).item(), rel=1e-6)
     # the NumPy API's own validation, raised from inside the op
     with pytest.raises(ValueError, match=r"target: labels must be in \[0, 4\)"):
         xt.cross_entropy(x, torch.tensor([0, 1, 7]))

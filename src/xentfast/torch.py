@@ -287,6 +287,10 @@ def _check_choice(value, choices, name):
 
 
 def _check_no_grad(**tensors):
+    # only while autograd records: under torch.no_grad() (an evaluation loop with a learnable class
+    # weight, say) no gradient is asked of anything, and torch computes the loss
+    if not torch.is_grad_enabled():
+        return
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.requires_grad:
             raise NotImplementedError(
