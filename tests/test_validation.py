@@ -336,7 +336,7 @@ class TestSmallerOptions:
             f(p, t, nan_policy="raise")
         assert np.isnan(f(p, t, reduction="none")[1])       # 'propagate': the row is NaN
 
-    @pytest.mark.parametrize("ignore", [-0.1, 0.1, 1e40, 2**24 + 1])
+    @pytest.mark.parametrize("ignore", [-0.1, 0.1, 1e40, 2**24 + 1, 10**400])
     def test_binary_ignore_index_must_be_a_target_value(self, ignore):
         x = np.array([0.5, -1.0, 2.0, 0.3], dtype=np.float32)
         t = np.array([1.0, 0.0, 0.5, 1.0], dtype=np.float32)

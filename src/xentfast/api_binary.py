@@ -78,8 +78,11 @@ def _check_ignore_exact(ignore, dtype):
     """The kernels compare each target, widened to double, with float(ignore) and the validation compares
     in the targets' dtype: the two agree only when ignore is one of that dtype's values (-0.1 is not a
     float32, so float32 targets of -0.1 would be ignored by one test and not by the other)."""
-    with np.errstate(over="ignore"):
-        held = float(dtype.type(ignore))
+    try:
+        with np.errstate(over="ignore"):
+            held = float(dtype.type(ignore))
+    except OverflowError:                  # an int beyond float64
+        held = math.inf
     if not math.isfinite(held):
         raise ValueError(f"ignore_index: {ignore!r} is outside the range of {dtype}, the targets' dtype")
     if held != ignore:
