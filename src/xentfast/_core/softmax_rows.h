@@ -233,7 +233,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * is also written there, so the output pass multiplies instead of evaluating exp a second time. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
-    const int normal, long long ahead)
+    const int normal, const int has_store, long long ahead)
 {
     double acc[XF_LANES], cmp[XF_LANES];
     int k;
@@ -256,7 +256,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
                 __builtin_prefetch(pf + i, 0, 3);
             }
         }
-        if (store) {
+        if (has_store) {
             const char *pfw = (const char *)(store + j) + XF_STORE_AHEAD_BYTES;
             for (i = 0; i < XF_CHUNK * (long long)sizeof(XF_T); i += 64) {
                 __builtin_prefetch(pfw + i, 1, 3);
@@ -265,7 +265,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
 #pragma omp simd
         for (i = 0; i < XF_CHUNK; i++) {
             double e = XF_EXP_FORM(normal, x[j + i], m);
-            if (store) {
+            if (has_store) {
                 /* the sum below still adds the double e: a forward-only call gets the same loss bits */
                 store[j + i] = (XF_T)(e * XF_STORE_SCALE);
             }
@@ -296,7 +296,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
 #pragma omp simd
         for (k = 0; k < XF_LANES; k++) {
             double e = XF_EXP_FORM(normal, x[j + k], m);
-            if (store) {
+            if (has_store) {
                 store[j + k] = (XF_T)(e * XF_STORE_SCALE);
             }
             if (keep) {
@@ -312,7 +312,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
     }
     for (k = 0; j + k < n; k++) {
         double e = XF_EXP_FORM(normal, x[j + k], m);
-        if (store) {
+        if (has_store) {
             store[j + k] = (XF_T)(e * XF_STORE_SCALE);
         }
         if (keep) {
@@ -337,20 +337,30 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
  * boundary).  Measured on one core: fused 4096x1000 float64 4.4 -> 3.8 ns per element, 256x32000 float32
  * 2.07 -> 1.73, 4096x1000 float32 1.88 -> 1.82. */
 /* `keep` (or NULL): where to leave each exp(x_j - m) as the double it is (the general gradient's, see
- * xf_xent_row); a literal NULL in its own copies, so the rows without it run the loops they ran before. */
+ * xf_xent_row); a literal NULL in its own copies, so the rows without it run the loops they ran before.
+ * A row never has both: `store` serves the simple rows (job->stored), `keep` the general ones.
+ * `store` is a literal too (has_store): a store under a run-time test inside the vectorized loop became a
+ * masked store (vmaskmovps with an all-ones mask), which AMD's Zen cores execute as many
+ * micro-operations; the fused float32 sum pass spent about a third of its time there. */
 XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m, long long skip, int normal,
                                             double *hi, double *lo, XF_T *store, double *keep, long long ahead)
 {
     if (keep) {
         if (normal) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, keep, 1, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, keep, 0, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead);
+        }
+    } else if (store) {
+        if (normal) {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead);
+        } else {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead);
         }
     } else if (normal) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, ahead);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead);
     } else {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, ahead);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead);
     }
 }
 
