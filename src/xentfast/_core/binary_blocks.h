@@ -100,6 +100,25 @@ XF_HD void XF_BIN_FN(xf_bin_block_partial)(const xf_bin_args *a, long long off, 
     }
 }
 
+/* The block's inputs and outputs from element c0 on. */
+XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_from)(XF_BIN_FN(xf_bin_blk) b, long long c0)
+{
+    b.x += c0;
+    b.t += c0;
+    b.w += c0;
+    b.q += c0;
+    b.g = b.g ? b.g + c0 : 0;
+    b.ld = b.ld ? b.ld + c0 : 0;
+    b.lo = b.lo ? b.lo + c0 : 0;
+    b.gr = b.gr ? b.gr + c0 : 0;
+    return b;
+}
+
+/* elements per exponential loop of the fast form (xf_bce_logits_chunk) */
+#ifndef XF_BIN_STAGE
+#define XF_BIN_STAGE 64
+#endif
+
 /* ---- BCE with logits ---------------------------------------------------------------------------------- */
 
 /* fast_mode: 0 the general form only (float64 storage), 2 the plain-double form of binary.h only (a
@@ -107,8 +126,8 @@ XF_HD void XF_BIN_FN(xf_bin_block_partial)(const xf_bin_args *a, long long off, 
  * and each output gets the form binary.h's predicates pick for it (the loss's never depends on the
  * upstream factor), as on the GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                          const int unweighted, const int fast_mode, const int want_d,
-                                          const int want_o, const int want_g)
+                                          const int unweighted, const int fast_mode, const double *ebuf,
+                                          const int want_d, const int want_o, const int want_g)
 {
     const XF_T *x = b.x, *t = b.t;
     const double *w = b.w, *q = b.q, *g = b.g;
@@ -128,7 +147,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
          * condition would stop the vectorizer) */
         double v = 0.0, gv = 0.0;
         if (fast_mode == 2) {
-            xf_bin_fast_logit f = xf_bin_fast_pieces(xv);
+            xf_bin_fast_logit f = ebuf ? xf_bin_fast_from_exp(xv, ebuf[j]) : xf_bin_fast_pieces(xv);
             v = (want_d | want_o) ? xf_bin_bce_fast_loss(f, y, wj, qj) : 0.0;
             gv = want_g ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : 0.0;
         } else {
@@ -170,7 +189,27 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                                            XF_T *loss_o, XF_T *grad)
 {
     /* the block converts loss_d into loss_o once, after all its chunks (XF_BIN_CONVERT_LOSS) */
-    XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode);
+#if !XF_CUDA
+    if (fast_mode == 2) {
+        /* the exponentials of XF_BIN_STAGE elements first, in a loop of their own, then the rest of each
+         * element from them: the same operations, but the element's chain (exponential, division,
+         * polynomial, loss) is cut in two, and each loop's iterations are short enough for the core to
+         * overlap several of them (see benchmarks/README.md, ninth round) */
+        double ebuf[XF_BIN_STAGE];
+        long long s0, j;
+        for (s0 = 0; s0 < n; s0 += XF_BIN_STAGE) {
+            const long long len = (n - s0 < XF_BIN_STAGE) ? n - s0 : XF_BIN_STAGE;
+            const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, s0);
+#pragma omp simd
+            for (j = 0; j < len; j++) {
+                ebuf[j] = xf_bin_fast_exp((double)c.x[j]);
+            }
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf);
+        }
+        return;
+    }
+#endif
+    XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode, 0);
 }
 
 #if XF_BIN_FAST
@@ -208,20 +247,6 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk) 
     }
 }
 #undef XF_BIN_OWN_CODE
-
-/* The block's inputs and outputs from element c0 on. */
-XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_from)(XF_BIN_FN(xf_bin_blk) b, long long c0)
-{
-    b.x += c0;
-    b.t += c0;
-    b.w += c0;
-    b.q += c0;
-    b.g = b.g ? b.g + c0 : 0;
-    b.ld = b.ld ? b.ld + c0 : 0;
-    b.lo = b.lo ? b.lo + c0 : 0;
-    b.gr = b.gr ? b.gr + c0 : 0;
-    return b;
-}
 
 /* Whether every element of the chunk [c0, c0 + len) takes the fast form for each wanted output (the
  * loss, and the gradient when asked), for a literal `unweighted`. */
@@ -332,9 +357,9 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     XF_BIN_CONVERT_LOSS();
 #else
     if (unweighted) {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0, 0);
     } else {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0, 0);
     }
 #endif
     XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);

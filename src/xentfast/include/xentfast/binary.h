@@ -375,15 +375,27 @@ XF_HD double xf_bin_log1p_unit(double e, double rd)
     return big ? (XF_MATH_LN2_HI + (at + xf_fma(d, rd, XF_MATH_LN2_LO))) : at;
 }
 
-XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
+/* e = exp(-|x|), the first of the pieces; the CPU loops make a chunk's exponentials in a loop of their
+ * own (binary_blocks.h) and pass each to xf_bin_fast_from_exp */
+XF_HD double xf_bin_fast_exp(double x)
+{
+    return xf_exp_lite_normal(-xf_fabs(x));
+}
+
+XF_HD xf_bin_fast_logit xf_bin_fast_from_exp(double x, double e)
 {
     xf_bin_fast_logit r;
     r.a = xf_fabs(x);
-    r.e = xf_exp_lite_normal(-r.a);
+    r.e = e;
     r.rd = 1.0 / (1.0 + r.e);
     r.l = xf_bin_log1p_unit(r.e, r.rd);
     r.pos = (x >= 0.0);
     return r;
+}
+
+XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
+{
+    return xf_bin_fast_from_exp(x, xf_bin_fast_exp(x));
 }
 
 /* The target's mass on x's own side, `own` (1 - y for x >= 0, q y below), and on the other, `other`.
