@@ -10,12 +10,16 @@ Flags, and why:
   never fast-math or O-fast: they reassociate sums and assume no inf/NaN, which breaks the accuracy contract
   no -march=native:        the wheel must run on any x86-64; the AVX2+FMA kernels are a static library of
                            their own units (avx2_*.c, -mavx2 -mfma), chosen at import on CPUs that have both
+  -g0                      Python's own CFLAGS bring -g; the kernels' specialized loops make the debug
+                           information 3/4 of each module and a third of the compile time, for the same
+                           machine code (objdump).  XENTFAST_DEBUG=1 keeps -g (and turns bounds checks on).
 
 XLA FFI handlers for xentfast.jax (xentfast._core._xla_ffi, C++17): built only when jaxlib's FFI headers
 are installed at build time (pip's isolated build has no jaxlib, so they are skipped there and
-xentfast.jax uses its callbacks), never required: a failed compile is a warning.  The build records the
-jaxlib version whose headers it used; xentfast.jax loads the handlers only with that jaxlib or a newer one
-(XLA refuses handlers built against a newer FFI API).  XENTFAST_NO_XLA_FFI=1 skips them;
+xentfast.jax uses its callbacks), never required: a failed compile is a warning.  They compile no kernel:
+they call _xent's and _binary's through capsules (_xla_ffi.cc (a)), so they build in seconds.  The build
+records the jaxlib version whose headers it used; xentfast.jax loads the handlers only with that jaxlib or
+a newer one (XLA refuses handlers built against a newer FFI API).  XENTFAST_NO_XLA_FFI=1 skips them;
 XENTFAST_ONLY_XLA_FFI=1 builds them alone (CI adds them to the isolated install that way).
 
 OpenMP: probed by compiling a tiny program with -fopenmp.  Without it the build falls back to a serial
@@ -23,8 +27,12 @@ extension with a visible warning; XENTFAST_REQUIRE_OPENMP=1 turns the fallback i
 XENTFAST_NO_OPENMP=1 forces the serial build.
 
 AVX2+FMA path: on x86-64, avx2_softmax.c and avx2_binary.c are a static library compiled with -mavx2 -mfma
-(build_clib, run by build_ext first).  If the compiler cannot, the build warns and ships the baseline path
-alone; XENTFAST_REQUIRE_AVX2_PATH=1 turns that into an error (CI sets it).
+that _xent and _binary link.  If the compiler cannot, the build warns and ships the baseline path alone;
+XENTFAST_REQUIRE_AVX2_PATH=1 turns that into an error (CI sets it).
+
+Build time: every kernel unit is one compiler process of a minute or more, so build_ext compiles them all
+at once: the two AVX2+FMA units in threads of their own while the extensions compile in parallel
+(`-j`, default: every core), linking _xent and _binary once the library is there.
 """
 
 import importlib.metadata
@@ -37,12 +45,15 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.modified import newer_group
 
 HERE = Path(__file__).resolve().parent
 PKG = HERE / "src" / "xentfast"
@@ -107,7 +118,7 @@ def openmp_flags():
 
 
 omp = openmp_flags()
-cflags = list(BASE_CFLAGS)
+cflags = list(BASE_CFLAGS) + ([] if DEBUG else ["-g0"])
 ldflags = []
 if omp:
     cflags += omp[0]
@@ -119,16 +130,18 @@ elif _compiles(["-fopenmp-simd"], "int main(void){return 0;}"):
 
 include_dirs = [str(PKG / "include"), str(PKG / "_core"), np.get_include()]
 # every header the kernels include: a change to one rebuilds the units and extensions that include it
-# (neither build_clib nor build_ext looks at #include lines on its own)
+# (build_ext does not look at #include lines on its own)
 kernel_headers = sorted(str(p.relative_to(HERE)) for p in [*(PKG / "include" / "xentfast").glob("*.h"),
                                                            *(PKG / "_core").glob("*.h")])
 avx2_sources = ["src/xentfast/_core/avx2_softmax.c", "src/xentfast/_core/avx2_binary.c"]
+AVX2_LIBRARY = "xentfast_avx2"
+KERNEL_MODULES = ("_binary", "_xent")  # the extensions whose kernels have an AVX2+FMA path
 
 
-def avx2_path_library():
-    """The AVX2+FMA kernels, a static library of their own units (see xent_kernels.h); None off x86-64.
+def avx2_path_cflags():
+    """Flags of the AVX2+FMA units (a static library of their own, see xent_kernels.h); None off x86-64.
 
-    Without it the package runs the baseline path only, whose emulated fma makes the softmax kernels
+    Without them the package runs the baseline path only, whose emulated fma makes the softmax kernels
     17-30x slower: hence the banner, and XENTFAST_REQUIRE_AVX2_PATH=1 (CI) to make it an error."""
     target = sysconfig.get_platform() + " " + os.environ.get("ARCHFLAGS", "")
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686") or \
@@ -139,35 +152,33 @@ def avx2_path_library():
                    "baseline path only, whose exact fma emulation makes the kernels 17-30x slower.",
                    "XENTFAST_REQUIRE_AVX2_PATH")
         return None
-    return ("xentfast_avx2", {
-        "sources": avx2_sources,
-        "include_dirs": include_dirs,
-        "cflags": cflags + ["-mavx2", "-mfma"],
-        "obj_deps": {"": kernel_headers},
-    })
+    return cflags + ["-mavx2", "-mfma"]
 
 
-avx2_library = avx2_path_library()
-path_macros = [("XF_AVX2_PATH_BUILT", "1")] if avx2_library else []
+avx2_cflags = avx2_path_cflags()
+path_macros = [("XF_AVX2_PATH_BUILT", "1")] if avx2_cflags else []
 
 (PKG / "_build_info.py").write_text(
     "# generated by setup.py at build time; do not edit\n"
     f"OPENMP = {bool(omp)!r}\n"
     f"CFLAGS = {' '.join(cflags)!r}\n"
-    f"AVX2_PATH_CFLAGS = {' '.join(avx2_library[1]['cflags']) if avx2_library else None!r}\n"
+    f"AVX2_PATH_CFLAGS = {' '.join(avx2_cflags) if avx2_cflags else None!r}\n"
     f"LDFLAGS = {' '.join(ldflags)!r}\n"
 )
+# the largest units first: the parallel build starts them first
 extensions = [
     Extension(
         f"xentfast._core.{name}",
         [f"src/xentfast/_core/{name}.pyx"],
         include_dirs=include_dirs,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")] + path_macros,
-        depends=kernel_headers + avx2_sources,  # relink after a change to the AVX2+FMA units
+        libraries=[AVX2_LIBRARY] if avx2_cflags and name in KERNEL_MODULES else [],
+        # relink after a change to the AVX2+FMA units
+        depends=kernel_headers + (avx2_sources if name in KERNEL_MODULES else []),
         extra_compile_args=cflags,
         extra_link_args=ldflags,
     )
-    for name in ("_xent", "_scalar", "_openmp_helpers", "_binary")
+    for name in ("_binary", "_xent", "_scalar", "_openmp_helpers")
 ]
 
 
@@ -187,8 +198,8 @@ def xla_ffi_extension():
         "xentfast._core._xla_ffi",
         ["src/xentfast/_core/_xla_ffi.cc"],
         include_dirs=[str(PKG / "include"), str(PKG / "_core")],
-        define_macros=[("XF_JAXLIB_VERSION", f'"{version}"')] + path_macros,
-        depends=kernel_headers + avx2_sources,  # relink after a change to the AVX2+FMA units
+        define_macros=[("XF_JAXLIB_VERSION", f'"{version}"')],
+        depends=kernel_headers,
         # -isystem: jaxlib's headers are not ours to warn about
         extra_compile_args=cxxflags + ["-isystem", str(headers)],
         extra_link_args=ldflags,
@@ -205,20 +216,63 @@ if _env_flag("XENTFAST_ONLY_XLA_FFI"):
         raise SystemExit("XENTFAST_ONLY_XLA_FFI=1 but jaxlib's FFI headers are not installed")
     extensions = []
 
-class build_ext_after_clib(build_ext):
-    """build_ext links the AVX2+FMA library, so it builds it first (plain build_ext --inplace does not)."""
 
-    def run(self):
-        if self.distribution.has_c_libraries():
-            self.run_command("build_clib")
-        super().run()
+class build_ext_all_at_once(build_ext):
+    """Every compiler process of the build at once (module docstring, "Build time"): the extensions in
+    parallel (-j, default every core), and the AVX2+FMA units in threads of their own beside them,
+    archived into the library the kernel modules link before the first of those links."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = True
+
+    def build_extensions(self):
+        needs_library = [ext for ext in self.extensions if AVX2_LIBRARY in ext.libraries]
+        library_ready = self._start_avx2_library() if needs_library else None
+        link = self.compiler.link_shared_object
+
+        def link_once_the_library_is_there(*args, libraries=None, **kwargs):
+            if AVX2_LIBRARY in (libraries or []):
+                library_ready()
+            return link(*args, libraries=libraries, **kwargs)
+
+        self.compiler.link_shared_object = link_once_the_library_is_there
+        super().build_extensions()
+        if library_ready is not None:
+            library_ready()  # a unit's compile error surfaces even where no extension needed relinking
+
+    def _start_avx2_library(self):
+        """Starts compiling the AVX2+FMA units; returns the function that waits for them and archives."""
+        objects = self.compiler.object_filenames(avx2_sources, output_dir=self.build_temp)
+        self.compiler.add_library_dir(self.build_temp)
+
+        def compile_unit(source, obj):
+            # the header dependencies by hand: the compiler object does not look at #include lines
+            if self.force or newer_group([source, *kernel_headers], obj):
+                self.compiler.compile([source], output_dir=self.build_temp, include_dirs=include_dirs,
+                                      extra_postargs=avx2_cflags, debug=self.debug)
+
+        pool = ThreadPoolExecutor(len(avx2_sources))
+        units = [pool.submit(compile_unit, source, obj) for source, obj in zip(avx2_sources, objects)]
+        pool.shutdown(wait=False)
+        lock = threading.Lock()
+
+        def library_ready():
+            with lock:
+                for unit in units:
+                    unit.result()  # re-raises a failed compile
+                self.compiler.create_static_lib(objects, AVX2_LIBRARY, output_dir=self.build_temp,
+                                                debug=self.debug)  # no-op while the archive is up to date
+
+        return library_ready
 
 
 setup(
-    libraries=[avx2_library] if avx2_library else [],
-    cmdclass={"build_ext": build_ext_after_clib},
+    cmdclass={"build_ext": build_ext_all_at_once},
     ext_modules=cythonize(
         extensions,
+        nthreads=os.cpu_count() or 1,
         compiler_directives=dict(
             language_level=3,
             boundscheck=DEBUG,

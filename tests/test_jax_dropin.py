@@ -26,6 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import xentfast as xf  # noqa: E402
 import xentfast.jax as xfj  # noqa: E402
 from xentfast import reference as ref  # noqa: E402
+from xentfast._core import _xent  # noqa: E402
 from xentfast.testing import assert_ulp_close  # noqa: E402
 
 BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
@@ -128,6 +129,28 @@ def test_sigmoid_same_bits_as_numpy(path, dtype):
     assert_same_bits(loss, xf.binary_cross_entropy_with_logits(x, y, reduction="none"))
     assert_same_bits(dx, xf.binary_cross_entropy_with_logits_backward(g, x, y, reduction="none"))
     assert_same_bits(dy, -(g * x))                        # the exact derivative in y is -x
+
+
+@pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
+def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path, monkeypatch):
+    """The handlers call _xent's and _binary's kernels through their capsules, on the code path
+    _xent.set_cpu_path selected (read at every call).  The paths give the same bits, so this shows the
+    handlers work after a switch, not which path ran."""
+    if xfj._ffi is None:
+        _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
+    monkeypatch.setattr(xfj, "CALLBACK", "ffi")
+    x, y, _, yb, g = _data(np.float32, n=64, c=300)
+    before = _xent.cpu_path()
+    _xent.set_cpu_path(cpu_path)
+    try:
+        loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(x, jnp.asarray(y)),
+                           jnp.asarray(x), ct=g)
+        bce = jax.jit(xfj.sigmoid_binary_cross_entropy)(jnp.asarray(x), jnp.asarray(yb))
+        assert_same_bits(loss, xf.cross_entropy(x, y, reduction="none"))
+        assert_same_bits(dx, xf.cross_entropy_backward(g, x, y, reduction="none"))
+        assert_same_bits(bce, xf.binary_cross_entropy_with_logits(x, yb, reduction="none"))
+    finally:
+        _xent.set_cpu_path(before)
 
 
 def test_special_values_same_bits(path, dtype):

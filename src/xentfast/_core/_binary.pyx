@@ -21,6 +21,7 @@
 
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int64_t
+from cpython.pycapsule cimport PyCapsule_New
 
 from xentfast._core import _xent
 
@@ -75,6 +76,9 @@ cdef extern from "binary_kernels.h" nogil:
                                const double *, double, const xf_bin_prob_mode *, double, double *) noexcept nogil
     const xf_binary_table_f32 *xf_binary_table_for_f32(int path)
     const xf_binary_table_f64 *xf_binary_table_for_f64(int path)
+    ctypedef struct xf_binary_exports:
+        const xf_binary_table_f32 *(*f32)(int path) noexcept nogil
+        const xf_binary_table_f64 *(*f64)(int path) noexcept nogil
 
 ctypedef fused floating:
     float
@@ -92,6 +96,12 @@ BLOCK = XF_BIN_BLOCK
 cdef const xf_binary_table_f32 *B32 = xf_binary_table_for_f32(0)
 cdef const xf_binary_table_f64 *B64 = xf_binary_table_for_f64(0)
 _current_path = "baseline"
+
+# for the XLA FFI handlers, as _xent._kernel_exports (binary_kernels.h, xf_binary_exports)
+cdef xf_binary_exports _exports
+_exports.f32 = xf_binary_table_for_f32
+_exports.f64 = xf_binary_table_for_f64
+_kernel_exports = PyCapsule_New(<void *>&_exports, "xentfast._core._binary._kernel_exports", NULL)
 
 
 cdef _follow_cpu_path():

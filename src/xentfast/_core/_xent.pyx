@@ -28,6 +28,7 @@
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
+from cpython.pycapsule cimport PyCapsule_New
 
 from ._openmp cimport omp_get_max_threads
 
@@ -108,6 +109,10 @@ cdef extern from "xent_kernels.h" nogil:
     int xf_path_fma_native(int path)
     const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
+    ctypedef struct xf_softmax_exports:
+        const int *current_path
+        const xf_softmax_table_f32 *(*f32)(int path) noexcept nogil
+        const xf_softmax_table_f64 *(*f64)(int path) noexcept nogil
 
 ctypedef fused floating:
     float
@@ -121,6 +126,15 @@ cdef const xf_softmax_table_f32 *K32 = xf_softmax_table_for_f32(XF_PATH_BASELINE
 cdef const xf_softmax_table_f64 *K64 = xf_softmax_table_for_f64(XF_PATH_BASELINE)
 _PATHS = {"baseline": XF_PATH_BASELINE, "avx2": XF_PATH_AVX2}
 _current_path = "baseline"
+cdef int _current_code = XF_PATH_BASELINE
+
+# The XLA FFI handlers (_xla_ffi.cc) call these kernels through this capsule rather than compiling their
+# own copy, and follow set_cpu_path through _current_code (xent_kernels.h, xf_softmax_exports).
+cdef xf_softmax_exports _exports
+_exports.current_path = &_current_code
+_exports.f32 = xf_softmax_table_for_f32
+_exports.f64 = xf_softmax_table_for_f64
+_kernel_exports = PyCapsule_New(<void *>&_exports, "xentfast._core._xent._kernel_exports", NULL)
 
 
 def available_cpu_paths():
@@ -137,7 +151,7 @@ def fma_instruction(name):
 
 def set_cpu_path(name):
     """Select the code path ("baseline", "avx2", or "auto" for the best this CPU runs)."""
-    global K32, K64, _current_path
+    global K32, K64, _current_path, _current_code
     if name == "auto":
         paths = available_cpu_paths()
         name = paths[len(paths) - 1]  # (wraparound is off in this build: no [-1])
@@ -148,6 +162,7 @@ def set_cpu_path(name):
                          f"available: {', '.join(available_cpu_paths())}")
     K32 = xf_softmax_table_for_f32(_PATHS[name])
     K64 = xf_softmax_table_for_f64(_PATHS[name])
+    _current_code = _PATHS[name]
     _current_path = name
 
 

@@ -4,8 +4,11 @@
 // Design
 // (a) Same kernels, same bits.  The handlers call the dispatch tables of xent_kernels.h and
 //     binary_kernels.h, the entry points the Cython drivers (_xent.pyx, _binary.pyx) call, with the
-//     arguments those drivers receive for reduction="none".  tests/test_jax_dropin.py checks the bits
-//     against the NumPy functions on every path.
+//     arguments those drivers receive for reduction="none".  They are not compiled here: the module
+//     takes them from _xent and _binary when it is imported (their _kernel_exports capsules), so the
+//     handlers run the very machine code the NumPy API runs, on the code path _xent.set_cpu_path chose
+//     (read at every call), and this unit compiles in seconds.  tests/test_jax_dropin.py checks the
+//     bits against the NumPy functions on every path.
 // (b) Rows only.  _xent.pyx also has a "phased" split for fewer rows than threads; it gives the same
 //     bits as the row loop (tests/test_threads.py) and only changes which thread runs which block, so
 //     the handlers keep to the row loop.
@@ -45,6 +48,8 @@
 #endif
 #include "xla/ffi/api/ffi.h"
 
+// the kernels' types and inline helpers, not the kernels: those come from _xent and _binary ((a))
+#define XF_KERNEL_TABLES_ONLY 1
 #include "binary_kernels.h"
 #include "fp_ieee.h"
 #include "xent_kernels.h"
@@ -83,29 +88,21 @@ int threads_for(long long n_elements)
 #endif
 }
 
-// The best path this CPU runs; XENTFAST_CPU=baseline forces the baseline, as at import.  Both paths give
-// the same bits (xent_kernels.h), so this only decides the speed.
-int cpu_path()
-{
-    static const int path = [] {
-        const char *env = std::getenv("XENTFAST_CPU");
-        if (env != nullptr && std::strcmp(env, "baseline") == 0) {
-            return static_cast<int>(XF_PATH_BASELINE);
-        }
-        return xf_cpu_supports_path(XF_PATH_AVX2) ? static_cast<int>(XF_PATH_AVX2)
-                                                  : static_cast<int>(XF_PATH_BASELINE);
-    }();
-    return path;
-}
+// set once, when the module is imported (PyInit__xla_ffi), before any handler can run
+const xf_softmax_exports *softmax_exports = nullptr;
+const xf_binary_exports *binary_exports = nullptr;
+
+// _xent's current code path; set_cpu_path stores it while holding the GIL, which XLA's threads do not
+int cpu_path() { return __atomic_load_n(softmax_exports->current_path, __ATOMIC_RELAXED); }
 
 template <typename T> struct Tables;
 template <> struct Tables<float> {
-    static const xf_softmax_table_f32 *softmax() { return xf_softmax_table_for_f32(cpu_path()); }
-    static const xf_binary_table_f32 *binary() { return xf_binary_table_for_f32(cpu_path()); }
+    static const xf_softmax_table_f32 *softmax() { return softmax_exports->f32(cpu_path()); }
+    static const xf_binary_table_f32 *binary() { return binary_exports->f32(cpu_path()); }
 };
 template <> struct Tables<double> {
-    static const xf_softmax_table_f64 *softmax() { return xf_softmax_table_for_f64(cpu_path()); }
-    static const xf_binary_table_f64 *binary() { return xf_binary_table_for_f64(cpu_path()); }
+    static const xf_softmax_table_f64 *softmax() { return softmax_exports->f64(cpu_path()); }
+    static const xf_binary_table_f64 *binary() { return binary_exports->f64(cpu_path()); }
 };
 
 // rows x classes of a buffer whose last axis is the class axis (a 0-d or 1-d buffer is one row)
@@ -458,8 +455,39 @@ static struct PyModuleDef module = {
     methods,
 };
 
+// The kernel tables a Cython module exports ((a)), or null with an ImportError set (xentfast.jax then
+// uses its callbacks): a module without them is a build this one was not made with
+static const void *kernel_exports(const char *module_name, const char *capsule_name)
+{
+    PyObject *mod = PyImport_ImportModule(module_name);
+    if (mod == nullptr) {
+        return nullptr;
+    }
+    PyObject *cap = PyObject_GetAttrString(mod, "_kernel_exports");
+    Py_DECREF(mod);
+    // the pointer outlives the capsule: it points to the module's static data, and extension modules
+    // are never unloaded
+    const void *p = cap != nullptr ? PyCapsule_GetPointer(cap, capsule_name) : nullptr;
+    Py_XDECREF(cap);
+    if (p == nullptr) {
+        PyErr_Format(PyExc_ImportError, "xentfast._core._xla_ffi: %s exports no kernel tables named %s",
+                     module_name, capsule_name);
+    }
+    return p;
+}
+
 PyMODINIT_FUNC PyInit__xla_ffi(void)
 {
+    softmax_exports = static_cast<const xf_softmax_exports *>(
+        kernel_exports("xentfast._core._xent", "xentfast._core._xent._kernel_exports"));
+    if (softmax_exports == nullptr) {
+        return nullptr;
+    }
+    binary_exports = static_cast<const xf_binary_exports *>(
+        kernel_exports("xentfast._core._binary", "xentfast._core._binary._kernel_exports"));
+    if (binary_exports == nullptr) {
+        return nullptr;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == nullptr) {
         return nullptr;

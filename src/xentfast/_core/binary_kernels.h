@@ -99,6 +99,34 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
     m->c = c;
 }
 
+#if !XF_CUDA
+/* One table of entry points per storage type; the Cython driver calls only through these. */
+#define XF_BIN_DECLARE_TABLE(T, SFX)                                                                      \
+    typedef struct {                                                                                      \
+        void (*bce_logits_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *, \
+                                 T *, T *);                                                               \
+        void (*focal_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *, T *, \
+                            T *);                                                                         \
+        void (*bce_prob_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *,  \
+                               T *, T *);                                                                 \
+        double (*ce_probs_row)(const T *, long long, long long, double, const T *, const double *, double, \
+                               const xf_bin_prob_mode *, double, T *);                                    \
+    } xf_binary_table_##SFX;
+XF_BIN_DECLARE_TABLE(float, f32)
+XF_BIN_DECLARE_TABLE(double, f64)
+#undef XF_BIN_DECLARE_TABLE
+
+/* What _binary exports to the XLA FFI handlers (_binary._kernel_exports; see xf_softmax_exports in
+ * xent_kernels.h): the tables by path, the path being the softmax family's. */
+typedef struct {
+    const xf_binary_table_f32 *(*f32)(int path);
+    const xf_binary_table_f64 *(*f64)(int path);
+} xf_binary_exports;
+#endif
+
+/* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
+#ifndef XF_KERNEL_TABLES_ONLY
+
 /* ---- instantiation: storage type x CPU code path ----------------------------------------------------
  * As in xent_kernels.h: the baseline path is compiled here, for the build's target (x86-64: SSE2, 2
  * double lanes); on x86-64 with gcc or clang the AVX2+FMA path (4 double lanes, the fma instruction in
@@ -147,21 +175,6 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
 #define XF_BIN_HAVE_AVX2_PATH 0
 #endif
 
-/* One table of entry points per storage type; the Cython driver calls only through these. */
-#define XF_BIN_DECLARE_TABLE(T, SFX)                                                                      \
-    typedef struct {                                                                                      \
-        void (*bce_logits_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *, \
-                                 T *, T *);                                                               \
-        void (*focal_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *, T *, \
-                            T *);                                                                         \
-        void (*bce_prob_block)(const T *, const T *, long long, long long, const xf_bin_args *, double *,  \
-                               T *, T *);                                                                 \
-        double (*ce_probs_row)(const T *, long long, long long, double, const T *, const double *, double, \
-                               const xf_bin_prob_mode *, double, T *);                                    \
-    } xf_binary_table_##SFX;
-XF_BIN_DECLARE_TABLE(float, f32)
-XF_BIN_DECLARE_TABLE(double, f64)
-#undef XF_BIN_DECLARE_TABLE
 
 #define XF_BIN_TABLE(PSFX) \
     {xf_bce_logits_block_##PSFX, xf_focal_block_##PSFX, xf_bce_prob_block_##PSFX, xf_ce_probs_row_##PSFX}
@@ -209,6 +222,8 @@ static const xf_binary_table_f64 *xf_binary_table_for_f64(int path)
 }
 #endif /* !XF_AVX2_PATH_UNIT */
 #endif /* !XF_CUDA */
+
+#endif /* !XF_KERNEL_TABLES_ONLY */
 
 #ifdef XF_BIN_POP_OPTIONS
 #pragma GCC pop_options

@@ -25,6 +25,40 @@
 #define XF_HAVE_AVX2_PATH 0
 #endif
 
+/* One table of entry points per storage type; the Cython driver calls only through these. */
+#define XF_DECLARE_TABLE(T, SFX)                                                                          \
+    typedef struct {                                                                                      \
+        void (*max_block)(const T *, long long, long long, xf_rowmax *);                                 \
+        void (*sumexp_block)(const T *, long long, double, long long, int, double *, double *, T *);     \
+        void (*terms_block)(const T *, long long, long long, const xf_rowjob *, const T *, const double *, \
+                            double *);                                                                    \
+        void (*grad_block)(const T *, T *, long long, long long, const xf_rowjob *, const T *,            \
+                           const double *, const double *);                                               \
+        void (*row_max)(const T *, long long, xf_rowjob *);                                              \
+        void (*row_sum)(const T *, long long, xf_rowjob *, T *, double *);                               \
+        double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *, double *); \
+        void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
+        void (*log_softmax_block)(const T *, T *, long long, double, double);                            \
+        void (*softmax_block)(const T *, T *, long long, double, double);                                \
+    } xf_softmax_table_##SFX;
+XF_DECLARE_TABLE(float, f32)
+XF_DECLARE_TABLE(double, f64)
+#undef XF_DECLARE_TABLE
+
+enum { XF_PATH_BASELINE = 0, XF_PATH_AVX2 = 1 };
+
+/* What _xent exports (a PyCapsule, _xent._kernel_exports) to the XLA FFI handlers (_xla_ffi.cc), which
+ * call these kernels through it instead of compiling a copy of their own: the same machine code serves
+ * both, and the handlers follow the path _xent.set_cpu_path selects (current_path, read at every call). */
+typedef struct {
+    const int *current_path;
+    const xf_softmax_table_f32 *(*f32)(int path);
+    const xf_softmax_table_f64 *(*f64)(int path);
+} xf_softmax_exports;
+
+/* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
+#ifndef XF_KERNEL_TABLES_ONLY
+
 #ifdef XF_AVX2_PATH_UNIT
 #define XF_SFX_F32 f32_avx2
 #define XF_SFX_F64 f64_avx2
@@ -51,25 +85,6 @@
 #undef XF_SFX_F32
 #undef XF_SFX_F64
 
-/* One table of entry points per storage type; the Cython driver calls only through these. */
-#define XF_DECLARE_TABLE(T, SFX)                                                                          \
-    typedef struct {                                                                                      \
-        void (*max_block)(const T *, long long, long long, xf_rowmax *);                                 \
-        void (*sumexp_block)(const T *, long long, double, long long, int, double *, double *, T *);     \
-        void (*terms_block)(const T *, long long, long long, const xf_rowjob *, const T *, const double *, \
-                            double *);                                                                    \
-        void (*grad_block)(const T *, T *, long long, long long, const xf_rowjob *, const T *,            \
-                           const double *, const double *);                                               \
-        void (*row_max)(const T *, long long, xf_rowjob *);                                              \
-        void (*row_sum)(const T *, long long, xf_rowjob *, T *, double *);                               \
-        double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *, double *); \
-        void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
-        void (*log_softmax_block)(const T *, T *, long long, double, double);                            \
-        void (*softmax_block)(const T *, T *, long long, double, double);                                \
-    } xf_softmax_table_##SFX;
-XF_DECLARE_TABLE(float, f32)
-XF_DECLARE_TABLE(double, f64)
-#undef XF_DECLARE_TABLE
 
 #define XF_TABLE(SFX, PSFX)                                                                             \
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
@@ -94,8 +109,6 @@ __attribute__((visibility("hidden"))) extern const int xf_avx2_fma_native;
 #endif
 #endif
 #undef XF_TABLE
-
-enum { XF_PATH_BASELINE = 0, XF_PATH_AVX2 = 1 };
 
 /* Whether this CPU can run a path (the OS-support checks are part of __builtin_cpu_supports). */
 static int xf_cpu_supports_path(int path)
@@ -148,5 +161,7 @@ static const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
 }
 
 #endif /* !XF_AVX2_PATH_UNIT */
+
+#endif /* !XF_KERNEL_TABLES_ONLY */
 
 #endif /* XENTFAST_XENT_KERNELS_H */
