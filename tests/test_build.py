@@ -1,5 +1,8 @@
 """The build promises: OpenMP present (unless explicitly waived), no flush-to-zero, sane config report."""
 import os
+import platform
+import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -58,3 +61,23 @@ def test_show_config_reports_the_facts(capsys):
     for key in ("version", "openmp", "default_n_threads", "cpu_code_path"):
         assert key in out
     assert xentfast.__version__ in out
+
+
+def test_no_masked_vector_stores_in_the_kernels():
+    # gcc if-converts `if (store) store[i] = v` inside a vectorized loop into vmaskmovps/vpmaskmovd stores
+    # with an all-ones mask; AMD Zen runs each as tens of micro-operations (a third of the fused float32
+    # sum pass, benchmarks/README.md, ninth round), and no kernel needs a masked store or load: the
+    # softmax sum pass passes `store` as a literal to expansions of its own (softmax_rows.h)
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("not an x86-64 build")
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump: the disassembly check did not run")
+    from xentfast._core import _binary, _xent
+    for module in (_xent, _binary):
+        asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", module.__file__], capture_output=True,
+                             text=True, check=True).stdout
+        masked = [line.strip() for line in asm.splitlines() if "maskmov" in line]
+        assert not masked, f"{module.__name__}: {len(masked)} masked moves, e.g. {masked[:3]}"
+        if "avx2" in _xent.available_cpu_paths():  # the check has teeth: the AVX2+FMA units are in there
+            assert "vfmadd" in asm, module.__name__
