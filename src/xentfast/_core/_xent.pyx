@@ -109,6 +109,7 @@ cdef extern from "xent_kernels.h" nogil:
     int xf_path_fma_native(int path)
     const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
+    bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits)
     ctypedef struct xf_softmax_exports:
         const int *current_path
         const xf_softmax_table_f32 *(*f32)(int path) noexcept nogil
@@ -399,9 +400,8 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         tp = &t[0, 0]
     if has_grad:
         gp = &grad[0, 0]
-    # rows the general gradient serves (not the plain index-target form); float64 keeps the
-    # exponentials in the gradient buffer itself unless that is the logits
-    want_scratch = has_grad and (has_t or eps != 0.0 or z != 0.0) and (floating is float or <const floating *>gp == xp)
+    want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
+                                         <const floating *>gp == xp)
     with nogil:
         if force_phased or _use_phased(N, C, n_threads):
             _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)

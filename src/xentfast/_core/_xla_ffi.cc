@@ -133,9 +133,9 @@ void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N
 {
     const auto *K = Tables<T>::softmax();
     const int nt = threads_for(N * C);
-    // the general gradient's exponentials, kept between passes (softmax_rows.h, xf_xent_row); float64
-    // keeps them in its own gradient buffer
-    const bool want_scratch = grad != nullptr && (t != nullptr || z != 0.0) && sizeof(T) == sizeof(float);
+    // the general gradient's exponentials, kept between passes (xent_kernels.h); no label smoothing here
+    const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,
+                                                    sizeof(T) == sizeof(float), 0);
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
