@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -260,13 +261,52 @@ def _nvcc():
     return nvcc
 
 
-def _run_nvcc(args, tmp_path, unit=INSTANTIATE):
-    src = tmp_path / "instantiate.cu"
+# Every nvcc run of the checks below, by name: (arguments, unit, output file name).  Each is a compile
+# of 2-30 s, about 110 s one after the other on 2 cores; the first check starts them all on a pool of one
+# worker per core (nvcc_runs), so that the later checks find theirs done or under way.
+_NVCC_CUBIN = ["-cubin", "-arch=sm_90", "--resource-usage", "--fmad=false", "--maxrregcount=128"]
+NVCC_JOBS = {
+    **{f"cubin-order{order}": (_NVCC_CUBIN + [f"-DXF_CU_TREE_ORDER={order}"], INSTANTIATE, "k.cubin")
+       for order in (0, 1)},
+    "cubin-binary": (_NVCC_CUBIN, BIN_INSTANTIATE, "k.cubin"),
+    **{f"{kind}-{unit}": (args, src, out)
+       for unit, src in sorted(NVCC_UNITS.items())
+       for kind, args, out in (
+           ("ptx-emulated-fma", ["--ptx", "-arch=sm_90", "--fmad=false", "-DXF_FMA_EMULATE=1"], "k.ptx"),
+           ("ptx", ["--ptx", "-arch=sm_90", "--fmad=false"], "k.ptx"),
+           ("ptx-default-fmad", ["--ptx", "-arch=sm_90"], "k.ptx"),
+           ("object", ["-c", "-arch=sm_90", "--fmad=false"], "k.o"))},
+}
+
+
+def _run_nvcc_job(nvcc, args, unit, out):
+    src = out.parent / "instantiate.cu"
     src.write_text(unit)
-    cmd = [_nvcc(), "-std=c++17", *[f"-I{d}" for d in INCLUDES], *args, str(src)]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    cmd = [nvcc, "-std=c++17", *[f"-I{d}" for d in INCLUDES], *args, "-o", str(out), str(src)]
+    return cmd, subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent)
+
+
+@pytest.fixture(scope="module")
+def nvcc_runs(tmp_path_factory):
+    """{job name: future of (command, completed process)}: every NVCC_JOBS compile, started at once."""
+    nvcc = _nvcc()
+    pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1))
+    # the three longest (25-30 s each on this kind of machine) first: the others fill in around them
+    order = ["cubin-order0", "object-softmax", "cubin-order1"]
+    order += [name for name in NVCC_JOBS if name not in order]
+    runs = {}
+    for name in order:
+        args, unit, out = NVCC_JOBS[name]
+        runs[name] = pool.submit(_run_nvcc_job, nvcc, args, unit, tmp_path_factory.mktemp("nvcc") / out)
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _nvcc_result(nvcc_runs, name):
+    """The compile's output (stdout and stderr) and its output file, once it has succeeded."""
+    cmd, r = nvcc_runs[name].result()
     assert r.returncode == 0, f"nvcc failed:\n{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
-    return r.stdout + r.stderr
+    return r.stdout + r.stderr, Path(cmd[cmd.index("-o") + 1])
 
 
 def parse_ptxas(log):
@@ -296,10 +336,8 @@ def _report(title, usage):
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("order", [0, 1], ids=["cpu-order", "tree-order"])
-def test_nvcc_cubin_sm90_no_spills(tmp_path, order):
-    log = _run_nvcc(["-cubin", "-arch=sm_90", "--resource-usage", "--fmad=false", "--maxrregcount=128",
-                     f"-DXF_CU_TREE_ORDER={order}",
-                     "-o", str(tmp_path / "k.cubin")], tmp_path)
+def test_nvcc_cubin_sm90_no_spills(nvcc_runs, order):
+    log, _ = _nvcc_result(nvcc_runs, f"cubin-order{order}")
     usage = parse_ptxas(log)
     _report(f"nvcc -cubin -arch=sm_90 (XF_CU_TREE_ORDER={order}):", usage)
     kernels = [k for k in usage if "xf_softmax" in k]
@@ -316,9 +354,8 @@ def test_nvcc_cubin_sm90_no_spills(tmp_path, order):
 
 
 @pytest.mark.nvcc
-def test_nvcc_binary_and_reduce_cubin_sm90_no_spills(tmp_path):
-    log = _run_nvcc(["-cubin", "-arch=sm_90", "--resource-usage", "--fmad=false", "--maxrregcount=128",
-                     "-o", str(tmp_path / "k.cubin")], tmp_path, BIN_INSTANTIATE)
+def test_nvcc_binary_and_reduce_cubin_sm90_no_spills(nvcc_runs):
+    log, _ = _nvcc_result(nvcc_runs, "cubin-binary")
     usage = parse_ptxas(log)
     _report("nvcc -cubin -arch=sm_90 (binary.cu, reduce.cu):", usage)
     assert len([k for k in usage if "xf_bin_elementwise" in k]) == 6, usage
@@ -333,30 +370,27 @@ def test_nvcc_binary_and_reduce_cubin_sm90_no_spills(tmp_path):
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("unit", sorted(NVCC_UNITS))
-def test_nvcc_ptx_has_no_fma_and_no_ftz(tmp_path, unit):
+def test_nvcc_ptx_has_no_fma_and_no_ftz(nvcc_runs, unit):
     # with xf_fma emulated, any fma.rn left would be a contraction of nvcc's own
-    _run_nvcc(["--ptx", "-arch=sm_90", "--fmad=false", "-DXF_FMA_EMULATE=1", "-o", str(tmp_path / "k.ptx")],
-              tmp_path, NVCC_UNITS[unit])
-    ptx = (tmp_path / "k.ptx").read_text()
+    ptx = _nvcc_result(nvcc_runs, f"ptx-emulated-fma-{unit}")[1].read_text()
     n_fma, n_ftz = len(re.findall(r"\bfma\.rn", ptx)), len(re.findall(r"\.ftz\b", ptx))
     print(f"\nPTX ({unit}) with --fmad=false, xf_fma emulated: {len(ptx)} bytes, {n_fma} fma.rn, {n_ftz} .ftz")
     assert n_fma == 0 and n_ftz == 0
     # the shipped build: fma.rn from xf_fma (__fma_rn) only, fewer than nvcc's default contraction makes
-    _run_nvcc(["--ptx", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k_xf.ptx")], tmp_path,
-              NVCC_UNITS[unit])
-    n_explicit = len(re.findall(r"\bfma\.rn", (tmp_path / "k_xf.ptx").read_text()))
+    n_explicit = len(re.findall(r"\bfma\.rn", _nvcc_result(nvcc_runs, f"ptx-{unit}")[1].read_text()))
     # the check has teeth: nvcc's default contracts the same source into fused multiply-adds
-    _run_nvcc(["--ptx", "-arch=sm_90", "-o", str(tmp_path / "k_fmad.ptx")], tmp_path, NVCC_UNITS[unit])
-    n_default = len(re.findall(r"\bfma\.rn", (tmp_path / "k_fmad.ptx").read_text()))
+    default_ptx = _nvcc_result(nvcc_runs, f"ptx-default-fmad-{unit}")[1].read_text()
+    n_default = len(re.findall(r"\bfma\.rn", default_ptx))
     print(f"PTX ({unit}): {n_explicit} fma.rn from xf_fma, {n_default} with nvcc's default --fmad=true")
     assert 0 < n_explicit < n_default
 
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("unit", sorted(NVCC_UNITS))
-def test_nvcc_host_and_device_object(tmp_path, unit):
+def test_nvcc_host_and_device_object(nvcc_runs, unit):
     # a full build runs the host pass too (the __CUDA_ARCH__ pitfall of notes/kernels.md section 3)
-    _run_nvcc(["-c", "-arch=sm_90", "--fmad=false", "-o", str(tmp_path / "k.o")], tmp_path, NVCC_UNITS[unit])
+    _, obj = _nvcc_result(nvcc_runs, f"object-{unit}")
+    assert obj.stat().st_size > 0
 
 
 # ---------------------------------------------------------------------------------------------------
