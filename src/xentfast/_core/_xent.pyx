@@ -126,7 +126,7 @@ cdef double NAN = float("nan")
 cdef const xf_softmax_table_f32 *K32 = xf_softmax_table_for_f32(XF_PATH_BASELINE)
 cdef const xf_softmax_table_f64 *K64 = xf_softmax_table_for_f64(XF_PATH_BASELINE)
 _PATHS = {"baseline": XF_PATH_BASELINE, "avx2": XF_PATH_AVX2}
-_current_path = "baseline"
+_PATH_NAMES = tuple(sorted(_PATHS, key=_PATHS.get))  # by code
 cdef int _current_code = XF_PATH_BASELINE
 
 # The XLA FFI handlers (_xla_ffi.cc) call these kernels through this capsule rather than compiling their
@@ -152,7 +152,7 @@ def fma_instruction(name):
 
 def set_cpu_path(name):
     """Select the code path ("baseline", "avx2", or "auto" for the best this CPU runs)."""
-    global K32, K64, _current_path, _current_code
+    global K32, K64, _current_code
     if name == "auto":
         paths = available_cpu_paths()
         name = paths[len(paths) - 1]  # (wraparound is off in this build: no [-1])
@@ -164,12 +164,11 @@ def set_cpu_path(name):
     K32 = xf_softmax_table_for_f32(_PATHS[name])
     K64 = xf_softmax_table_for_f64(_PATHS[name])
     _current_code = _PATHS[name]
-    _current_path = name
 
 
 def cpu_path():
     """The code path in use."""
-    return _current_path
+    return _PATH_NAMES[_current_code]
 
 
 cdef struct XentArgs:
