@@ -22,7 +22,7 @@
  *     of steps separated by __syncthreads(); state that crosses a step lives in shared memory only.
  * (c) Reduction order: the CPU's, exactly.  The CPU cuts a row into blocks of XF_BLOCK = 4096
  *     classes; inside a block, element j feeds lane j % XF_LANES (8 lanes) in increasing j, each lane a
- *     sequential (TwoSum-compensated for float64) sum; lanes merge by xf_lanes_to_dd in lane order,
+ *     sequential (TwoSum-compensated for float64) sum; lanes merge by xf_lanes_to_dd's fixed tree,
  *     blocks by xf_dd_add in block order.  Here one thread owns one (block, lane) chain and walks it in
  *     the same increasing order, a thread per block then runs xf_lanes_to_dd, and thread 0 merges the
  *     blocks in order: every floating-point operation of the CPU sum happens here with the same
