@@ -356,8 +356,8 @@ typedef struct {
  * With t = 2s (exact) and w = t^2 <= 0.1178: 2 atanh(s) = t (1 + w p(w)), p of degree 3, the minimax
  * polynomial of the relative error on [0, 0.1178] (Remez, equioscillating at 4.76e-12 = 2^-37.6; the
  * Taylor polynomial of degree 6 in s^2 it replaces reached 2^-39.5 with three more multiply-adds).  The
- * roundings of the evaluation add ~2^-51.  Estrin's scheme, as in xf_exp_lite_reduced: this chain
- * follows the exponential and a division on the element's critical path.  The multiply-adds are xf_fma,
+ * roundings of the evaluation add ~2^-51.  Estrin's scheme: this chain follows the exponential and a
+ * division on the element's critical path.  The multiply-adds are xf_fma,
  * one rounding each, the same bits on every path (2^-37.6 leaves the float32 bound its margin, see above:
  * the polynomial's degree, not the evaluation, sets the error). */
 XF_HD double xf_bin_log1p_unit(double e, double rd)

@@ -247,11 +247,14 @@ XF_HD double xf_exp(double x)
  * equioscillating at 2.311e-10 = 2^-32.01; one degree below the Taylor polynomial of the same error,
  * 0.347^9/9! = 2.7e-10).  About half the operations of xf_exp.  Same special values and gradual
  * underflow as xf_exp (the scale steps are shared).
- * The polynomial is evaluated by Estrin's scheme (pairs, then r^2 and r^4): 3 dependent multiply-adds
- * (xf_fma) instead of Horner's 7.  Horner's chain was the critical path of the BCE element loop, whose
- * body is too long for out-of-order execution to overlap iterations.  The reduction's error (below 2^-43, see there) and the roundings of the evaluation
- * (near 2^-52) stay far below the approximation error; tests/test_numerics.py measures the whole function
- * against mpmath. */
+ * The polynomial is evaluated by Horner's scheme: 7 multiply-adds (xf_fma), two operations and four
+ * live registers fewer than Estrin's (pairs, then r^2 and r^4), whose shorter chain (3 dependent
+ * multiply-adds) paid while an element's whole evaluation was one long chain (BCE).  Every caller now
+ * makes its exponentials in a flat loop of their own (the softmax sum pass, binary_blocks.h), where
+ * independent elements overlap their chains and the count of operations and spilled registers is what
+ * limits (benchmarks/README.md, 2026-12-02).  The reduction's error (below 2^-43, see there) and the
+ * roundings of the evaluation (near 2^-52) stay far below the approximation error; tests/test_numerics.py
+ * measures the whole function against mpmath. */
 XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
 {
     double t = xf_fma(xc, XF_MATH_LOG2E, XF_MATH_SHIFTER);
@@ -260,16 +263,14 @@ XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
      * plus half an ulp of r, below 2^-43 for |x| <= 745, which is exp's relative error: far below the
      * polynomial's 2^-32 (the two-constant reduction and Fast2Sum of xf_exp cost five more operations) */
     double r = xf_fma(-nd, 0x1.62e42fefa39efp-1, xc);
-    double r2 = r * r;
-    double r4 = r2 * r2;
-    double p01 = xf_fma(r, 0x1.000000142e536p+0, 1.0);
-    double p23 = xf_fma(r, 0x1.55552b0d18cf0p-3, 0x1.00000028345f3p-1);
-    double p45 = xf_fma(r, 0x1.113d1193c984fp-7, 0x1.5554ad7083de4p-5);
-    double p67 = xf_fma(r, 0x1.6c765cf9d9be1p-13, 0x1.6d74ba9382160p-10);
-    double p03 = xf_fma(r2, p23, p01);
-    double p47 = xf_fma(r2, p67, p45);
+    double p = xf_fma(r, 0x1.6c765cf9d9be1p-13, 0x1.6d74ba9382160p-10);
+    p = xf_fma(r, p, 0x1.113d1193c984fp-7);
+    p = xf_fma(r, p, 0x1.5554ad7083de4p-5);
+    p = xf_fma(r, p, 0x1.55552b0d18cf0p-3);
+    p = xf_fma(r, p, 0x1.00000028345f3p-1);
+    p = xf_fma(r, p, 0x1.000000142e536p+0);
     *t_out = t;
-    return xf_fma(r4, p47, p03);
+    return xf_fma(r, p, 1.0);
 }
 
 XF_HD double xf_exp_lite(double x)
