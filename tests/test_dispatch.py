@@ -68,6 +68,23 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
     _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(x, y, reduction="none", n_threads=2)))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_paths_agree_bitwise_whatever_position_holds_the_special_entry(restore_path, dtype):
+    """Every row length up to 40 (the AVX2 max pass reads blocks below 8 entries one by one, 8 to 15 as
+    two overlapping vectors, longer ones 16 at a time and the tail as vectors ending at the row's end),
+    with a NaN, a -inf, a +inf or the row's unique max at every position: an entry the max pass skipped
+    or misread changes the loss, the gradient or the softmax, on one path only."""
+    rng = np.random.default_rng(1)
+    specials = [np.nan, -np.inf, np.inf, 50.0, -0.0]
+    for n in range(1, 41):
+        x = np.repeat(rng.standard_normal((1, n)) * 3, n * len(specials), axis=0).astype(dtype)
+        for s, value in enumerate(specials):
+            x[np.arange(s * n, (s + 1) * n), np.arange(n)] = value
+        y = rng.integers(0, n, size=x.shape[0])
+        _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(x, y, reduction="none")))
+        _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))
+
+
 # ---- binary family ----------------------------------------------------------------------------------------
 # The binary kernels follow the same path selection; here "same bits" is checked on the raw encodings
 # (signed zeros and NaN payloads included).
