@@ -154,6 +154,27 @@ XF_KERNEL void XF_FN(xf_max_block_counted)(const XF_T *x, long long n, XF_T *m_o
     *n_finite_out = n_finite;
 }
 
+#if defined(__AVX2__) && !defined(XF_MAX_FOLD_DEFINED)
+#define XF_MAX_FOLD_DEFINED 1
+/* one vector into xf_max_block's running max, min and NaN marker.  max_ps(v, acc) is (v > acc) ? v : acc,
+ * NaN-blind as the generic loop's selects (and min_ps likewise); the marker collects unordered compares. */
+static inline __attribute__((always_inline)) void xf_max_fold_ps(__m256 v, __m256 *mx, __m256 *mn,
+                                                                 __m256 *marker)
+{
+    *mx = _mm256_max_ps(v, *mx);
+    *mn = _mm256_min_ps(v, *mn);
+    *marker = _mm256_or_ps(*marker, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+static inline __attribute__((always_inline)) void xf_max_fold_pd(__m256d v, __m256d *mx, __m256d *mn,
+                                                                 __m256d *marker)
+{
+    *mx = _mm256_max_pd(v, *mx);
+    *mn = _mm256_min_pd(v, *mn);
+    *marker = _mm256_or_pd(*marker, _mm256_cmp_pd(v, v, _CMP_UNORD_Q));
+}
+#endif
+
 XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
 {
     /* in the storage type (8 float lanes per AVX2 vector instead of 4 doubles; float -> double is exact
@@ -169,43 +190,26 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
     int any_nan;
     long long j = 0;
 #if defined(__AVX2__)
-    /* the same lanes in registers, folded to one number at the end: a short row spent ~40 ns here on
-     * the scalar tail and the lane-by-lane merge through memory.  max_ps(v, acc) is (v > acc) ? v : acc,
-     * NaN-blind as the generic loop (and min_ps likewise) */
+    /* the same lanes in registers (xf_max_fold_*), folded to one number at the end: a short row spent
+     * ~40 ns here on the scalar tail and the lane-by-lane merge through memory */
     if (sizeof(XF_T) == sizeof(float)) {
         const float *xf = (const float *)x;
-        const __m256 lo_fill = _mm256_set1_ps(-XF_INF), hi_fill = _mm256_set1_ps(XF_INF);
-        __m256 vm0 = lo_fill, vm1 = lo_fill, vn0 = hi_fill, vn1 = hi_fill;
-        __m256 nan0 = _mm256_setzero_ps(), nan1 = _mm256_setzero_ps();
+        __m256 vm0 = _mm256_set1_ps(-XF_INF), vm1 = vm0, vn0 = _mm256_set1_ps(XF_INF), vn1 = vn0;
+        __m256 nan0 = _mm256_setzero_ps(), nan1 = nan0;
         for (; j + 16 <= n; j += 16) {
-            __m256 v0 = _mm256_loadu_ps(xf + j), v1 = _mm256_loadu_ps(xf + j + 8);
-            vm0 = _mm256_max_ps(v0, vm0);
-            vm1 = _mm256_max_ps(v1, vm1);
-            vn0 = _mm256_min_ps(v0, vn0);
-            vn1 = _mm256_min_ps(v1, vn1);
-            nan0 = _mm256_or_ps(nan0, _mm256_cmp_ps(v0, v0, _CMP_UNORD_Q));
-            nan1 = _mm256_or_ps(nan1, _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q));
+            xf_max_fold_ps(_mm256_loadu_ps(xf + j), &vm0, &vn0, &nan0);
+            xf_max_fold_ps(_mm256_loadu_ps(xf + j + 8), &vm1, &vn1, &nan1);
         }
         /* the tail as whole vectors that end at the block's end, overlapping entries already seen: max,
          * min and the NaN marker are idempotent, so seeing an entry twice changes nothing.  (Masked
-         * loads would do too, but no kernel here uses a masked move, see tests/test_build.py.) */
-        if (j < n) {
-            /* the last 16 entries (a block of 8 to 15: its first 8 and last 8); below 8, one by one */
-            const float *a = (n >= 16) ? xf + n - 16 : xf;
-            if (n >= 8) {
-                __m256 v0 = _mm256_loadu_ps(a), v1 = _mm256_loadu_ps(xf + n - 8);
-                vm0 = _mm256_max_ps(v0, vm0);
-                vm1 = _mm256_max_ps(v1, vm1);
-                vn0 = _mm256_min_ps(v0, vn0);
-                vn1 = _mm256_min_ps(v1, vn1);
-                nan0 = _mm256_or_ps(nan0, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
-            }
-            for (; n < 8 && j < n; j++) {
-                __m256 v = _mm256_set1_ps(xf[j]);
-                vm0 = _mm256_max_ps(v, vm0);
-                vn0 = _mm256_min_ps(v, vn0);
-                nan0 = _mm256_or_ps(nan0, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            }
+         * loads would do too, but no kernel here uses a masked move, see tests/test_build.py.)  The
+         * last 16 entries; a block of 8 to 15 its first 8 and last 8; below 8, one by one. */
+        if (j < n && n >= 8) {
+            xf_max_fold_ps(_mm256_loadu_ps((n >= 16) ? xf + n - 16 : xf), &vm0, &vn0, &nan0);
+            xf_max_fold_ps(_mm256_loadu_ps(xf + n - 8), &vm1, &vn1, &nan1);
+        }
+        for (; n < 8 && j < n; j++) {
+            xf_max_fold_ps(_mm256_set1_ps(xf[j]), &vm0, &vn0, &nan0);
         }
         __m256 vm = _mm256_max_ps(vm1, vm0), vn = _mm256_min_ps(vn1, vn0);
         __m128 hm = _mm_max_ps(_mm256_extractf128_ps(vm, 1), _mm256_castps256_ps128(vm));
@@ -219,44 +223,24 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
         any_nan = _mm256_movemask_ps(_mm256_or_ps(nan0, nan1)) != 0;
     } else {
         const double *xd = (const double *)x;
-        const __m256d lo_fill = _mm256_set1_pd(-XF_INF), hi_fill = _mm256_set1_pd(XF_INF);
-        __m256d vm0 = lo_fill, vm1 = lo_fill, vm2 = lo_fill, vm3 = lo_fill;
-        __m256d vn0 = hi_fill, vn1 = hi_fill, vn2 = hi_fill, vn3 = hi_fill;
-        __m256d nan01 = _mm256_setzero_pd(), nan23 = _mm256_setzero_pd();
+        __m256d vm0 = _mm256_set1_pd(-XF_INF), vm1 = vm0, vm2 = vm0, vm3 = vm0;
+        __m256d vn0 = _mm256_set1_pd(XF_INF), vn1 = vn0, vn2 = vn0, vn3 = vn0;
+        __m256d nan0 = _mm256_setzero_pd(), nan1 = nan0, nan2 = nan0, nan3 = nan0;
         for (; j + 16 <= n; j += 16) {
-            __m256d v0 = _mm256_loadu_pd(xd + j), v1 = _mm256_loadu_pd(xd + j + 4);
-            __m256d v2 = _mm256_loadu_pd(xd + j + 8), v3 = _mm256_loadu_pd(xd + j + 12);
-            vm0 = _mm256_max_pd(v0, vm0);
-            vm1 = _mm256_max_pd(v1, vm1);
-            vm2 = _mm256_max_pd(v2, vm2);
-            vm3 = _mm256_max_pd(v3, vm3);
-            vn0 = _mm256_min_pd(v0, vn0);
-            vn1 = _mm256_min_pd(v1, vn1);
-            vn2 = _mm256_min_pd(v2, vn2);
-            vn3 = _mm256_min_pd(v3, vn3);
-            /* unordered: either operand a NaN (one compare for two vectors) */
-            nan01 = _mm256_or_pd(nan01, _mm256_cmp_pd(v0, v1, _CMP_UNORD_Q));
-            nan23 = _mm256_or_pd(nan23, _mm256_cmp_pd(v2, v3, _CMP_UNORD_Q));
+            xf_max_fold_pd(_mm256_loadu_pd(xd + j), &vm0, &vn0, &nan0);
+            xf_max_fold_pd(_mm256_loadu_pd(xd + j + 4), &vm1, &vn1, &nan1);
+            xf_max_fold_pd(_mm256_loadu_pd(xd + j + 8), &vm2, &vn2, &nan2);
+            xf_max_fold_pd(_mm256_loadu_pd(xd + j + 12), &vm3, &vn3, &nan3);
         }
         /* the tail in whole vectors, the last one ending at the block's end (see the float case) */
         for (; j + 4 <= n; j += 4) {
-            __m256d v = _mm256_loadu_pd(xd + j);
-            vm0 = _mm256_max_pd(v, vm0);
-            vn0 = _mm256_min_pd(v, vn0);
-            nan01 = _mm256_or_pd(nan01, _mm256_cmp_pd(v, v, _CMP_UNORD_Q));
+            xf_max_fold_pd(_mm256_loadu_pd(xd + j), &vm0, &vn0, &nan0);
         }
         if (j < n && n >= 4) {
-            __m256d v = _mm256_loadu_pd(xd + n - 4);
-            vm1 = _mm256_max_pd(v, vm1);
-            vn1 = _mm256_min_pd(v, vn1);
-            nan23 = _mm256_or_pd(nan23, _mm256_cmp_pd(v, v, _CMP_UNORD_Q));
-        } else {
-            for (; j < n; j++) {
-                __m256d v = _mm256_set1_pd(xd[j]);
-                vm0 = _mm256_max_pd(v, vm0);
-                vn0 = _mm256_min_pd(v, vn0);
-                nan01 = _mm256_or_pd(nan01, _mm256_cmp_pd(v, v, _CMP_UNORD_Q));
-            }
+            xf_max_fold_pd(_mm256_loadu_pd(xd + n - 4), &vm1, &vn1, &nan1);
+        }
+        for (; n < 4 && j < n; j++) {
+            xf_max_fold_pd(_mm256_set1_pd(xd[j]), &vm0, &vn0, &nan0);
         }
         __m256d vm = _mm256_max_pd(_mm256_max_pd(vm2, vm0), _mm256_max_pd(vm3, vm1));
         __m256d vn = _mm256_min_pd(_mm256_min_pd(vn2, vn0), _mm256_min_pd(vn3, vn1));
@@ -266,7 +250,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
         hn = _mm_min_sd(_mm_unpackhi_pd(hn, hn), hn);
         m = (XF_T)_mm_cvtsd_f64(hm);
         mn = (XF_T)_mm_cvtsd_f64(hn);
-        any_nan = _mm256_movemask_pd(_mm256_or_pd(nan01, nan23)) != 0;
+        any_nan = _mm256_movemask_pd(_mm256_or_pd(_mm256_or_pd(nan0, nan1), _mm256_or_pd(nan2, nan3))) != 0;
     }
 #else
     XF_T lm[XF_MAX_LANES], lmn[XF_MAX_LANES], lnan[XF_MAX_LANES];
