@@ -249,10 +249,11 @@ XF_HD double xf_exp(double x)
  * underflow as xf_exp (the scale steps are shared).
  * The polynomial is evaluated by Horner's scheme: 7 multiply-adds (xf_fma), two operations and four
  * live registers fewer than Estrin's (pairs, then r^2 and r^4), whose shorter chain (3 dependent
- * multiply-adds) paid while an element's whole evaluation was one long chain (BCE).  Every caller now
- * makes its exponentials in a flat loop of their own (the softmax sum pass, binary_blocks.h), where
- * independent elements overlap their chains and the count of operations and spilled registers is what
- * limits (benchmarks/README.md, 2026-12-02).  The reduction's error (below 2^-43, see there) and the
+ * multiply-adds) paid while an element's whole evaluation was one long chain (BCE).  The hot callers
+ * now make their exponentials in flat loops of their own (the softmax sum pass, BCE's chunks in
+ * binary_blocks.h), where independent elements overlap their chains and the count of operations and
+ * spilled registers is what limits (benchmarks/README.md, 2026-12-02); the rest (recomputed gradients,
+ * per-element GPU threads) evaluate few exponentials per row or hide the chain behind other work.  The reduction's error (below 2^-43, see there) and the
  * roundings of the evaluation (near 2^-52) stay far below the approximation error; tests/test_numerics.py
  * measures the whole function against mpmath. */
 XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
