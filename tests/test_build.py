@@ -4,6 +4,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,3 +82,33 @@ def test_no_masked_vector_stores_in_the_kernels():
         assert not masked, f"{module.__name__}: {len(masked)} masked moves, e.g. {masked[:3]}"
         if "avx2" in _xent.available_cpu_paths():  # the check has teeth: the AVX2+FMA units are in there
             assert "vfmadd" in asm, module.__name__
+
+
+def test_a_wheel_holds_every_file_the_runtime_reads(tmp_path):
+    # A wheel is build_py's tree plus the compiled extensions; build_py alone takes seconds and applies
+    # the same packages and package-data rules as `pip install .`.  What the runtime reads from the
+    # installed package: every Python module, and for the GPU path the CUDA sources and every header under
+    # the two -I directories (NVRTC compiles them on the user's machine, xentfast._cuda._headers); a
+    # header left out of package-data works in an editable install and fails only after a real one.
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "setup.py").is_file() or not (root / "src" / "xentfast").is_dir():
+        pytest.skip("not run from a source checkout")
+    from xentfast import _cuda
+    src = root / "src" / "xentfast"
+    needed = {p.relative_to(src).as_posix() for p in src.rglob("*.py")}
+    needed |= {p.relative_to(src).as_posix() for d in ("include/xentfast", "_core") for p in (src / d).glob("*.h")}
+    needed |= {f"_cuda/{name}" for name in _cuda.SOURCES}
+    assert {"include/xentfast/numerics.h", "_core/softmax_rows.h", "_cuda/kernels.cu", "api.py"} <= needed
+    # in a copy of the tree: setup.py writes _build_info.py, and the copy's egg-info is fresh (build_py also
+    # ships what that file list names, and the one a development install left in src/ may name files that
+    # today's rules no longer select).  The generated C keeps its times, so Cython does not run again.
+    tree, out = tmp_path / "tree", tmp_path / "lib"
+    shutil.copytree(root / "src", tree / "src",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__", "*.egg-info"))
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(root / name, tree / name)
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "build_py", "-d", str(out)], cwd=tree,
+                   check=True, capture_output=True, text=True)
+    built = {p.relative_to(out / "xentfast").as_posix() for p in (out / "xentfast").rglob("*") if p.is_file()}
+    missing = sorted(needed - built)
+    assert not missing, f"package-data or packages leave out: {missing}"
