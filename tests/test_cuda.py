@@ -262,8 +262,9 @@ def _nvcc():
 
 
 # Every nvcc run of the checks below, by name: (arguments, unit, output file name).  Each is a compile
-# of 2-30 s, about 110 s one after the other on 2 cores; the first check starts them all on a pool of one
-# worker per core (nvcc_runs), so that the later checks find theirs done or under way.
+# of 2-30 s, about 110 s one after the other on 2 cores; the first check starts those of every selected
+# check on a pool of one worker per core (nvcc_runs), so that the later checks find theirs done or under
+# way, and a run of one check (-k) waits for its own compiles only.
 _NVCC_CUBIN = ["-cubin", "-arch=sm_90", "--resource-usage", "--fmad=false", "--maxrregcount=128"]
 NVCC_JOBS = {
     **{f"cubin-order{order}": (_NVCC_CUBIN + [f"-DXF_CU_TREE_ORDER={order}"], INSTANTIATE, "k.cubin")
@@ -277,6 +278,14 @@ NVCC_JOBS = {
            ("ptx-default-fmad", ["--ptx", "-arch=sm_90"], "k.ptx"),
            ("object", ["-c", "-arch=sm_90", "--fmad=false"], "k.o"))},
 }
+# the jobs each check reads, from its parameters (a job missing here is still compiled, when first asked for)
+NVCC_JOBS_OF_CHECK = {
+    "test_nvcc_cubin_sm90_no_spills": lambda order: [f"cubin-order{order}"],
+    "test_nvcc_binary_and_reduce_cubin_sm90_no_spills": lambda: ["cubin-binary"],
+    "test_nvcc_ptx_has_no_fma_and_no_ftz":
+        lambda unit: [f"ptx-emulated-fma-{unit}", f"ptx-{unit}", f"ptx-default-fmad-{unit}"],
+    "test_nvcc_host_and_device_object": lambda unit: [f"object-{unit}"],
+}
 
 
 def _run_nvcc_job(nvcc, args, unit, out):
@@ -286,18 +295,40 @@ def _run_nvcc_job(nvcc, args, unit, out):
     return cmd, subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent)
 
 
+class _NvccRuns(dict):
+    """{job name: future of (command, completed process)}; a name not started yet starts when read."""
+
+    def __init__(self, submit):
+        super().__init__()
+        self._submit = submit
+
+    def __missing__(self, name):
+        self[name] = self._submit(name)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
-def nvcc_runs(tmp_path_factory):
-    """{job name: future of (command, completed process)}: every NVCC_JOBS compile, started at once."""
+def nvcc_runs(request, tmp_path_factory):
+    """The compiles of every selected nvcc check, started at once."""
     nvcc = _nvcc()
     pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1))
+
+    def submit(name):
+        args, unit, out = NVCC_JOBS[name]
+        return pool.submit(_run_nvcc_job, nvcc, args, unit, tmp_path_factory.mktemp("nvcc") / out)
+
+    wanted = set()
+    for item in request.session.items:
+        jobs_of = NVCC_JOBS_OF_CHECK.get(getattr(item, "originalname", None))
+        if jobs_of is not None:
+            wanted.update(jobs_of(**(item.callspec.params if hasattr(item, "callspec") else {})))
     # the three longest (25-30 s each on this kind of machine) first: the others fill in around them
     order = ["cubin-order0", "object-softmax", "cubin-order1"]
     order += [name for name in NVCC_JOBS if name not in order]
-    runs = {}
+    runs = _NvccRuns(submit)
     for name in order:
-        args, unit, out = NVCC_JOBS[name]
-        runs[name] = pool.submit(_run_nvcc_job, nvcc, args, unit, tmp_path_factory.mktemp("nvcc") / out)
+        if name in wanted:
+            runs[name] = submit(name)
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
 
