@@ -55,6 +55,8 @@ def test_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
     kw = dict(weight=case.weight, ignore_index=case.ignore_index, label_smoothing=case.label_smoothing,
               z_loss=case.z_loss, reduction="none")
     _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(case.logits, case.target, **kw)))
+    # the forward pass alone too: its short rows run side by side (xf_short_rows_loss)
+    _assert_same(_on_each_path(lambda: (xf.cross_entropy(case.logits, case.target, **kw),)))
     x = data.draw(logits(dtype, allow_nan=True, allow_posinf=True))
     _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))
 
@@ -82,6 +84,7 @@ def test_paths_agree_bitwise_whatever_position_holds_the_special_entry(restore_p
             x[np.arange(s * n, (s + 1) * n), np.arange(n)] = value
         y = rng.integers(0, n, size=x.shape[0])
         _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(x, y, reduction="none")))
+        _assert_same(_on_each_path(lambda: (xf.cross_entropy(x, y, reduction="none"),)))
         _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))
 
 

@@ -137,3 +137,79 @@ def test_mean_equals_mean_of_none():
     rows = xf.cross_entropy(x, y, reduction="none")
     kept = y != -100
     assert xf.cross_entropy(x, y, reduction="mean") == pytest.approx(rows[kept].sum() / kept.sum(), rel=1e-15)
+
+
+def _short_rows(dtype, n, c, seed, ignore):
+    """Rows of every kind the short-row groups meet: ordinary, ties (+0 and -0 among them), a NaN, +-inf,
+    a spread beyond the unclamped exponentials, near-overflow logits, subnormal sums (float64's rescue),
+    confident rows, and labels ignored or pointing at the max."""
+    rng = np.random.default_rng(seed)
+    fmax = np.finfo(dtype).max
+    x = (rng.standard_normal((n, c)) * 3).astype(dtype)
+    y = rng.integers(0, c, n)
+    for i in range(n):
+        kind, j = rng.integers(0, 15), rng.integers(0, c)
+        row = x[i]
+        if kind == 0:
+            row[j] = np.nan
+        elif kind == 1:
+            row[j] = -np.inf
+        elif kind == 2:
+            row[j] = np.inf
+        elif kind == 3:
+            row[:] = row[0]
+        elif kind == 4:
+            row[:] = np.where(rng.random(c) < 0.5, 0.0, -0.0)
+        elif kind == 5:
+            row[j] = 710.0                        # beyond the unclamped exponentials' spread
+        elif kind == 6:
+            row[j] = fmax / 2
+        elif kind == 7:
+            row[:] = -650.0
+            row[j] = 0.0                          # the others' exponentials subnormal (float64: rescued)
+        elif kind == 8:
+            y[i] = ignore
+        elif kind == 9:
+            y[i] = int(np.argmax(row))
+        elif kind == 10:
+            row[j] = 60.0
+            y[i] = j
+        elif kind == 11:
+            row[y[i]] = -700.0
+    return x, y
+
+
+@pytest.fixture
+def cpu_path_back():
+    before = _xent.cpu_path()
+    yield
+    _xent.set_cpu_path(before)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 33, 48, 49, 64, 100, 128, 129])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted-ignore-3"])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, weighted):
+    # xf_short_rows_loss puts GROUP_ROWS rows side by side and must give each row the row kernel's bits; the
+    # rows it does not take (and a last partial group) go through the row kernel itself
+    _xent.set_cpu_path(path)
+    n = 50 * _xent.GROUP_ROWS + 3
+    ignore = 3 if weighted else -100
+    x, y = _short_rows(dtype, n, c, seed=c, ignore=ignore)
+    w = np.linspace(0.0, 3.0, c) if weighted else np.empty(0)
+    for loss_scale in (0.5, 1.0):
+        outs = []
+        for groups in (True, False):
+            loss = np.empty(n)
+            _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), w, ignore, 0.0, 0.0, np.empty(0), 1.0, loss,
+                               np.empty((0, 0), dtype=dtype), 1, True, False, weighted, False, False, False,
+                               loss_scale, groups)
+            outs.append(loss)
+        assert np.array_equal(outs[0], outs[1], equal_nan=True)
+    # the comparison has teeth: rows of each kind were there; and the API takes the same path
+    assert np.isnan(outs[0]).any() and np.isfinite(outs[0]).sum() > n // 2
+    api = xf.cross_entropy(x, y, weight=w if weighted else None, ignore_index=ignore, reduction="none",
+                           n_threads=2)
+    with np.errstate(over="ignore"):  # float32 losses beyond FLT_MAX round to inf, in the API too
+        assert np.array_equal(api, outs[0].astype(dtype), equal_nan=True)

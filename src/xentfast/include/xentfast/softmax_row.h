@@ -152,13 +152,18 @@ XF_HD void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
     job->stored = has_grad && job->simple && job->status == XF_ROW_OK && (job->m - job->min_finite <= 600.0);
 }
 
+/* log S = log1p(s) of the double-double s: the low part enters through the derivative 1/(1+s) */
+XF_HD double xf_row_log_S(double s_hi, double s_lo)
+{
+    return xf_log1p(s_hi) + s_lo / (1.0 + s_hi);
+}
+
 XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
 {
     job->s_hi = s_hi;
     job->s_lo = s_lo;
     job->S = 1.0 + s_hi;
-    /* log1p of the double-double s: the low part enters through the derivative 1/(1+s) */
-    job->log_s = xf_log1p(s_hi) + s_lo / job->S;
+    job->log_s = xf_row_log_S(s_hi, s_lo);
     job->lse = job->m + job->log_s;
     job->lse_lo = 0.0;
 }
@@ -349,22 +354,29 @@ XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double 
     return term;
 }
 
-XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, double *lo)
+/* lane k of the row at acc[k * stride] (the short-row groups of softmax_rows.h keep rows side by side) */
+XF_HD void xf_lanes_to_dd_strided(const double *acc, const double *cmp, long long stride, double *hi,
+                                  double *lo)
 {
     /* a fixed pairwise tree, ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)): three dependent double-double
      * additions where the lane-order chain had seven (each ~25 cycles of latency), about a quarter of a
      * short row's time.  Merged in locals, stored once (the output pointers may alias each other). */
-    double h01 = acc[0], l01 = cmp[0], h23 = acc[2], l23 = cmp[2];
-    double h45 = acc[4], l45 = cmp[4], h67 = acc[6], l67 = cmp[6];
-    xf_dd_add(&h01, &l01, acc[1], cmp[1]);
-    xf_dd_add(&h23, &l23, acc[3], cmp[3]);
-    xf_dd_add(&h45, &l45, acc[5], cmp[5]);
-    xf_dd_add(&h67, &l67, acc[7], cmp[7]);
+    double h01 = acc[0], l01 = cmp[0], h23 = acc[2 * stride], l23 = cmp[2 * stride];
+    double h45 = acc[4 * stride], l45 = cmp[4 * stride], h67 = acc[6 * stride], l67 = cmp[6 * stride];
+    xf_dd_add(&h01, &l01, acc[stride], cmp[stride]);
+    xf_dd_add(&h23, &l23, acc[3 * stride], cmp[3 * stride]);
+    xf_dd_add(&h45, &l45, acc[5 * stride], cmp[5 * stride]);
+    xf_dd_add(&h67, &l67, acc[7 * stride], cmp[7 * stride]);
     xf_dd_add(&h01, &l01, h23, l23);
     xf_dd_add(&h45, &l45, h67, l67);
     xf_dd_add(&h01, &l01, h45, l45);
     *hi = h01;
     *lo = l01;
+}
+
+XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, double *lo)
+{
+    xf_lanes_to_dd_strided(acc, cmp, 1, hi, lo);
 }
 
 XF_HD void xf_terms_merge(double *acc, const double *blk)
@@ -399,6 +411,20 @@ XF_HD int xf_a_eff_dd_in_range(double A, double z2, double r, double lse, double
 /* Row loss and gradient coefficient (x_y from xf_rowjob_plan).  terms: see pass 3.
  *   loss = sum_c q_c (-log p_c) + z r lse^2         (r = w_y for index targets, 1 for probabilities)
  *   d loss / d x_j = p_j (A + 2 z r lse) - q_j       (A = sum_c q_c)                                   */
+/* w_y (x_y - m + log S) scaled by the loss's power of two (w_loss = w_y loss_scale): an index target's loss
+ * where the target is not the argmax (xf_rowjob_finish; the short-row groups of softmax_rows.h too) */
+XF_HD double xf_index_target_ce(double x_y, double m, double log_s, double w_y, double w_loss)
+{
+    double nlp = xf_neg_log_prob(x_y, m, log_s);
+    /* a zero-weight class contributes 0 even if its logit is -inf (0 * inf = 0 by convention) */
+    double ce = (w_y == 0.0) ? 0.0 : ((nlp == XF_INF) ? XF_INF : w_loss * nlp);
+    if (!(nlp - nlp == 0.0) && x_y > -XF_INF && w_y != 0.0) {
+        /* m - x_y beyond DBL_MAX while the weighted loss may not be: halve, as xf_xent_term does */
+        ce = (w_loss * xf_neg_log_prob(0.5 * x_y, 0.5 * m, 0.5 * log_s)) * 2.0;
+    }
+    return ce;
+}
+
 XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
 {
     if (job->status != XF_ROW_OK) {
@@ -411,14 +437,8 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
         ce = terms[0] + terms[1];
         A = terms[2] + terms[3];
     } else {
-        double nlp = xf_neg_log_prob(job->x_y, job->m, job->log_s);
-        /* a zero-weight class contributes 0 even if its logit is -inf (0 * inf = 0 by convention) */
         double w_loss = job->w_y * job->loss_scale;
-        ce = (job->w_y == 0.0) ? 0.0 : ((nlp == XF_INF) ? XF_INF : w_loss * nlp);
-        if (!(nlp - nlp == 0.0) && job->x_y > -XF_INF && job->w_y != 0.0) {
-            /* m - x_y beyond DBL_MAX while the weighted loss may not be: halve, as xf_xent_term does */
-            ce = (w_loss * xf_neg_log_prob(0.5 * job->x_y, 0.5 * job->m, 0.5 * job->log_s)) * 2.0;
-        }
+        ce = xf_index_target_ce(job->x_y, job->m, job->log_s, job->w_y, w_loss);
         ce = (job->y == job->argmax) ? xf_weighted_log_s(job, w_loss) : ce;
         A = job->w_y;
     }
