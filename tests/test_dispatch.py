@@ -55,7 +55,7 @@ def test_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
     kw = dict(weight=case.weight, ignore_index=case.ignore_index, label_smoothing=case.label_smoothing,
               z_loss=case.z_loss, reduction="none")
     _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(case.logits, case.target, **kw)))
-    # the forward pass alone too: its short rows run side by side (xf_short_rows_loss)
+    # the forward pass alone too: its short rows run side by side (xf_short_rows), as the fused ones do
     _assert_same(_on_each_path(lambda: (xf.cross_entropy(case.logits, case.target, **kw),)))
     x = data.draw(logits(dtype, allow_nan=True, allow_posinf=True))
     _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))

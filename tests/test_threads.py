@@ -187,29 +187,44 @@ def cpu_path_back():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 33, 48, 49, 64, 100, 128, 129])
+@pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 32, 33, 48, 49, 64, 65, 100, 128, 129])
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted-ignore-3"])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, weighted):
-    # xf_short_rows_loss puts GROUP_ROWS rows side by side and must give each row the row kernel's bits; the
-    # rows it does not take (and a last partial group) go through the row kernel itself
+    # xf_short_rows puts GROUP_ROWS rows side by side and must give each row the row kernel's bits (loss, and
+    # gradient in place or not, with a per-row upstream factor); the rows it does not take (and a last
+    # partial group) go through the row kernel itself
     _xent.set_cpu_path(path)
     n = 50 * _xent.GROUP_ROWS + 3
     ignore = 3 if weighted else -100
     x, y = _short_rows(dtype, n, c, seed=c, ignore=ignore)
     w = np.linspace(0.0, 3.0, c) if weighted else np.empty(0)
-    for loss_scale in (0.5, 1.0):
+    row_scale = np.geomspace(1e-3, 1e3, n)
+    row_scale[5] = np.inf                         # a coefficient the groups leave to the row kernel
+    none2 = np.empty((0, 0), dtype=dtype)
+    for loss_scale, grad_kind in ((0.5, None), (1.0, None), (1.0, "grad"), (0.25, "inplace")):
         outs = []
         for groups in (True, False):
             loss = np.empty(n)
-            _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), w, ignore, 0.0, 0.0, np.empty(0), 1.0, loss,
-                               np.empty((0, 0), dtype=dtype), 1, True, False, weighted, False, False, False,
-                               loss_scale, groups)
-            outs.append(loss)
-        assert np.array_equal(outs[0], outs[1], equal_nan=True)
+            xx = x.copy()
+            grad = {None: none2, "grad": np.full_like(x, 7.0), "inplace": xx}[grad_kind]
+            _xent.softmax_xent(xx, y, none2, w, ignore, 0.0, 0.0, row_scale, 0.75, loss, grad, 1, True, False,
+                               weighted, grad_kind is not None, grad_kind is not None, False, loss_scale, groups)
+            outs.append((loss, grad))
+        assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True), grad_kind
+        assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True), grad_kind
+        if grad_kind is None and loss_scale == 1.0:
+            plain_loss = outs[0][0]
     # the comparison has teeth: rows of each kind were there; and the API takes the same path
-    assert np.isnan(outs[0]).any() and np.isfinite(outs[0]).sum() > n // 2
-    api = xf.cross_entropy(x, y, weight=w if weighted else None, ignore_index=ignore, reduction="none",
-                           n_threads=2)
+    assert np.isnan(plain_loss).any() and np.isfinite(plain_loss).sum() > n // 2
+    weight = w if weighted else None
+    api = xf.cross_entropy(x, y, weight=weight, ignore_index=ignore, reduction="none", n_threads=2)
     with np.errstate(over="ignore"):  # float32 losses beyond FLT_MAX round to inf, in the API too
-        assert np.array_equal(api, outs[0].astype(dtype), equal_nan=True)
+        assert np.array_equal(api, plain_loss.astype(dtype), equal_nan=True)
+    api_loss, api_grad = xf.cross_entropy_with_grad(x, y, weight=weight, ignore_index=ignore, reduction="none",
+                                                    n_threads=2)
+    assert np.array_equal(api_loss, api, equal_nan=True)
+    loss, grad = np.empty(n), np.empty_like(x)
+    _xent.softmax_xent(x, y, none2, w, ignore, 0.0, 0.0, np.empty(0), 1.0, loss, grad, 1, True, False, weighted,
+                       False, True, False, 1.0, False)
+    assert np.array_equal(api_grad, grad, equal_nan=True)

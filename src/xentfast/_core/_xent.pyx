@@ -89,8 +89,8 @@ cdef extern from "xent_kernels.h" nogil:
                           double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double) noexcept nogil
         void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
-        unsigned (*short_rows_loss)(const float *, long long, const int64_t *, long long, const double *,
-                                    double, double *) noexcept nogil
+        unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
+                               double, double, const double *, double *) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
         void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
         void (*sumexp_block)(const double *, long long, double, long long, int, double *, double *,
@@ -107,8 +107,8 @@ cdef extern from "xent_kernels.h" nogil:
                           double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double) noexcept nogil
         void (*softmax_block)(const double *, double *, long long, double, double) noexcept nogil
-        unsigned (*short_rows_loss)(const double *, long long, const int64_t *, long long, const double *,
-                                    double, double *) noexcept nogil
+        unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
+                               double, double, const double *, double *) noexcept nogil
     enum: XF_PATH_BASELINE
     enum: XF_PATH_AVX2
     int xf_cpu_supports_path(int path)
@@ -231,24 +231,26 @@ cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, 
                                t + i * C if t != NULL else NULL, a.w, scratch)
 
 
-cdef void _xent_row_group(const floating *x, const XentArgs *a, Py_ssize_t N, Py_ssize_t g,
+cdef void _xent_row_group(const floating *x, floating *grad, const XentArgs *a, Py_ssize_t N, Py_ssize_t g,
                           double *loss) noexcept nogil:
-    # Rows [g R, g R + R) of a forward call with index targets, no smoothing and no z-loss: side by side
-    # where they qualify (xf_short_rows_loss, softmax_rows.h), the others and a last partial group one by one
-    # through the row kernel, whose bits the group reproduces
+    # Rows [g R, g R + R) of a call with index targets, no smoothing and no z-loss: side by side where they
+    # qualify (xf_short_rows, softmax_rows.h), the others and a last partial group one by one through the row
+    # kernel, whose bits the group reproduces
     cdef Py_ssize_t i0 = g * XF_GROUP_ROWS
     cdef Py_ssize_t r
     cdef unsigned done = 0
+    cdef floating *group_grad = grad + i0 * a.C if grad != NULL else NULL
+    cdef const double *group_scale = a.row_scale + i0 if a.row_scale != NULL else NULL
     if i0 + XF_GROUP_ROWS <= N:
         if floating is float:
-            done = K32.short_rows_loss(x + i0 * a.C, a.C, a.y + i0, a.ignore_index, a.w,
-                                       a.loss_scale, loss + i0)
+            done = K32.short_rows(x + i0 * a.C, group_grad, a.C, a.y + i0, a.ignore_index, a.w, a.loss_scale,
+                                  a.scale, group_scale, loss + i0)
         else:
-            done = K64.short_rows_loss(x + i0 * a.C, a.C, a.y + i0, a.ignore_index, a.w,
-                                       a.loss_scale, loss + i0)
+            done = K64.short_rows(x + i0 * a.C, group_grad, a.C, a.y + i0, a.ignore_index, a.w, a.loss_scale,
+                                  a.scale, group_scale, loss + i0)
     for r in range(min(<Py_ssize_t>XF_GROUP_ROWS, N - i0)):
         if not ((done >> r) & 1):
-            loss[i0 + r] = _xent_one_row(x, NULL, NULL, a, i0 + r, NULL)
+            loss[i0 + r] = _xent_one_row(x, grad, NULL, a, i0 + r, NULL)
 
 
 cdef void _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
@@ -431,8 +433,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         tp = &t[0, 0]
     if has_grad:
         gp = &grad[0, 0]
-    groups = row_groups and has_y and not has_t and eps == 0.0 and z == 0.0 and not has_grad and \
-        C <= XF_GROUP_MAX_C
+    groups = row_groups and has_y and not has_t and eps == 0.0 and z == 0.0 and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp)
     with nogil:
@@ -442,7 +443,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
             with parallel(num_threads=n_threads):
                 fp_thread = xf_fp_ieee_enter()
                 for g in prange((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS, schedule="guided"):
-                    _xent_row_group(xp, &a, N, g, &loss[0])
+                    _xent_row_group(xp, gp, &a, N, g, &loss[0])
                 xf_fp_ieee_leave(fp_thread)
         else:
             with parallel(num_threads=n_threads):

@@ -880,37 +880,45 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
  * chains of ~900 instructions at C = 10, against ~100 for its exponentials.  Here XF_GROUP_ROWS
  * consecutive rows are transposed into a small buffer and every step runs across the rows, one row per
  * vector lane: the same functions (xf_exp_minus_*_normal, xf_acc_add_finite, xf_lanes_to_dd_strided,
- * xf_row_log_S, xf_index_target_ce) on the same operands in the same order as xf_xent_row, so each row's
- * loss has the bits the row kernel gives it.  What differs is only which of +0 and -0 is the max where both
- * attain it (the row kernel's max pass may pick either too; no output depends on it, see xf_max_block).
- * Only the common case: index targets, no smoothing, no z-loss, forward only, and rows whose entries are
- * all finite and within XF_NORMAL_SPREAD of the max (the unclamped exponentials), float64 rows whose sum
- * needs no rescue.  Ignored rows count as done (loss 0, as _xent_one_row).  Returns the rows done as a
- * bit mask; the caller runs the others through xf_xent_row. */
-/* float64 rows: the compensated lanes make each step dearer, and the groups stop paying near C = 64
- * (C = 10 198 -> 75, 32 200 -> 128, 48 292 -> 237, 64 306 -> 301, 100 373 -> 448) */
+ * xf_row_log_S, xf_index_target_ce, xf_div_S, xf_target_grad_of) on the same operands in the same order as
+ * xf_xent_row, so each row's loss and gradient have the bits the row kernel gives them.  What differs is
+ * only which of +0 and -0 is the max where both attain it (the row kernel's max pass may pick either too;
+ * no output depends on it, see xf_max_block).
+ * Only the common case: index targets, no smoothing, no z-loss, and rows whose entries are all finite and
+ * within XF_NORMAL_SPREAD of the max (the unclamped exponentials); float64 rows whose sum needs no rescue;
+ * with a gradient, rows the row kernel would give the kept-exponential form (xf_rowjob_plan: a spread of
+ * at most 600) and a finite coefficient.  Ignored rows count as done (loss 0, gradient 0, as
+ * _xent_one_row).  Returns the rows done as a bit mask; the caller runs the others through xf_xent_row,
+ * which overwrites whatever was left in their places. */
+/* Where the groups pay (one core, C microbenchmark, ns per row, row kernel -> groups):
+ *   float32 forward  C = 10 153 -> 40, 32 147 -> 62, 100 225 -> 142, 128 228 -> 175
+ *   float64 forward  C = 10 198 -> 75, 32 200 -> 128, 48 292 -> 237, 64 306 -> 301, 100 373 -> 448
+ *   float32 fused    C = 10 230 -> 90, 32 260 -> 169, 48 209 -> 156, 64 228 -> 197, 80 252 -> 244,
+ *                    100 374 -> 363
+ *   float64 fused    C = 10 267 -> 126, 32 249 -> 199, 48 282 -> 254
+ * float64's compensated lanes make each step dearer, and a gradient is written back through the
+ * transposed buffer (strided reads, one row at a time). */
 #if XF_COMPENSATED
-#define XF_GROUP_C_LIMIT 48
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 32 : 48)
 #else
-#define XF_GROUP_C_LIMIT XF_GROUP_MAX_C
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 64 : XF_GROUP_MAX_C)
 #endif
 
-XF_KERNEL unsigned XF_FN(xf_short_rows_loss)(const XF_T *x, long long C, const int64_t *y,
-                                             long long ignore_index, const double *w, double loss_scale,
-                                             double *loss)
+XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_form)(
+    const XF_T *x, XF_T *grad, long long C, const int64_t *y, long long ignore_index, const double *w,
+    double loss_scale, double scale, const double *row_scale, double *loss, const int has_grad)
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_MAX_C][R];
-    double m[R], mn[R], hi[R], lo[R];
+    /* with a gradient: each exp(x_j - m) as the row kernel's sum pass stores it (XF_STORE_SCALE) */
+    XF_T kept[XF_GROUP_MAX_C][R];
+    double m[R], mn[R], hi[R], lo[R], f[R], g_y[R];
     double acc[XF_LANES][R], cmp[XF_LANES][R];
-    long long argmax[R];
-    int ok[R];
+    long long argmax[R], target[R];
+    int ok[R], ignored[R];
     unsigned done = 0;
     long long j;
     int r, k;
-    if (C < 1 || C > XF_GROUP_C_LIMIT) {
-        return 0;
-    }
     {
         /* the next group's rows, as the row kernel's sum pass fetches the next row (a hint: a prefetch
          * never faults, also past the array): the transposition's strided reads wait on memory otherwise
@@ -943,10 +951,10 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_loss)(const XF_T *x, long long C, const i
         }
     }
     /* xf_rowjob_set_max and xf_rowjob_set_exp_form: no NaN, a finite max, every entry finite and within
-     * XF_NORMAL_SPREAD of it */
+     * XF_NORMAL_SPREAD of it; with a gradient also xf_rowjob_plan's kept exponentials (600) */
 #pragma omp simd
     for (r = 0; r < R; r++) {
-        ok[r] &= (m[r] < XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= XF_NORMAL_SPREAD);
+        ok[r] &= (m[r] < XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= (has_grad ? 600.0 : XF_NORMAL_SPREAD));
     }
     /* the first index attaining the max */
     for (j = C - 1; j >= 0; j--) {
@@ -968,6 +976,9 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_loss)(const XF_T *x, long long C, const i
 #pragma omp simd
         for (r = 0; r < R; r++) {
             double e = XF_EXP_MINUS_NORMAL(xt[j][r], m[r]);
+            if (has_grad) {
+                kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
+            }
             e = (j == argmax[r]) ? 0.0 : e;
 #if XF_COMPENSATED
             xf_acc_add_finite(&acc[k][r], &cmp[k][r], e);
@@ -983,8 +994,9 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_loss)(const XF_T *x, long long C, const i
 #pragma omp simd
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
-        const int ignored = (y_r == ignore_index);
-        const long long t = ignored ? 0 : y_r;
+        const int ign = (y_r == ignore_index);
+        const long long t = ign ? 0 : y_r;
+        const double S = 1.0 + hi[r];
         const double log_s = xf_row_log_S(hi[r], lo[r]);
         const double x_y = (double)xt[t][r];
         const double w_y = w ? w[t] : 1.0;
@@ -996,13 +1008,63 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_loss)(const XF_T *x, long long C, const i
         /* float64 sums below 2^-900 are summed again, scaled (xf_rowjob_rescue_tiny_sum) */
         ok[r] &= !((hi[r] < XF_TINY_SUM) & (hi[r] != 0.0));
 #endif
-        loss[r] = ignored ? 0.0 : ce;
-        ok[r] |= ignored;
+        if (has_grad) {
+            /* xf_rowjob_finish's coefficient (no z-loss: A = w_y, coef_mult = 1; its rescaling of an
+             * infinite one is left to the row kernel), the stored form's factor (xf_xent_grad_block) and
+             * the target entry (xf_target_grad) */
+            const double coef = (row_scale ? scale * row_scale[r] : scale) * w_y;
+            ok[r] &= (coef - coef == 0.0);
+#if XF_COMPENSATED
+            f[r] = xf_div_S(coef, hi[r], lo[r]);
+#else
+            f[r] = ((coef * 1.0) / S) * XF_STORE_UNSCALE;
+#endif
+            g_y[r] = xf_target_grad_of(t == argmax[r], coef, 1.0, hi[r], lo[r], S,
+                                       XF_EXP_MINUS((XF_T)x_y, m[r]));
+        }
+        target[r] = t;
+        ignored[r] = ign;
+        loss[r] = ign ? 0.0 : ce;
+        ok[r] |= ign;
+    }
+    if (has_grad) {
+        for (r = 0; r < R; r++) {
+            XF_T *g = grad + r * C;
+            if (ignored[r]) {
+                for (j = 0; j < C; j++) {
+                    g[j] = (XF_T)0.0;
+                }
+            } else if (ok[r]) {
+                for (j = 0; j < C; j++) {
+#if XF_COMPENSATED
+                    g[j] = (XF_T)(((double)kept[j][r] * f[r]) * 1.0);
+#else
+                    g[j] = (XF_T)((double)kept[j][r] * f[r]);
+#endif
+                }
+                g[target[r]] = (XF_T)g_y[r];
+            }
+        }
     }
     for (r = 0; r < R; r++) {
         done |= (unsigned)(ok[r] != 0) << r;
     }
     return done;
+}
+
+/* grad (or NULL: the loss alone) may be x itself: the group reads its rows whole before it writes them.
+ * row_scale (or NULL) is the group's own (its first row's entry first). */
+XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, const int64_t *y,
+                                        long long ignore_index, const double *w, double loss_scale, double scale,
+                                        const double *row_scale, double *loss)
+{
+    if (C < 1 || C > XF_GROUP_C_LIMIT(grad != 0)) {
+        return 0;
+    }
+    if (grad) {
+        return XF_FN(xf_short_rows_form)(x, grad, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, 1);
+    }
+    return XF_FN(xf_short_rows_form)(x, 0, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, 0);
 }
 
 #undef XF_FN

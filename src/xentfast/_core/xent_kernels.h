@@ -42,16 +42,15 @@
         void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
         void (*log_softmax_block)(const T *, T *, long long, double, double);                            \
         void (*softmax_block)(const T *, T *, long long, double, double);                                \
-        unsigned (*short_rows_loss)(const T *, long long, const int64_t *, long long, const double *,     \
-                                    double, double *);                                                    \
+        unsigned (*short_rows)(const T *, T *, long long, const int64_t *, long long, const double *,      \
+                               double, double, const double *, double *);                                 \
     } xf_softmax_table_##SFX;
 XF_DECLARE_TABLE(float, f32)
 XF_DECLARE_TABLE(double, f64)
 #undef XF_DECLARE_TABLE
 
-/* rows per short-row group (softmax_rows.h, xf_short_rows_loss), and the transposed buffer's classes: the
- * groups pay up to there (one core, C microbenchmark, ns per row, row kernel -> groups): float32 C = 10
- * 153 -> 40, 32 147 -> 62, 100 225 -> 142, 128 228 -> 175 */
+/* rows per short-row group (softmax_rows.h, xf_short_rows), and the transposed buffer's classes (the
+ * groups stop paying near there, XF_GROUP_C_LIMIT) */
 #define XF_GROUP_ROWS 8
 #define XF_GROUP_MAX_C 128
 
@@ -108,7 +107,7 @@ static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_i
 #define XF_TABLE(SFX, PSFX)                                                                             \
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
      xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_row_z_lse_##PSFX, xf_log_softmax_block_##PSFX, \
-     xf_softmax_block_##PSFX, xf_short_rows_loss_##PSFX}
+     xf_softmax_block_##PSFX, xf_short_rows_##PSFX}
 #ifdef XF_AVX2_PATH_UNIT
 /* the only symbols of the path's unit; hidden: each extension module links its own copy */
 __attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx2 = XF_TABLE(f32, f32_avx2);

@@ -178,18 +178,24 @@ XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
  * product's bits to underflow, hence the exact power-of-two rescaling of a beyond 2^+-900 (for
  * |a| < 2^-900 the last scaling can round a second time, onto the subnormal grid).  A non-finite a
  * (NaN rows, an infinite upstream factor) gives a / S. */
-XF_HD double xf_rowjob_div_S(const xf_rowjob *job, double a)
+XF_HD double xf_div_S(double a, double s_hi, double s_lo)
 {
     double k = xf_fabs(a) > 0x1p900 ? 0x1p200 : (xf_fabs(a) < 0x1p-900 ? 0x1p-200 : 1.0);
     double as = a / k;
     double S, S_lo, p, p_lo;
-    xf_two_sum(1.0, job->s_hi, &S, &S_lo);
-    S_lo += job->s_lo;
+    xf_two_sum(1.0, s_hi, &S, &S_lo);
+    S_lo += s_lo;
     double q = as / S;
     xf_two_prod(q, S, &p, &p_lo);
     double r = ((as - p) - p_lo) - q * S_lo;
     double f = (q + r / S) * k;
-    return (q - q == 0.0) ? f : a / job->S;
+    return (q - q == 0.0) ? f : a / (1.0 + s_hi);
+}
+
+/* the row's S is 1 + s_hi, rounded (xf_rowjob_set_sum) */
+XF_HD double xf_rowjob_div_S(const xf_rowjob *job, double a)
+{
+    return xf_div_S(a, job->s_hi, job->s_lo);
 }
 
 /* float64 rows whose non-max terms all lie ~620+ below the max: s is then a sum of subnormal
@@ -506,13 +512,19 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
 /* Target entry of the gradient on the simple path, without the p_y - 1 cancellation:
  *   y is the argmax:  -scale w_y * s / S          (s = sum of the other exponentials)
  *   otherwise:        scale w_y * (p_y - 1), where p_y <= 1/2, so the subtraction is benign. */
+/* xf_target_grad of a row without the rescue, from its numbers (the short-row groups of softmax_rows.h) */
+XF_HD double xf_target_grad_of(int y_is_argmax, double coef, double coef_mult, double s_hi, double s_lo,
+                               double S, double e_y)
+{
+    return y_is_argmax ? -(coef * ((s_hi + s_lo) / S)) * coef_mult : (coef * (e_y / S - 1.0)) * coef_mult;
+}
+
 XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
 {
-    if (job->y == job->argmax) {
-        return job->rescued ? -(job->coef * job->s_scaled) * (job->coef_mult * XF_POW2_UNSCALE)
-                            : -(job->coef * ((job->s_hi + job->s_lo) / job->S)) * job->coef_mult;
+    if (job->y == job->argmax && job->rescued) {
+        return -(job->coef * job->s_scaled) * (job->coef_mult * XF_POW2_UNSCALE);
     }
-    return (job->coef * (e_y / job->S - 1.0)) * job->coef_mult;
+    return xf_target_grad_of(job->y == job->argmax, job->coef, job->coef_mult, job->s_hi, job->s_lo, job->S, e_y);
 }
 
 /* ---- logsumexp where m and log S cancel ---------------------------------------------------------
