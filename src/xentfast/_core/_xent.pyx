@@ -727,16 +727,15 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     # flush-to-zero would otherwise flush a subnormal result)
     with nogil:
         fp_saved = xf_fp_ieee_enter()
+        # the general path's rows: short ones side by side (_xent_row_group), the same bits
         if f32:
-            for i in range(N):
-                loss[i] = _xent_one_row(<const float *>cnp.PyArray_DATA(x),
-                                        <float *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i,
-                                        NULL)
+            for i in range((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
+                _xent_row_group(<const float *>cnp.PyArray_DATA(x),
+                                <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, i, loss)
         else:
-            for i in range(N):
-                loss[i] = _xent_one_row(<const double *>cnp.PyArray_DATA(x),
-                                        <double *>cnp.PyArray_DATA(g) if with_grad else NULL, NULL, &a, i,
-                                        NULL)
+            for i in range((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
+                _xent_row_group(<const double *>cnp.PyArray_DATA(x),
+                                <double *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, i, loss)
         if red == 0:
             for i in range(N):
                 if f32:
