@@ -891,15 +891,16 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
  * _xent_one_row).  Returns the rows done as a bit mask; the caller runs the others through xf_xent_row,
  * which overwrites whatever was left in their places. */
 /* Where the groups pay (one core, C microbenchmark, ns per row, row kernel -> groups):
- *   float32 forward  C = 10 153 -> 40, 32 147 -> 62, 100 225 -> 142, 128 228 -> 175
- *   float64 forward  C = 10 198 -> 75, 32 200 -> 128, 48 292 -> 237, 64 306 -> 301, 100 373 -> 448
- *   float32 fused    C = 10 230 -> 90, 32 260 -> 169, 48 209 -> 156, 64 228 -> 197, 80 252 -> 244,
- *                    100 374 -> 363
- *   float64 fused    C = 10 267 -> 126, 32 249 -> 199, 48 282 -> 254
+ *   float32 forward  C = 10 139 -> 27, 32 172 -> 64, 100 222 -> 138, 128 234 -> 175
+ *   float64 forward  C = 10 158 -> 48, 32 197 -> 122, 48 241 -> 177, 64 345 -> 289, 80 308 -> 294,
+ *                    100 437 -> 441
+ *   float32 fused    C = 10 226 -> 70, 32 179 -> 107, 64 224 -> 185, 80 244 -> 232, 100 299 -> 296,
+ *                    128 310 -> 370
+ *   float64 fused    C = 10 212 -> 89, 32 232 -> 156, 48 272 -> 247, 64 301 -> 308
  * float64's compensated lanes make each step dearer, and a gradient is written back through the
  * transposed buffer (strided reads, one row at a time). */
 #if XF_COMPENSATED
-#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 32 : 48)
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 48 : 64)
 #else
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 64 : XF_GROUP_MAX_C)
 #endif
@@ -912,10 +913,10 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     XF_T xt[XF_GROUP_MAX_C][R];
     /* with a gradient: each exp(x_j - m) as the row kernel's sum pass stores it (XF_STORE_SCALE) */
     XF_T kept[XF_GROUP_MAX_C][R];
-    double m[R], mn[R], hi[R], lo[R], f[R], g_y[R];
+    double m[R], mn[R], hi[R], lo[R], f[R], g_y[R], x_y[R], w_y[R];
     double acc[XF_LANES][R], cmp[XF_LANES][R];
     long long argmax[R], target[R];
-    int ok[R], ignored[R];
+    int ok[R], ignored[R], y_is_max[R];
     unsigned done = 0;
     long long j;
     int r, k;
@@ -991,19 +992,23 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     for (r = 0; r < R; r++) {
         xf_lanes_to_dd_strided(&acc[0][r], &cmp[0][r], R, &hi[r], &lo[r]);
     }
-#pragma omp simd
+    /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
-        const int ign = (y_r == ignore_index);
-        const long long t = ign ? 0 : y_r;
+        ignored[r] = (y_r == ignore_index);
+        target[r] = ignored[r] ? 0 : y_r;
+        x_y[r] = (double)xt[target[r]][r];
+        w_y[r] = w ? w[target[r]] : 1.0;
+        y_is_max[r] = (target[r] == argmax[r]);
+    }
+#pragma omp simd
+    for (r = 0; r < R; r++) {
         const double S = 1.0 + hi[r];
         const double log_s = xf_row_log_S(hi[r], lo[r]);
-        const double x_y = (double)xt[t][r];
-        const double w_y = w ? w[t] : 1.0;
-        const double w_loss = w_y * loss_scale;
-        double ce = xf_index_target_ce(x_y, m[r], log_s, w_y, w_loss);
+        const double w_loss = w_y[r] * loss_scale;
+        double ce = xf_index_target_ce(x_y[r], m[r], log_s, w_y[r], w_loss);
         /* xf_weighted_log_s of a row without the rescue */
-        ce = (t == argmax[r]) ? w_loss * log_s : ce;
+        ce = y_is_max[r] ? w_loss * log_s : ce;
 #if XF_COMPENSATED
         /* float64 sums below 2^-900 are summed again, scaled (xf_rowjob_rescue_tiny_sum) */
         ok[r] &= !((hi[r] < XF_TINY_SUM) & (hi[r] != 0.0));
@@ -1012,20 +1017,18 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
             /* xf_rowjob_finish's coefficient (no z-loss: A = w_y, coef_mult = 1; its rescaling of an
              * infinite one is left to the row kernel), the stored form's factor (xf_xent_grad_block) and
              * the target entry (xf_target_grad) */
-            const double coef = (row_scale ? scale * row_scale[r] : scale) * w_y;
+            const double coef = (row_scale ? scale * row_scale[r] : scale) * w_y[r];
             ok[r] &= (coef - coef == 0.0);
 #if XF_COMPENSATED
             f[r] = xf_div_S(coef, hi[r], lo[r]);
 #else
             f[r] = ((coef * 1.0) / S) * XF_STORE_UNSCALE;
 #endif
-            g_y[r] = xf_target_grad_of(t == argmax[r], coef, 1.0, hi[r], lo[r], S,
-                                       XF_EXP_MINUS((XF_T)x_y, m[r]));
+            g_y[r] = xf_target_grad_of(y_is_max[r], coef, 1.0, hi[r], lo[r], S,
+                                       XF_EXP_MINUS((XF_T)x_y[r], m[r]));
         }
-        target[r] = t;
-        ignored[r] = ign;
-        loss[r] = ign ? 0.0 : ce;
-        ok[r] |= ign;
+        loss[r] = ignored[r] ? 0.0 : ce;
+        ok[r] |= ignored[r];
     }
     if (has_grad) {
         for (r = 0; r < R; r++) {
