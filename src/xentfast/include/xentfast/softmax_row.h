@@ -414,9 +414,6 @@ XF_HD int xf_a_eff_dd_in_range(double A, double z2, double r, double lse, double
            xf_fabs(zr2) >= small && xf_fabs(zr2) <= big && xf_fabs(zlse) >= small && xf_fabs(zlse) <= big;
 }
 
-/* Row loss and gradient coefficient (x_y from xf_rowjob_plan).  terms: see pass 3.
- *   loss = sum_c q_c (-log p_c) + z r lse^2         (r = w_y for index targets, 1 for probabilities)
- *   d loss / d x_j = p_j (A + 2 z r lse) - q_j       (A = sum_c q_c)                                   */
 /* w_y (x_y - m + log S) scaled by the loss's power of two (w_loss = w_y loss_scale): an index target's loss
  * where the target is not the argmax (xf_rowjob_finish; the short-row groups of softmax_rows.h too) */
 XF_HD double xf_index_target_ce(double x_y, double m, double log_s, double w_y, double w_loss)
@@ -431,6 +428,9 @@ XF_HD double xf_index_target_ce(double x_y, double m, double log_s, double w_y, 
     return ce;
 }
 
+/* Row loss and gradient coefficient (x_y from xf_rowjob_plan).  terms: see pass 3.
+ *   loss = sum_c q_c (-log p_c) + z r lse^2         (r = w_y for index targets, 1 for probabilities)
+ *   d loss / d x_j = p_j (A + 2 z r lse) - q_j       (A = sum_c q_c)                                   */
 XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
 {
     if (job->status != XF_ROW_OK) {
@@ -509,9 +509,6 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
     return loss;
 }
 
-/* Target entry of the gradient on the simple path, without the p_y - 1 cancellation:
- *   y is the argmax:  -scale w_y * s / S          (s = sum of the other exponentials)
- *   otherwise:        scale w_y * (p_y - 1), where p_y <= 1/2, so the subtraction is benign. */
 /* xf_target_grad of a row without the rescue, from its numbers (the short-row groups of softmax_rows.h) */
 XF_HD double xf_target_grad_of(int y_is_argmax, double coef, double coef_mult, double s_hi, double s_lo,
                                double S, double e_y)
@@ -519,6 +516,9 @@ XF_HD double xf_target_grad_of(int y_is_argmax, double coef, double coef_mult, d
     return y_is_argmax ? -(coef * ((s_hi + s_lo) / S)) * coef_mult : (coef * (e_y / S - 1.0)) * coef_mult;
 }
 
+/* Target entry of the gradient on the simple path, without the p_y - 1 cancellation:
+ *   y is the argmax:  -scale w_y * s / S          (s = sum of the other exponentials)
+ *   otherwise:        scale w_y * (p_y - 1), where p_y <= 1/2, so the subtraction is benign. */
 XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
 {
     if (job->y == job->argmax && job->rescued) {
