@@ -913,7 +913,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     XF_T xt[XF_GROUP_MAX_C][R];
     /* with a gradient: each exp(x_j - m) as the row kernel's sum pass stores it (XF_STORE_SCALE) */
     XF_T kept[XF_GROUP_MAX_C][R];
-    double m[R], mn[R], hi[R], lo[R], f[R], g_y[R], x_y[R], w_y[R];
+    double m[R], mn[R], hi[R], lo[R], f[R], g_y[R], x_y[R], w_y[R], scale_r[R];
     double acc[XF_LANES][R], cmp[XF_LANES][R];
     long long argmax[R], target[R];
     int ok[R], ignored[R], y_is_max[R];
@@ -1000,6 +1000,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
         x_y[r] = (double)xt[target[r]][r];
         w_y[r] = w ? w[target[r]] : 1.0;
         y_is_max[r] = (target[r] == argmax[r]);
+        /* the row's upstream factor as _row_job_init forms it (read under a test inside the vector loop,
+         * it became a masked load, which test_build forbids) */
+        scale_r[r] = row_scale ? scale * row_scale[r] : scale;
     }
 #pragma omp simd
     for (r = 0; r < R; r++) {
@@ -1017,7 +1020,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
             /* xf_rowjob_finish's coefficient (no z-loss: A = w_y, coef_mult = 1; its rescaling of an
              * infinite one is left to the row kernel), the stored form's factor (xf_xent_grad_block) and
              * the target entry (xf_target_grad) */
-            const double coef = (row_scale ? scale * row_scale[r] : scale) * w_y[r];
+            const double coef = scale_r[r] * w_y[r];
             ok[r] &= (coef - coef == 0.0);
 #if XF_COMPENSATED
             f[r] = xf_div_S(coef, hi[r], lo[r]);
