@@ -153,6 +153,39 @@ def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path, monkeypatch):
         _xent.set_cpu_path(before)
 
 
+@pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
+@pytest.mark.parametrize("C", [1, 10, 48, 49, 64, 65, 128, 129])
+def test_ffi_short_row_groups_give_numpys_bits(cpu_path, C, dtype, monkeypatch):
+    """Short rows of integer labels run side by side in the handlers (GROUP_ROWS at a time), as in the
+    NumPy API: around every class limit of the groups, with a last partial group, rows masked by
+    `where` (the skip label), rows the groups hand back to the row kernel (NaN, +inf, a -inf label,
+    a spread beyond the exponentials' range) and upstream factors of 0, < 0 and inf."""
+    if xfj._ffi is None:
+        _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
+    monkeypatch.setattr(xfj, "CALLBACK", "ffi")
+    n = 5 * _xent.GROUP_ROWS + 3
+    rng = np.random.default_rng(C)
+    x = (3 * rng.standard_normal((n, C))).astype(dtype)
+    y = rng.integers(0, C, n)
+    odd = x[[1, 9, 18, 26]]
+    odd[0, -1], odd[1, -1], odd[2, y[18]] = np.nan, np.inf, -np.inf
+    odd[3, -1] = 720.0 if C > 1 else 0.0
+    x[[1, 9, 18, 26]] = odd
+    keep = rng.random(n) < 0.8
+    g = (0.5 + rng.random(n)).astype(dtype)
+    g[[3, 12, 30]] = 0.0, -1.5, np.inf
+    before = _xent.cpu_path()
+    _xent.set_cpu_path(cpu_path)
+    try:
+        loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(
+            x, jnp.asarray(y), where=jnp.asarray(keep)), jnp.asarray(x), ct=g)
+        y_np = np.where(keep, y, -100)
+        assert_same_bits(loss, xf.cross_entropy(x, y_np, reduction="none"))
+        assert_same_bits(dx, xf.cross_entropy_backward(g, x, y_np, reduction="none"))
+    finally:
+        _xent.set_cpu_path(before)
+
+
 def test_special_values_same_bits(path, dtype):
     """The README's special-value rows go through every path unchanged (NaN bits included)."""
     inf, nan = np.inf, np.nan

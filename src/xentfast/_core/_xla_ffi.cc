@@ -9,9 +9,10 @@
 //     handlers run the very machine code the NumPy API runs, on the code path _xent.set_cpu_path chose
 //     (read at every call), and this unit compiles in seconds.  tests/test_jax_dropin.py checks the
 //     bits against the NumPy functions on every path.
-// (b) Rows only.  _xent.pyx also has a "phased" split for fewer rows than threads; it gives the same
-//     bits as the row loop (tests/test_threads.py) and only changes which thread runs which block, so
-//     the handlers keep to the row loop.
+// (b) Rows, and groups of short rows.  _xent.pyx also has a "phased" split for fewer rows than threads;
+//     it gives the same bits as the row loop (tests/test_threads.py) and only changes which thread runs
+//     which block, so the handlers keep to the row loop.  Short rows of index targets go side by side,
+//     XF_GROUP_ROWS at a time, as the NumPy API runs them (the row kernel's bits, several times faster).
 // (c) Threads: OpenMP, with the NumPy API's rule (xentfast._threads.threads_for): all of OpenMP's
 //     threads, but one per 16384 elements at most.  A row's result never depends on the count, nor
 //     on which thread runs it: the loops are schedule(guided), as _xent.pyx (c) explains.
@@ -124,12 +125,72 @@ void fill(T *p, long long n, double v)
 }
 
 // _xent.pyx's _xent_one_row with: no class weights, no smoothing, scale 1, loss_scale 1 (reduction
-// "none"), the row's upstream factor g[i] (double, exact) when there is one.
+// "none"), the row's upstream factor g[i] (double, exact) when there is one.  Returns the row's loss.
+template <typename T>
+double xent_one_row(const T *x, const int32_t *y, const T *t, const T *g, long long i, long long C, double z,
+                    T *grad, double *scratch)
+{
+    if (y != nullptr && y[i] == kSkip) {
+        if (grad != nullptr) {
+            fill(grad + i * C, C, 0.0);
+        }
+        return 0.0;
+    }
+    xf_rowjob job;
+    const double s = g != nullptr ? 1.0 * static_cast<double>(g[i]) : 1.0;
+    xf_rowjob_init(&job, y != nullptr ? y[i] : -1, 1.0, 0.0, z, s, 1.0, y == nullptr);
+    return Tables<T>::softmax()->xent_row(x + i * C, grad != nullptr ? grad + i * C : nullptr, C, &job,
+                                          t != nullptr ? t + i * C : nullptr, nullptr, scratch);
+}
+
+// _xent.pyx's _xent_row_group: rows of index targets without the z-loss, XF_GROUP_ROWS at a time side by
+// side where they qualify (xf_short_rows, softmax_rows.h: the row kernel's bits), the rest one by one.
+// The group takes the skip label as its ignore_index, labels widened to int64 and the upstream factors
+// to double, the row kernel's scale 1 * g[i] (exact) as the group's scale 1 times its row factor.
+template <typename T>
+void xent_row_groups(const T *x, const int32_t *y, const T *g, long long N, long long C, T *loss, T *grad)
+{
+    const int nt = threads_for(N * C);
+    const long long n_groups = (N + XF_GROUP_ROWS - 1) / XF_GROUP_ROWS;
+#pragma omp parallel num_threads(nt)
+    {
+    IeeeDenormals ieee;
+#pragma omp for schedule(guided)
+    for (long long k = 0; k < n_groups; ++k) {
+        const long long i0 = k * XF_GROUP_ROWS;
+        const long long n = std::min(N - i0, static_cast<long long>(XF_GROUP_ROWS));
+        int64_t labels[XF_GROUP_ROWS];
+        double factors[XF_GROUP_ROWS], losses[XF_GROUP_ROWS];
+        unsigned done = 0;
+        if (n == XF_GROUP_ROWS) {
+            for (long long r = 0; r < n; ++r) {
+                labels[r] = y[i0 + r];
+                factors[r] = g != nullptr ? static_cast<double>(g[i0 + r]) : 1.0;
+            }
+            done = Tables<T>::softmax()->short_rows(x + i0 * C, grad != nullptr ? grad + i0 * C : nullptr, C,
+                                                    labels, kSkip, nullptr, 1.0, 1.0,
+                                                    g != nullptr ? factors : nullptr, losses);
+        }
+        for (long long r = 0; r < n; ++r) {
+            if (!((done >> r) & 1u)) {
+                losses[r] = xent_one_row<T>(x, y, nullptr, g, i0 + r, C, 0.0, grad, nullptr);
+            }
+            if (loss != nullptr) {
+                loss[i0 + r] = static_cast<T>(losses[r]);  // the NumPy API's astype, as below
+            }
+        }
+    }
+    }
+}
+
 template <typename T>
 void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N, long long C, double z,
                T *loss, T *grad)
 {
-    const auto *K = Tables<T>::softmax();
+    if (y != nullptr && z == 0.0 && C <= XF_GROUP_MAX_C) {
+        xent_row_groups<T>(x, y, g, N, C, loss, grad);
+        return;
+    }
     const int nt = threads_for(N * C);
     // the general gradient's exponentials, kept between passes (xent_kernels.h); no label smoothing here
     const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,
@@ -140,18 +201,7 @@ void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N
     std::unique_ptr<double[]> scratch(want_scratch ? new (std::nothrow) double[C] : nullptr);
 #pragma omp for schedule(guided)
     for (long long i = 0; i < N; ++i) {
-        double l = 0.0;
-        if (y != nullptr && y[i] == kSkip) {
-            if (grad != nullptr) {
-                fill(grad + i * C, C, 0.0);
-            }
-        } else {
-            xf_rowjob job;
-            const double s = g != nullptr ? 1.0 * static_cast<double>(g[i]) : 1.0;
-            xf_rowjob_init(&job, y != nullptr ? y[i] : -1, 1.0, 0.0, z, s, 1.0, y == nullptr);
-            l = K->xent_row(x + i * C, grad != nullptr ? grad + i * C : nullptr, C, &job,
-                            t != nullptr ? t + i * C : nullptr, nullptr, scratch.get());
-        }
+        const double l = xent_one_row<T>(x, y, t, g, i, C, z, grad, scratch.get());
         if (loss != nullptr) {
             loss[i] = static_cast<T>(l);  // the NumPy API's astype: one rounding, inf beyond the range
         }
