@@ -1037,20 +1037,39 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
             xt[j][r] = x[r * C + j];
         }
     }
+    /* max, min, the NaN test and the argmax in the storage type, as xf_max_block takes them: float ->
+     * double is exact and monotone, so every comparison decides as it would in double, and a vector holds
+     * 8 float lanes (the whole group) without conversions; the argmax as an index of the lanes' width
+     * (C <= XF_GROUP_MAX_C), widened once.  (In double, the two loops were a fifth of a float32 C = 128
+     * group.) */
+#if XF_COMPENSATED
+    /* float64: the storage type is double already, and a double lane is as wide as long long */
+    typedef long long group_index;
+    double *const m_t = m, *const mn_t = mn;
+    long long *const argmax_t = argmax;
+#else
+    typedef int group_index;
+    float m_t[R], mn_t[R];
+    int argmax_t[R];
+#endif
     for (r = 0; r < R; r++) {
-        m[r] = -XF_INF;
-        mn[r] = XF_INF;
+        m_t[r] = (XF_T)-XF_INF;
+        mn_t[r] = (XF_T)XF_INF;
         ok[r] = 1;
-        argmax[r] = 0;
+        argmax_t[r] = 0;
     }
     for (j = 0; j < C; j++) {
 #pragma omp simd
         for (r = 0; r < R; r++) {
-            const double v = (double)xt[j][r];
+            const XF_T v = xt[j][r];
             ok[r] &= (v == v);
-            m[r] = (v > m[r]) ? v : m[r];
-            mn[r] = (v < mn[r]) ? v : mn[r];
+            m_t[r] = (v > m_t[r]) ? v : m_t[r];
+            mn_t[r] = (v < mn_t[r]) ? v : mn_t[r];
         }
+    }
+    for (r = 0; r < R; r++) {
+        m[r] = (double)m_t[r];
+        mn[r] = (double)mn_t[r];
     }
     /* xf_rowjob_set_max and xf_rowjob_set_exp_form: no NaN, a finite max, every entry finite and within
      * XF_NORMAL_SPREAD of it; with a gradient also xf_rowjob_plan's kept exponentials (600) */
@@ -1062,8 +1081,11 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     for (j = C - 1; j >= 0; j--) {
 #pragma omp simd
         for (r = 0; r < R; r++) {
-            argmax[r] = ((double)xt[j][r] == m[r]) ? j : argmax[r];
+            argmax_t[r] = (xt[j][r] == m_t[r]) ? (group_index)j : argmax_t[r];
         }
+    }
+    for (r = 0; r < R; r++) {
+        argmax[r] = argmax_t[r];
     }
     for (k = 0; k < XF_LANES; k++) {
         for (r = 0; r < R; r++) {
