@@ -904,8 +904,10 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
  *   float32 fused    C = 64 206 -> 166 -> 127, 80 220 -> 203 -> 154, 100 257 -> 254 -> 191,
  *                    128 281 -> 319 -> 239
  *   float64 fused    C = 64 284 -> 266 -> 247, 80 329 -> 320 -> 304, 100 382 -> 395 -> 378
- * Beyond 128 classes the two buffers below outgrow the first-level cache and the groups lose (measured
- * with a 512-class buffer: float32 forward C = 256 296 -> 308, fused 427 -> 460). */
+ * With the float32 max, min and argmax in float lanes as well (below), the float32 groups pay up to 256
+ * classes (buffers of 256; row kernel -> groups): forward C = 160 236 -> 170, 192 250 -> 201, 256 298
+ * -> 264; fused 321 -> 268, 353 -> 317, 429 -> 418.  The float64 ones are unchanged by the buffers'
+ * size. */
 #if defined(__AVX2__)
 #if XF_COMPENSATED
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 80 : 64)
@@ -913,12 +915,15 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #define XF_GROUP_C_LIMIT(has_grad) XF_GROUP_MAX_C
 #endif
 #else
+/* the baseline path, measured before the AVX2 path's own write-back */
 #if XF_COMPENSATED
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 48 : 64)
 #else
-#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 64 : XF_GROUP_MAX_C)
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 64 : 128)
 #endif
 #endif
+typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_GROUP_MAX_C &&
+                                                      XF_GROUP_C_LIMIT(1) <= XF_GROUP_MAX_C) ? 1 : -1];
 
 #if defined(__AVX2__)
 /* The fused groups' gradient rows from their kept exponentials: kept holds the group's rows side by

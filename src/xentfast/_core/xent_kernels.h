@@ -52,7 +52,7 @@ XF_DECLARE_TABLE(double, f64)
 /* rows per short-row group (softmax_rows.h, xf_short_rows), and the transposed buffer's classes (the
  * groups stop paying near there, XF_GROUP_C_LIMIT) */
 #define XF_GROUP_ROWS 8
-#define XF_GROUP_MAX_C 128
+#define XF_GROUP_MAX_C 256
 
 enum { XF_PATH_BASELINE = 0, XF_PATH_AVX2 = 1 };
 
