@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xentfast as xf
+from xentfast import _threads
 from xentfast._core import _binary, _xent
 from xentfast.testing import binary_logits, binary_targets, index_targets, logits
 
@@ -109,12 +110,52 @@ def test_the_lanes_take_ordinary_small_calls(dtype, reduction):
             x, t, reduction=reduction, n_threads=n_threads) is not NotImplemented
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(4100, 10), (257, 129), (130, _xent.GROUP_MAX_C)], ids=str)
+def test_the_softmax_lane_takes_larger_calls_of_short_rows(dtype, reduction, shape):
+    """Above PLAIN_MAX_ELEMENTS the softmax lane still takes rows of up to GROUP_MAX_C classes, on the
+    threads xentfast._threads would start, with the general path's bits; the rows the groups hand back
+    (NaN, +inf, all -inf, a spread beyond the exponentials) and ignored rows included."""
+    n, c = shape
+    assert n * c >= 2 * _xent.LANE_MIN_ELEMENTS_PER_THREAD
+    rng = np.random.default_rng(n)
+    x = (3 * rng.standard_normal(shape)).astype(dtype)
+    x[5, 0], x[17, -1], x[40] = np.nan, np.inf, -np.inf
+    x[63, 0] = 800.0
+    y = rng.integers(0, c, n)
+    y[::7] = -100
+    for n_threads in (None, 1, 2, 3, -1):
+        kw = dict(reduction=reduction, n_threads=n_threads)
+        lane = _xent.plain_cross_entropy(x, y, **kw)
+        assert lane is not NotImplemented
+        _same_bits(lane, _general(xf.cross_entropy)(x, y, **kw))
+        out = np.empty_like(x)
+        fused = _xent.plain_cross_entropy_with_grad(x, y, out=out, **kw)
+        assert fused is not NotImplemented and fused[1] is out
+        _same_bits(fused, _general(xf.cross_entropy_with_grad)(x, y, **kw))
+
+
+def test_the_softmax_lane_starts_the_threads_the_general_path_would():
+    assert _xent.LANE_MIN_ELEMENTS_PER_THREAD == _threads.MIN_ELEMENTS_PER_THREAD
+    for n_elements in (2 * _threads.MIN_ELEMENTS_PER_THREAD, 5 * _threads.MIN_ELEMENTS_PER_THREAD - 1, 10**7):
+        for n_threads in (None, 1, 2, 3, 64, -1, -2, -100):
+            assert _xent.lane_threads(n_threads, n_elements) == _threads.threads_for(n_threads, n_elements)
+    # beyond long long: the general path's (it raises nothing either, and starts the same threads)
+    assert _xent.lane_threads(2**70, 10**6) == 0
+    x = np.zeros((4096, 10))
+    assert _xent.plain_cross_entropy(x, np.zeros(4096, dtype=np.int64), n_threads=2**70) is NotImplemented
+    _same_bits(xf.cross_entropy(x, np.zeros(4096, dtype=np.int64), n_threads=2**70),
+               xf.cross_entropy(x, np.zeros(4096, dtype=np.int64)))
+
+
 def test_the_lanes_leave_every_other_call_to_the_general_path():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((8, 10))
     y = rng.integers(0, 10, 8)
     t = rng.random((8, 10))
     big = np.zeros((200, 200))
+    long_rows = np.zeros((200, _xent.GROUP_MAX_C + 1))  # a larger call whose rows are not short
     others = [
         dict(weight=np.ones(10)), dict(label_smoothing=0.1), dict(z_loss=1e-4), dict(axis=0),
         dict(nan_policy="raise"), dict(empty_mean="bad"), dict(reduction="avg"), dict(n_threads=0),
@@ -123,7 +164,7 @@ def test_the_lanes_leave_every_other_call_to_the_general_path():
     for kw in others:
         assert _xent.plain_cross_entropy(x, y, **kw) is NotImplemented, kw
     for xs, ys in ((x.astype(np.float16), y), (x.T.copy().T, y), (x, y.astype(np.int32)), (x[:, :0], y),
-                   (big, np.zeros(200, dtype=np.int64)), (x, np.where(np.arange(8) == 2, 10, y)), (x, y[:4]),
+                   (long_rows, np.zeros(200, dtype=np.int64)), (x, np.where(np.arange(8) == 2, 10, y)), (x, y[:4]),
                    (x.tolist(), y)):
         assert _xent.plain_cross_entropy(xs, ys) is NotImplemented
     assert _xent.plain_cross_entropy(x, np.full(8, -100), reduction="mean") is NotImplemented

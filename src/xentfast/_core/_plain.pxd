@@ -10,8 +10,10 @@ cdef extern from "numpy/arrayobject.h":
 
 # below this many elements xentfast._threads gives every call a single thread (threads_for: at most
 # n // MIN_ELEMENTS_PER_THREAD = 1 thread), so the lane runs on the calling thread like the general path
+# (the softmax lane also takes larger calls of short rows, on xentfast._threads' count of threads)
 cdef enum:
-    PLAIN_MAX_ELEMENTS = 32768
+    PLAIN_MIN_ELEMENTS_PER_THREAD = 16384
+    PLAIN_MAX_ELEMENTS = 2 * PLAIN_MIN_ELEMENTS_PER_THREAD
 
 
 cdef inline bint plain_float_array(object a) noexcept:
@@ -45,7 +47,8 @@ cdef inline int plain_reduction(object reduction) noexcept:
 
 
 cdef inline bint plain_options(object empty_mean, object nan_policy, object n_threads) noexcept:
-    # any valid thread count: below PLAIN_MAX_ELEMENTS every one of them means a single thread
+    # any valid thread count: below PLAIN_MAX_ELEMENTS every one of them means a single thread (the
+    # softmax lane's larger calls resolve it as xentfast._threads does, _xent._plain_threads)
     return (type(empty_mean) is str and (empty_mean == "nan" or empty_mean == "zero")
             and type(nan_policy) is str and nan_policy == "propagate"
             and (n_threads is None or (type(n_threads) is int and n_threads != 0)))

@@ -30,7 +30,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 from cpython.pycapsule cimport PyCapsule_New
 
-from ._openmp cimport omp_get_max_threads
+from ._openmp cimport XF_OPENMP_ENABLED, omp_get_max_threads
 
 cdef extern from "fp_ieee.h" nogil:
     ctypedef unsigned long long xf_fp_state
@@ -253,6 +253,18 @@ cdef void _xent_row_group(const floating *x, floating *grad, const XentArgs *a, 
             loss[i0 + r] = _xent_one_row(x, grad, NULL, a, i0 + r, NULL)
 
 
+cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a, Py_ssize_t N, double *loss,
+                          int n_threads) noexcept nogil:
+    # every group of a call on n_threads threads (softmax_xent, and the plain-call lane's larger calls)
+    cdef Py_ssize_t g
+    cdef xf_fp_state fp_thread
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        for g in prange((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS, schedule="guided"):
+            _xent_row_group(x, grad, a, N, g, loss)
+        xf_fp_ieee_leave(fp_thread)
+
+
 cdef void _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                        Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
     # Few rows, long rows: the (row, block) pairs are the parallel tasks of each pass; per-row merges
@@ -415,7 +427,6 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     cdef double *scratch = NULL
     cdef bint want_scratch
     cdef bint groups
-    cdef Py_ssize_t g
     if N == 0 or C == 0:
         return
     xp = &x[0, 0]
@@ -440,11 +451,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         if force_phased or _use_phased(N, C, n_threads):
             _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         elif groups:
-            with parallel(num_threads=n_threads):
-                fp_thread = xf_fp_ieee_enter()
-                for g in prange((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS, schedule="guided"):
-                    _xent_row_group(xp, gp, &a, N, g, &loss[0])
-                xf_fp_ieee_leave(fp_thread)
+            _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
             with parallel(num_threads=n_threads):
                 fp_thread = xf_fp_ieee_enter()
@@ -638,7 +645,10 @@ _init_cpu_path()
 # spends ~12 us there against ~3 us of kernel).  The lane below takes the most common call, decided by
 # C-level type and flag tests, and runs what xentfast.api would run for it with the same row function,
 # the same dd_sum shape and the same arithmetic of the reduction, on the calling thread (the single
-# thread xentfast._threads picks for fewer than 2 * MIN_ELEMENTS_PER_THREAD elements).  Anything else,
+# thread xentfast._threads picks for fewer than 2 * MIN_ELEMENTS_PER_THREAD elements).  Larger calls of
+# short rows (at most XF_GROUP_MAX_C classes) take it too, on the threads xentfast._threads would start:
+# there the Python around the kernel was still a quarter of the call (forward 4096x10 float32: ~40 of
+# ~110 us on two threads; 16384x10 fused: ~100 of ~420 us).  Anything else,
 # and anything unusual it meets on the way (a label out of range, nothing to average, a sum small enough
 # for the tiny-terms rerun), returns NotImplemented, and the caller takes the general path, which also
 # raises the errors; nothing here raises.  tests/test_plain_lane.py holds the two paths to the same bits.
@@ -646,19 +656,42 @@ _init_cpu_path()
 cimport numpy as cnp
 from libc.math cimport frexp, ldexp, fabs
 
-from ._plain cimport (PLAIN_MAX_ELEMENTS, plain_float_array, plain_options, plain_out, plain_reduction,
-                      plain_scalar, plain_zero)
+from ._plain cimport (PLAIN_MAX_ELEMENTS, PLAIN_MIN_ELEMENTS_PER_THREAD, plain_float_array, plain_options,
+                      plain_out, plain_reduction, plain_scalar, plain_zero)
 
 cnp.import_array()
 
 # A sum of n losses at most n 2^-968 may hold losses below 2^-969, which the tiny-terms rerun recomputes
 # scaled (xentfast.api._sum_and_tiny); above it, none can be.  One constant for every caller of that test.
 TINY_SUM_PER_TERM = 2.0 ** -968
+# xentfast._threads.MIN_ELEMENTS_PER_THREAD as the lane knows it (tests/test_plain_lane.py compares them)
+LANE_MIN_ELEMENTS_PER_THREAD = PLAIN_MIN_ELEMENTS_PER_THREAD
 cdef double _TINY_SUM = TINY_SUM_PER_TERM
 
 
+cdef int _plain_threads(object n_threads, Py_ssize_t n_elements):
+    # xentfast._threads.threads_for at C level (n_threads: None or a nonzero int, plain_options); 0 for a
+    # count beyond long long, which the general path then handles
+    cdef long long wanted = -1
+    if n_threads is not None:
+        try:
+            wanted = n_threads
+        except OverflowError:
+            return 0
+    if not XF_OPENMP_ENABLED:
+        return 1
+    if wanted < 0:
+        wanted = max(1, omp_get_max_threads() + 1 + wanted)
+    return <int>max(1, min(wanted, <long long>(n_elements // PLAIN_MIN_ELEMENTS_PER_THREAD)))
+
+
+def lane_threads(n_threads, Py_ssize_t n_elements):
+    """The lane's thread count (tests/test_plain_lane.py holds it to xentfast._threads.threads_for)."""
+    return _plain_threads(n_threads, n_elements)
+
+
 cdef object _plain_xent(object input, object target, object ignore_index, int red, object out,
-                        bint with_grad):
+                        bint with_grad, object n_threads):
     cdef cnp.ndarray x, y, g, loss_o
     cdef Py_ssize_t N, C, i
     cdef long long ign, yi
@@ -670,6 +703,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     cdef int k = 0
     cdef bint f32, ok
     cdef xf_fp_state fp_saved
+    cdef int n_team = 1
     if not plain_float_array(input) or type(target) is not cnp.ndarray:
         return NotImplemented
     x = <cnp.ndarray>input
@@ -680,8 +714,14 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         return NotImplemented
     N = cnp.PyArray_DIMS(x)[0]
     C = cnp.PyArray_DIMS(x)[1]
-    if N == 0 or C == 0 or cnp.PyArray_DIMS(y)[0] != N or N * C >= PLAIN_MAX_ELEMENTS:
+    if N == 0 or C == 0 or cnp.PyArray_DIMS(y)[0] != N:
         return NotImplemented
+    if N * C >= PLAIN_MAX_ELEMENTS:
+        if C > XF_GROUP_MAX_C:
+            return NotImplemented
+        n_team = _plain_threads(n_threads, N * C)
+        if n_team < 1:
+            return NotImplemented
     if type(ignore_index) is not int:
         return NotImplemented
     try:
@@ -727,8 +767,16 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     # flush-to-zero would otherwise flush a subnormal result)
     with nogil:
         fp_saved = xf_fp_ieee_enter()
-        # the general path's rows: short ones side by side (_xent_row_group), the same bits
-        if f32:
+        # the general path's rows: short ones side by side (_xent_row_group), the same bits; a team
+        # only where xentfast._threads would start one (none to start on one thread)
+        if n_team > 1:
+            if f32:
+                _xent_row_groups(<const float *>cnp.PyArray_DATA(x),
+                                 <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
+            else:
+                _xent_row_groups(<const double *>cnp.PyArray_DATA(x),
+                                 <double *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
+        elif f32:
             for i in range((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
                 _xent_row_group(<const float *>cnp.PyArray_DATA(x),
                                 <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, i, loss)
@@ -743,7 +791,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
                 else:
                     (<double *>cnp.PyArray_DATA(loss_o))[i] = loss[i]
         else:
-            ok = _dd_sum_into(loss, N, 1, &hi, &lo)
+            ok = _dd_sum_into(loss, N, n_team, &hi, &lo)
             # _sum_and_tiny: a sum this small may need the tiny-terms rerun; the general path decides
             ok = ok and not (fabs(hi) <= N * _TINY_SUM)
             if red == 2:
@@ -771,7 +819,7 @@ def plain_cross_entropy(input, target, weight=None, ignore_index=-100, reduction
             or type(axis) is not int or not (axis == -1 or axis == 1)
             or not plain_options(empty_mean, nan_policy, n_threads)):
         return NotImplemented
-    return _plain_xent(input, target, ignore_index, red, None, False)
+    return _plain_xent(input, target, ignore_index, red, None, False, n_threads)
 
 
 def plain_cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduction="mean",
@@ -784,4 +832,4 @@ def plain_cross_entropy_with_grad(input, target, weight=None, ignore_index=-100,
             or type(axis) is not int or not (axis == -1 or axis == 1) or grad_output is not None
             or inplace is not False or not plain_options(empty_mean, nan_policy, n_threads)):
         return NotImplemented
-    return _plain_xent(input, target, ignore_index, red, out, True)
+    return _plain_xent(input, target, ignore_index, red, out, True, n_threads)
