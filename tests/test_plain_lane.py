@@ -136,7 +136,32 @@ def test_the_softmax_lane_takes_larger_calls_of_short_rows(dtype, reduction, sha
         _same_bits(fused, _general(xf.cross_entropy_with_grad)(x, y, **kw))
 
 
-def test_the_softmax_lane_starts_the_threads_the_general_path_would():
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", [(256, 256), (3, 70001)], ids=str)
+def test_the_binary_lane_takes_larger_calls(dtype, reduction, shape):
+    """Above PLAIN_MAX_ELEMENTS the binary lane runs its blocks on the threads xentfast._threads would
+    start (a last partial block included), with the general path's bits; soft targets, NaN and +-inf
+    logits included.  A target outside [0, 1] anywhere still leaves the call to the general path."""
+    rng = np.random.default_rng(shape[1])
+    x = (4 * rng.standard_normal(shape)).astype(dtype)
+    x.flat[[5, 900, 40000]] = np.nan, np.inf, -np.inf
+    t = np.where(rng.random(shape) < 0.5, rng.random(shape), rng.random(shape) < 0.5).astype(dtype)
+    for n_threads in (None, 1, 2, 3, -1):
+        kw = dict(reduction=reduction, n_threads=n_threads)
+        lane = _binary.plain_binary_cross_entropy_with_logits(x, t, **kw)
+        assert lane is not NotImplemented
+        _same_bits(lane, _general(xf.binary_cross_entropy_with_logits)(x, t, **kw))
+        out = np.empty_like(x)
+        fused = _binary.plain_binary_cross_entropy_with_logits_with_grad(x, t, out=out, **kw)
+        assert fused is not NotImplemented and fused[1] is out
+        _same_bits(fused, _general(xf.binary_cross_entropy_with_logits_with_grad)(x, t, **kw))
+    bad = t.copy()
+    bad.flat[-1] = 1.5
+    assert _binary.plain_binary_cross_entropy_with_logits(x, bad, n_threads=2) is NotImplemented
+
+
+def test_the_lanes_start_the_threads_the_general_path_would():
     assert _xent.LANE_MIN_ELEMENTS_PER_THREAD == _threads.MIN_ELEMENTS_PER_THREAD
     for n_elements in (2 * _threads.MIN_ELEMENTS_PER_THREAD, 5 * _threads.MIN_ELEMENTS_PER_THREAD - 1, 10**7):
         for n_threads in (None, 1, 2, 3, 64, -1, -2, -100):
@@ -175,7 +200,7 @@ def test_the_lanes_leave_every_other_call_to_the_general_path():
                dict(nan_policy="raise"), dict(reduction=None)):
         assert _binary.plain_binary_cross_entropy_with_logits(x, t, **kw) is NotImplemented, kw
     for xs, ts in ((x, t.astype(np.float32)), (x, t * 2), (x, np.where(t < 0.5, np.nan, t)), (x[0, 0], t[0, 0]),
-                   (big, big), (x, t[:4])):
+                   (big, big + 2), (x, t[:4])):
         assert _binary.plain_binary_cross_entropy_with_logits(xs, ts) is NotImplemented
     for kw in (dict(grad_output=np.ones((8, 10)), reduction="none"), dict(inplace=True), dict(out=x)):
         assert _binary.plain_binary_cross_entropy_with_logits_with_grad(x, t, **kw) is NotImplemented, kw

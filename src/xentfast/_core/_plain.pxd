@@ -5,6 +5,8 @@
 
 cimport numpy as cnp
 
+from ._openmp cimport XF_OPENMP_ENABLED, omp_get_max_threads
+
 cdef extern from "numpy/arrayobject.h":
     object PyArray_Scalar(void *data, cnp.dtype descr, object base)
 
@@ -48,7 +50,7 @@ cdef inline int plain_reduction(object reduction) noexcept:
 
 cdef inline bint plain_options(object empty_mean, object nan_policy, object n_threads) noexcept:
     # any valid thread count: below PLAIN_MAX_ELEMENTS every one of them means a single thread (the
-    # softmax lane's larger calls resolve it as xentfast._threads does, _xent._plain_threads)
+    # lanes' larger calls resolve it as xentfast._threads does, plain_threads)
     return (type(empty_mean) is str and (empty_mean == "nan" or empty_mean == "zero")
             and type(nan_policy) is str and nan_policy == "propagate"
             and (n_threads is None or (type(n_threads) is int and n_threads != 0)))
@@ -93,3 +95,19 @@ cdef inline object plain_scalar(double total, bint f32):
     if f32:
         return PyArray_Scalar(&v32, cnp.PyArray_DescrFromType(cnp.NPY_FLOAT32), None)
     return PyArray_Scalar(&total, cnp.PyArray_DescrFromType(cnp.NPY_FLOAT64), None)
+
+
+cdef inline int plain_threads(object n_threads, Py_ssize_t n_elements):
+    """xentfast._threads.threads_for at C level, for the lanes' larger calls (n_threads: None or a nonzero
+    int, plain_options); 0 for a count beyond long long, which the general path then handles."""
+    cdef long long wanted = -1
+    if n_threads is not None:
+        try:
+            wanted = n_threads
+        except OverflowError:
+            return 0
+    if not XF_OPENMP_ENABLED:
+        return 1
+    if wanted < 0:
+        wanted = max(1, omp_get_max_threads() + 1 + wanted)
+    return <int>max(1, min(wanted, <long long>(n_elements // PLAIN_MIN_ELEMENTS_PER_THREAD)))

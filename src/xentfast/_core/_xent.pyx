@@ -30,7 +30,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 from cpython.pycapsule cimport PyCapsule_New
 
-from ._openmp cimport XF_OPENMP_ENABLED, omp_get_max_threads
+from ._openmp cimport omp_get_max_threads
 
 cdef extern from "fp_ieee.h" nogil:
     ctypedef unsigned long long xf_fp_state
@@ -657,7 +657,7 @@ cimport numpy as cnp
 from libc.math cimport frexp, ldexp, fabs
 
 from ._plain cimport (PLAIN_MAX_ELEMENTS, PLAIN_MIN_ELEMENTS_PER_THREAD, plain_float_array, plain_options,
-                      plain_out, plain_reduction, plain_scalar, plain_zero)
+                      plain_out, plain_reduction, plain_scalar, plain_threads, plain_zero)
 
 cnp.import_array()
 
@@ -669,25 +669,10 @@ LANE_MIN_ELEMENTS_PER_THREAD = PLAIN_MIN_ELEMENTS_PER_THREAD
 cdef double _TINY_SUM = TINY_SUM_PER_TERM
 
 
-cdef int _plain_threads(object n_threads, Py_ssize_t n_elements):
-    # xentfast._threads.threads_for at C level (n_threads: None or a nonzero int, plain_options); 0 for a
-    # count beyond long long, which the general path then handles
-    cdef long long wanted = -1
-    if n_threads is not None:
-        try:
-            wanted = n_threads
-        except OverflowError:
-            return 0
-    if not XF_OPENMP_ENABLED:
-        return 1
-    if wanted < 0:
-        wanted = max(1, omp_get_max_threads() + 1 + wanted)
-    return <int>max(1, min(wanted, <long long>(n_elements // PLAIN_MIN_ELEMENTS_PER_THREAD)))
-
-
 def lane_threads(n_threads, Py_ssize_t n_elements):
-    """The lane's thread count (tests/test_plain_lane.py holds it to xentfast._threads.threads_for)."""
-    return _plain_threads(n_threads, n_elements)
+    """The lane's thread count (plain_threads; tests/test_plain_lane.py holds it to
+    xentfast._threads.threads_for)."""
+    return plain_threads(n_threads, n_elements)
 
 
 cdef object _plain_xent(object input, object target, object ignore_index, int red, object out,
@@ -719,7 +704,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     if N * C >= PLAIN_MAX_ELEMENTS:
         if C > XF_GROUP_MAX_C:
             return NotImplemented
-        n_team = _plain_threads(n_threads, N * C)
+        n_team = plain_threads(n_threads, N * C)
         if n_team < 1:
             return NotImplemented
     if type(ignore_index) is not int:
