@@ -271,8 +271,9 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
 # and shape, no weights, no ignore value, the default NaN policy), recognised by C-level tests and run
 # with the block function and the in-kernel sum the general path would use for it, on the calling thread,
 # or for a larger call on the threads xentfast._threads would start (saves the ~30 us of Python around
-# the kernel: ~15 % of a 256x256 float32 call on two threads).  Anything else, and a target outside [0, 1], nothing to average, a sum small enough for the tiny-terms
-# rerun or a mean beyond DBL_MAX, returns NotImplemented: the general path then decides (and raises).
+# the kernel: ~15 % of a 256x256 float32 call on two threads).  Anything else, and a target outside
+# [0, 1], nothing to average, a sum small enough for the tiny-terms rerun or a mean beyond DBL_MAX,
+# returns NotImplemented: the general path then decides (and raises).
 
 cimport numpy as cnp
 from libc.math cimport fabs
@@ -317,30 +318,39 @@ def unit_targets(const floating[::1] t, int n_threads):
     return ok
 
 
+cdef inline void _bce_block(const void *xp, const void *tp, const xf_bin_args *a, Py_ssize_t n, Py_ssize_t b,
+                            void *lp, void *gp, bint f32) noexcept nogil:
+    # block b of the lane's call: the general path's block, whichever thread runs it
+    cdef Py_ssize_t off = b * XF_BIN_BLOCK
+    cdef Py_ssize_t blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
+    if f32:
+        B32.bce_logits_block(<const float *>xp, <const float *>tp, off, blen, a, NULL, <float *>lp, <float *>gp)
+    else:
+        B64.bce_logits_block(<const double *>xp, <const double *>tp, off, blen, a, NULL, <double *>lp,
+                             <double *>gp)
+
+
 cdef void _bce_blocks(const void *xp, const void *tp, const xf_bin_args *a, Py_ssize_t n, void *lp,
                       void *gp, bint f32, int n_threads) noexcept nogil:
-    # the lane's blocks on n_threads threads (one block's result never depends on which thread runs it)
+    # the lane's blocks: on the calling thread, or on a team of n_threads
     cdef Py_ssize_t nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
-    cdef Py_ssize_t b, off, blen
+    cdef Py_ssize_t b
     cdef xf_fp_state fp_thread
+    if n_threads == 1:
+        for b in range(nb):
+            _bce_block(xp, tp, a, n, b, lp, gp, f32)
+        return
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
         for b in prange(nb, schedule="guided"):
-            off = b * XF_BIN_BLOCK
-            blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
-            if f32:
-                B32.bce_logits_block(<const float *>xp, <const float *>tp, off, blen, a, NULL, <float *>lp,
-                                     <float *>gp)
-            else:
-                B64.bce_logits_block(<const double *>xp, <const double *>tp, off, blen, a, NULL, <double *>lp,
-                                     <double *>gp)
+            _bce_block(xp, tp, a, n, b, lp, gp, f32)
         xf_fp_ieee_leave(fp_thread)
 
 
 cdef object _plain_bce_logits(object input, object target, int red, object out, bint with_grad,
                               object n_threads):
     cdef cnp.ndarray x, t, g, loss_o
-    cdef Py_ssize_t n, nb, b, off, blen
+    cdef Py_ssize_t n, nb
     cdef xf_bin_args a
     cdef double *part = NULL
     cdef double hi = 0.0, lo = 0.0, total = 0.0
@@ -410,18 +420,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
         a.part = part
     with nogil:
         fp_saved = xf_fp_ieee_enter()
-        if n_team > 1:
-            _bce_blocks(xp, tp, &a, n, lp, gp, f32, n_team)
-        else:
-            for b in range(nb):
-                off = b * XF_BIN_BLOCK
-                blen = min(n - off, <Py_ssize_t>XF_BIN_BLOCK)
-                if f32:
-                    B32.bce_logits_block(<const float *>xp, <const float *>tp, off, blen, &a, NULL,
-                                         <float *>lp, <float *>gp)
-                else:
-                    B64.bce_logits_block(<const double *>xp, <const double *>tp, off, blen, &a, NULL,
-                                         <double *>lp, <double *>gp)
+        _bce_blocks(xp, tp, &a, n, lp, gp, f32, n_team)
         if red != 0:
             xf_ddsum_tree(part, nb)
             hi = part[0]

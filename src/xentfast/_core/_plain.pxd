@@ -12,7 +12,7 @@ cdef extern from "numpy/arrayobject.h":
 
 # below this many elements xentfast._threads gives every call a single thread (threads_for: at most
 # n // MIN_ELEMENTS_PER_THREAD = 1 thread), so the lane runs on the calling thread like the general path
-# (the softmax lane also takes larger calls of short rows, on xentfast._threads' count of threads)
+# (both lanes also take larger calls, on the threads xentfast._threads would start: plain_threads)
 cdef enum:
     PLAIN_MIN_ELEMENTS_PER_THREAD = 16384
     PLAIN_MAX_ELEMENTS = 2 * PLAIN_MIN_ELEMENTS_PER_THREAD

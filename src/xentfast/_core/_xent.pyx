@@ -255,9 +255,16 @@ cdef void _xent_row_group(const floating *x, floating *grad, const XentArgs *a, 
 
 cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a, Py_ssize_t N, double *loss,
                           int n_threads) noexcept nogil:
-    # every group of a call on n_threads threads (softmax_xent, and the plain-call lane's larger calls)
+    # every group of a call (softmax_xent, the plain-call lane): on the calling thread for one thread (no
+    # team to start: the lane's small calls take ~3 us in all), else on a team of n_threads
     cdef Py_ssize_t g
     cdef xf_fp_state fp_thread
+    if n_threads == 1:
+        fp_thread = xf_fp_ieee_enter()
+        for g in range((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
+            _xent_row_group(x, grad, a, N, g, loss)
+        xf_fp_ieee_leave(fp_thread)
+        return
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
         for g in prange((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS, schedule="guided"):
@@ -752,23 +759,13 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     # flush-to-zero would otherwise flush a subnormal result)
     with nogil:
         fp_saved = xf_fp_ieee_enter()
-        # the general path's rows: short ones side by side (_xent_row_group), the same bits; a team
-        # only where xentfast._threads would start one (none to start on one thread)
-        if n_team > 1:
-            if f32:
-                _xent_row_groups(<const float *>cnp.PyArray_DATA(x),
-                                 <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
-            else:
-                _xent_row_groups(<const double *>cnp.PyArray_DATA(x),
-                                 <double *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
-        elif f32:
-            for i in range((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
-                _xent_row_group(<const float *>cnp.PyArray_DATA(x),
-                                <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, i, loss)
+        # the general path's rows: short ones side by side (_xent_row_group), the same bits
+        if f32:
+            _xent_row_groups(<const float *>cnp.PyArray_DATA(x),
+                             <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
         else:
-            for i in range((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
-                _xent_row_group(<const double *>cnp.PyArray_DATA(x),
-                                <double *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, i, loss)
+            _xent_row_groups(<const double *>cnp.PyArray_DATA(x),
+                             <double *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
         if red == 0:
             for i in range(N):
                 if f32:
