@@ -110,6 +110,19 @@ def test_the_lanes_take_ordinary_small_calls(dtype, reduction):
             x, t, reduction=reduction, n_threads=n_threads) is not NotImplemented
 
 
+def _lanes_take_it(loss_pair, grad_pair, args, **kw):
+    """The lanes of a loss and of its _with_grad (LANES entries) take the call, with the general path's
+    bits (the gradient into the caller's `out`)."""
+    (public, lane), (public_grad, lane_grad) = loss_pair, grad_pair
+    got = lane(*args, **kw)
+    assert got is not NotImplemented
+    _same_bits(got, _general(public)(*args, **kw))
+    out = np.empty_like(args[0])
+    fused = lane_grad(*args, out=out, **kw)
+    assert fused is not NotImplemented and fused[1] is out
+    _same_bits(fused, _general(public_grad)(*args, **kw))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("shape", [(4100, 10), (257, 129), (130, _xent.GROUP_MAX_C)], ids=str)
@@ -126,14 +139,7 @@ def test_the_softmax_lane_takes_larger_calls_of_short_rows(dtype, reduction, sha
     y = rng.integers(0, c, n)
     y[::7] = -100
     for n_threads in (None, 1, 2, 3, -1):
-        kw = dict(reduction=reduction, n_threads=n_threads)
-        lane = _xent.plain_cross_entropy(x, y, **kw)
-        assert lane is not NotImplemented
-        _same_bits(lane, _general(xf.cross_entropy)(x, y, **kw))
-        out = np.empty_like(x)
-        fused = _xent.plain_cross_entropy_with_grad(x, y, out=out, **kw)
-        assert fused is not NotImplemented and fused[1] is out
-        _same_bits(fused, _general(xf.cross_entropy_with_grad)(x, y, **kw))
+        _lanes_take_it(LANES[0], LANES[1], (x, y), reduction=reduction, n_threads=n_threads)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
@@ -148,14 +154,7 @@ def test_the_binary_lane_takes_larger_calls(dtype, reduction, shape):
     x.flat[[5, 900, 40000]] = np.nan, np.inf, -np.inf
     t = np.where(rng.random(shape) < 0.5, rng.random(shape), rng.random(shape) < 0.5).astype(dtype)
     for n_threads in (None, 1, 2, 3, -1):
-        kw = dict(reduction=reduction, n_threads=n_threads)
-        lane = _binary.plain_binary_cross_entropy_with_logits(x, t, **kw)
-        assert lane is not NotImplemented
-        _same_bits(lane, _general(xf.binary_cross_entropy_with_logits)(x, t, **kw))
-        out = np.empty_like(x)
-        fused = _binary.plain_binary_cross_entropy_with_logits_with_grad(x, t, out=out, **kw)
-        assert fused is not NotImplemented and fused[1] is out
-        _same_bits(fused, _general(xf.binary_cross_entropy_with_logits_with_grad)(x, t, **kw))
+        _lanes_take_it(LANES[2], LANES[3], (x, t), reduction=reduction, n_threads=n_threads)
     bad = t.copy()
     bad.flat[-1] = 1.5
     assert _binary.plain_binary_cross_entropy_with_logits(x, bad, n_threads=2) is NotImplemented
