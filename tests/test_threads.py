@@ -187,6 +187,25 @@ def cpu_path_back():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 48, 49, 64, 65, 80, 81, 128, 129, 255, 256, 257])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back, path, dtype, c):
+    # xf_short_rows_family: log_softmax and softmax of GROUP_ROWS rows side by side, with the bits the row
+    # path gives each row; the rows it does not take (and a last partial group) through the row path itself
+    _xent.set_cpu_path(path)
+    n = 50 * _xent.GROUP_ROWS + 3
+    x, _ = _short_rows(dtype, n, c, seed=c, ignore=-100)
+    for mode, public in ((1, xf.log_softmax), (2, xf.softmax)):
+        got, want = np.full_like(x, 7.0), np.full_like(x, 7.0)
+        _xent.softmax_family(x, got, np.empty(0), mode, 1, False, True)
+        _xent.softmax_family(x, want, np.empty(0), mode, 1, False, False)
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), mode
+        # the comparison has teeth (rows the groups hand back were there); the API gives the same bits
+        assert np.isnan(want).any() and np.isfinite(want).all(axis=1).sum() > n // 2
+        assert np.array_equal(public(x, n_threads=2).view(np.uint8), want.view(np.uint8)), mode
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 32, 33, 48, 49, 64, 65, 79, 80, 81, 100, 128, 129, 255, 256, 257])
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted-ignore-3"])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())

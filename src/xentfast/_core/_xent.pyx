@@ -91,6 +91,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
+        unsigned (*short_rows_family)(const float *, float *, long long, int) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
         void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
         void (*sumexp_block)(const double *, long long, double, long long, int, double *, double *,
@@ -109,6 +110,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*softmax_block)(const double *, double *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
+        unsigned (*short_rows_family)(const double *, double *, long long, int) noexcept nogil
     enum: XF_PATH_BASELINE
     enum: XF_PATH_AVX2
     int xf_cpu_supports_path(int path)
@@ -519,15 +521,36 @@ cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:
     return NAN if job.has_nan else job.m
 
 
+cdef void _softmax_family_group(const floating *x, floating *out, Py_ssize_t C, int mode, Py_ssize_t N,
+                                Py_ssize_t g) noexcept nogil:
+    # rows [g R, g R + R) of log_softmax / softmax: side by side where they qualify (xf_short_rows_family,
+    # softmax_rows.h), the others and a last partial group through _softmax_family_row, whose bits the
+    # group reproduces
+    cdef Py_ssize_t i0 = g * XF_GROUP_ROWS
+    cdef Py_ssize_t r
+    cdef unsigned done = 0
+    if i0 + XF_GROUP_ROWS <= N:
+        if floating is float:
+            done = K32.short_rows_family(x + i0 * C, out + i0 * C, C, mode)
+        else:
+            done = K64.short_rows_family(x + i0 * C, out + i0 * C, C, mode)
+    for r in range(min(<Py_ssize_t>XF_GROUP_ROWS, N - i0)):
+        if not ((done >> r) & 1):
+            _softmax_family_row(x, out, NULL, C, mode, i0 + r)
+
+
 def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] lse, int mode,
-                   int n_threads, bint has_lse):
-    """mode 0: logsumexp only (into lse); 1: log_softmax into out; 2: softmax into out."""
+                   int n_threads, bint has_lse, bint row_groups=True):
+    """mode 0: logsumexp only (into lse); 1: log_softmax into out; 2: softmax into out.
+
+    row_groups=False: short rows one by one even where groups apply (the tests compare the two)."""
     cdef Py_ssize_t N = x.shape[0]
     cdef Py_ssize_t C = x.shape[1]
     cdef Py_ssize_t i
     cdef floating *op = NULL
     cdef double *lp = NULL
     cdef xf_fp_state fp_thread
+    cdef bint groups = row_groups and mode != 0 and not has_lse and C <= XF_GROUP_MAX_C
     if N == 0 or C == 0:
         return
     if mode != 0:
@@ -537,8 +560,12 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
     with nogil:
         with parallel(num_threads=n_threads):
             fp_thread = xf_fp_ieee_enter()
-            for i in prange(N, schedule="guided"):
-                _softmax_family_row(&x[0, 0], op, lp, C, mode, i)
+            if groups:
+                for i in prange((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS, schedule="guided"):
+                    _softmax_family_group(&x[0, 0], op, C, mode, N, i)
+            else:
+                for i in prange(N, schedule="guided"):
+                    _softmax_family_row(&x[0, 0], op, lp, C, mode, i)
             xf_fp_ieee_leave(fp_thread)
 
 

@@ -1011,19 +1011,19 @@ XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_co
 typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 : -1];
 #endif
 
-XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_form)(
-    const XF_T *x, XF_T *grad, long long C, const int64_t *y, long long ignore_index, const double *w,
-    double loss_scale, double scale, const double *row_scale, double *loss, const int has_grad)
+/* What every group needs of its rows, by the row kernel's steps (see above): the rows transposed into xt
+ * (xt[j][r] = row r's entry j), each row's max m (as double), first argmax and double-double sum hi + lo
+ * of exp(x_j - m) over every class but the argmax, and ok: the row is finite, within max_spread of its max
+ * (the unclamped exponentials: XF_NORMAL_SPREAD, or 600 where the row kernel keeps the exponentials for a
+ * gradient) and, float64, needs no rescued sum.  With want_kept, each exponential as the sum pass stores
+ * it (XF_STORE_SCALE) into kept. */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_stats)(
+    const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], double *m, double *hi,
+    double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept)
 {
     enum { R = XF_GROUP_ROWS };
-    XF_T xt[XF_GROUP_MAX_C][R];
-    /* with a gradient: each exp(x_j - m) as the row kernel's sum pass stores it (XF_STORE_SCALE) */
-    XF_T kept[XF_GROUP_MAX_C][R];
-    double m[R], mn[R], hi[R], lo[R], f[R], g_y[R], x_y[R], w_y[R], scale_r[R];
+    double mn[R];
     double acc[XF_LANES][R], cmp[XF_LANES][R];
-    long long argmax[R], target[R];
-    int ok[R], ignored[R], y_is_max[R];
-    unsigned done = 0;
     long long j;
     int r, k;
     {
@@ -1080,7 +1080,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
      * XF_NORMAL_SPREAD of it; with a gradient also xf_rowjob_plan's kept exponentials (600) */
 #pragma omp simd
     for (r = 0; r < R; r++) {
-        ok[r] &= (m[r] < XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= (has_grad ? 600.0 : XF_NORMAL_SPREAD));
+        ok[r] &= (m[r] < XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= max_spread);
     }
     /* the first index attaining the max */
     for (j = C - 1; j >= 0; j--) {
@@ -1105,7 +1105,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 #pragma omp simd
         for (r = 0; r < R; r++) {
             double e = XF_EXP_MINUS_NORMAL(xt[j][r], m[r]);
-            if (has_grad) {
+            if (want_kept) {
                 kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
             }
             e = (j == argmax[r]) ? 0.0 : e;
@@ -1119,7 +1119,28 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 #pragma omp simd
     for (r = 0; r < R; r++) {
         xf_lanes_to_dd_strided(&acc[0][r], &cmp[0][r], R, &hi[r], &lo[r]);
+#if XF_COMPENSATED
+        /* float64 sums below 2^-900 are summed again, scaled (xf_rowjob_rescue_tiny_sum) */
+        ok[r] &= !((hi[r] < XF_TINY_SUM) & (hi[r] != 0.0));
+#endif
     }
+}
+
+XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_form)(
+    const XF_T *x, XF_T *grad, long long C, const int64_t *y, long long ignore_index, const double *w,
+    double loss_scale, double scale, const double *row_scale, double *loss, const int has_grad)
+{
+    enum { R = XF_GROUP_ROWS };
+    XF_T xt[XF_GROUP_MAX_C][R];
+    /* with a gradient: each exp(x_j - m) as the row kernel's sum pass stores it (XF_STORE_SCALE) */
+    XF_T kept[XF_GROUP_MAX_C][R];
+    double m[R], hi[R], lo[R], f[R], g_y[R], x_y[R], w_y[R], scale_r[R];
+    long long argmax[R], target[R];
+    int ok[R], ignored[R], y_is_max[R];
+    unsigned done = 0;
+    long long j;
+    int r;
+    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
@@ -1140,10 +1161,6 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
         double ce = xf_index_target_ce(x_y[r], m[r], log_s, w_y[r], w_loss);
         /* xf_weighted_log_s of a row without the rescue */
         ce = y_is_max[r] ? w_loss * log_s : ce;
-#if XF_COMPENSATED
-        /* float64 sums below 2^-900 are summed again, scaled (xf_rowjob_rescue_tiny_sum) */
-        ok[r] &= !((hi[r] < XF_TINY_SUM) & (hi[r] != 0.0));
-#endif
         if (has_grad) {
             /* xf_rowjob_finish's coefficient (no z-loss: A = w_y, coef_mult = 1; its rescaling of an
              * infinite one is left to the row kernel), the stored form's factor (xf_xent_grad_block) and
@@ -1188,6 +1205,75 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
         done |= (unsigned)(ok[r] != 0) << r;
     }
     return done;
+}
+
+/* log_softmax (mode 1) or softmax (mode 2) of XF_GROUP_ROWS rows side by side, with the bits of
+ * _xent.pyx's _softmax_family_row: its row statistics as xf_group_stats takes them, then the operations
+ * of its block functions (xf_log_softmax_block itself on each row; softmax's stored exponentials times
+ * the row's factor, XF_STORE_UNSCALE / S, through the transposed write-back).  Returns the rows done as a
+ * bit mask; the others (not finite, a spread beyond the unclamped exponentials, a rescued float64 sum)
+ * are the caller's, and nothing of theirs is written. */
+XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_family_form)(
+    const XF_T *x, XF_T *out, long long C, const int mode)
+{
+    enum { R = XF_GROUP_ROWS };
+    XF_T xt[XF_GROUP_MAX_C][R];
+    XF_T kept[XF_GROUP_MAX_C][R];
+    double m[R], hi[R], lo[R], f[R];
+    long long argmax[R];
+    int ok[R], ignored[R];
+    unsigned done = 0;
+    long long j;
+    int r;
+    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD, mode == 2);
+    if (mode == 1) {
+        for (r = 0; r < R; r++) {
+            if (ok[r]) {
+                XF_FN(xf_log_softmax_block)(x + r * C, out + r * C, C, m[r], xf_row_log_S(hi[r], lo[r]));
+            }
+        }
+    } else {
+        long long j_vec = 0;
+        for (r = 0; r < R; r++) {
+            /* xf_softmax_block's factor from xf_rowjob_div_S(job, 1) */
+#if XF_COMPENSATED
+            f[r] = xf_div_S(1.0, hi[r], lo[r]);
+#else
+            f[r] = XF_STORE_UNSCALE * xf_div_S(1.0, hi[r], lo[r]);
+#endif
+            ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
+        }
+#if defined(__AVX2__)
+        j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, out);
+#endif
+        for (r = 0; r < R; r++) {
+            if (ok[r]) {
+                for (j = j_vec; j < C; j++) {
+                    out[r * C + j] = (XF_T)((double)kept[j][r] * f[r]);
+                }
+            }
+        }
+    }
+    for (r = 0; r < R; r++) {
+        done |= (unsigned)(ok[r] != 0) << r;
+    }
+    return done;
+}
+
+/* the table's entry: modes 1 and 2 within the groups' limits (log_softmax as the forward pass, softmax,
+ * which keeps its exponentials, as the fused one), else 0 (no row done) */
+XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, long long C, int mode)
+{
+    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2)) {
+        return 0;
+    }
+    if (mode == 1) {
+        return XF_FN(xf_short_rows_family_form)(x, out, C, 1);
+    }
+    if (mode == 2) {
+        return XF_FN(xf_short_rows_family_form)(x, out, C, 2);
+    }
+    return 0;
 }
 
 /* grad (or NULL: the loss alone) may be x itself: the group reads its rows whole before it writes them.
