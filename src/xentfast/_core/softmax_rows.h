@@ -1209,8 +1209,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 
 /* log_softmax (mode 1) or softmax (mode 2) of XF_GROUP_ROWS rows side by side, with the bits of
  * _xent.pyx's _softmax_family_row: its row statistics as xf_group_stats takes them, then the operations
- * of its block functions (xf_log_softmax_block itself on each row; softmax's stored exponentials times
- * the row's factor, XF_STORE_UNSCALE / S, through the transposed write-back).  Returns the rows done as a
+ * of its block functions (xf_log_softmax_block's element across the rows; softmax's stored exponentials
+ * times the row's factor, XF_STORE_UNSCALE / S), written back through the transposition.  Returns the rows done as a
  * bit mask; the others (not finite, a spread beyond the unclamped exponentials, a rescued float64 sum)
  * are the caller's, and nothing of theirs is written. */
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_family_form)(
@@ -1225,15 +1225,28 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     unsigned done = 0;
     long long j;
     int r;
+    long long j_vec = 0;
     XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD, mode == 2);
+    for (r = 0; r < R; r++) {
+        ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
+    }
     if (mode == 1) {
+        double log_s[R];
+#pragma omp simd
         for (r = 0; r < R; r++) {
-            if (ok[r]) {
-                XF_FN(xf_log_softmax_block)(x + r * C, out + r * C, C, m[r], xf_row_log_S(hi[r], lo[r]));
+            log_s[r] = xf_row_log_S(hi[r], lo[r]);
+            f[r] = 1.0;
+        }
+        /* xf_log_softmax_block's element across the rows, into kept, then written back as softmax's
+         * factors are: times 1.0, which changes no value (a float widened, multiplied by one and rounded
+         * back is itself) */
+        for (j = 0; j < C; j++) {
+#pragma omp simd
+            for (r = 0; r < R; r++) {
+                kept[j][r] = (XF_T)xf_log_prob((double)xt[j][r], m[r], log_s[r]);
             }
         }
     } else {
-        long long j_vec = 0;
         for (r = 0; r < R; r++) {
             /* xf_softmax_block's factor from xf_rowjob_div_S(job, 1) */
 #if XF_COMPENSATED
@@ -1241,16 +1254,15 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
 #else
             f[r] = XF_STORE_UNSCALE * xf_div_S(1.0, hi[r], lo[r]);
 #endif
-            ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
         }
+    }
 #if defined(__AVX2__)
-        j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, out);
+    j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, out);
 #endif
-        for (r = 0; r < R; r++) {
-            if (ok[r]) {
-                for (j = j_vec; j < C; j++) {
-                    out[r * C + j] = (XF_T)((double)kept[j][r] * f[r]);
-                }
+    for (r = 0; r < R; r++) {
+        if (ok[r]) {
+            for (j = j_vec; j < C; j++) {
+                out[r * C + j] = (XF_T)((double)kept[j][r] * f[r]);
             }
         }
     }
@@ -1261,10 +1273,16 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
 }
 
 /* the table's entry: modes 1 and 2 within the groups' limits (log_softmax as the forward pass, softmax,
- * which keeps its exponentials, as the fused one), else 0 (no row done) */
+ * which keeps its exponentials, as the fused one), and at most XF_GROUP_FAMILY_MAX_C classes: the family's
+ * groups write every entry back through the transposition, and against its row path (one core, float32,
+ * 4096 rows, us, rows -> groups) they gain up to 160 classes and lose beyond (log_softmax C = 128 1190 ->
+ * 1018-1076, 160 1411-1419 -> 1324-1355, 200 1635 -> 1647-1680, 256 1923-1941 -> 2245-2258; softmax 128
+ * 1113-1122 -> 915-936, 160 1293-1336 -> 1143-1195, 200 1520-1534 -> 1494-1551, 256 1793-1813 -> 1925-
+ * 1995); else 0 (no row done) */
+#define XF_GROUP_FAMILY_MAX_C 160
 XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, long long C, int mode)
 {
-    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2)) {
+    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || C > XF_GROUP_FAMILY_MAX_C) {
         return 0;
     }
     if (mode == 1) {
@@ -1295,6 +1313,7 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_CAT
 #undef XF_CAT_
 #undef XF_GROUP_C_LIMIT
+#undef XF_GROUP_FAMILY_MAX_C
 #undef XF_STORE_SCALE
 #undef XF_STORE_UNSCALE
 #undef XF_EXP_MINUS
