@@ -926,8 +926,9 @@ typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_G
                                                       XF_GROUP_C_LIMIT(1) <= XF_GROUP_MAX_C) ? 1 : -1];
 
 #if defined(__AVX2__)
-/* The fused groups' gradient rows from their kept exponentials: kept holds the group's rows side by
- * side (kept[j][r]) and the gradient wants each row whole, so blocks of kept are transposed in
+/* A group's output rows from its kept buffer (the fused gradient from the kept exponentials; softmax's
+ * and log_softmax's outputs, xf_short_rows_family): kept holds the group's rows side by side
+ * (kept[j][r]) and the output wants each row whole, so blocks of kept are transposed in
  * registers (float: 8 columns x 8 rows by unpack, shuffle and permute; double: 4 x 4, each half of the
  * group), and each row's entries get the element loop's operations (float: widened, multiplied by f[r]
  * in double, rounded once; double: multiplied by f[r], the loop's `* 1.0` being exact) and are stored
@@ -1140,7 +1141,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     unsigned done = 0;
     long long j;
     int r;
-    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad);
+    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD,
+                          has_grad);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
@@ -1210,9 +1212,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 /* log_softmax (mode 1) or softmax (mode 2) of XF_GROUP_ROWS rows side by side, with the bits of
  * _xent.pyx's _softmax_family_row: its row statistics as xf_group_stats takes them, then the operations
  * of its block functions (xf_log_softmax_block's element across the rows; softmax's stored exponentials
- * times the row's factor, XF_STORE_UNSCALE / S), written back through the transposition.  Returns the rows done as a
- * bit mask; the others (not finite, a spread beyond the unclamped exponentials, a rescued float64 sum)
- * are the caller's, and nothing of theirs is written. */
+ * times the row's factor, XF_STORE_UNSCALE / S), written back through the transposition.  Returns the
+ * rows done as a bit mask; the others (not finite, a spread beyond the unclamped exponentials, a rescued
+ * float64 sum) are the caller's, and nothing of theirs is written. */
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_family_form)(
     const XF_T *x, XF_T *out, long long C, const int mode)
 {
