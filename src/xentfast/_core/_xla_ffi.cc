@@ -124,6 +124,22 @@ void fill(T *p, long long n, double v)
     }
 }
 
+// body(k) for every task k in [0, n_tasks), on nt OpenMP threads, each with IEEE subnormals ((f)), the
+// tasks handed out on demand ((c)): the handlers' parallel loop (xent_rows' row loop keeps a region of its
+// own, for its per-thread scratch row)
+template <typename Body>
+void on_threads(int nt, long long n_tasks, const Body &body)
+{
+#pragma omp parallel num_threads(nt)
+    {
+    IeeeDenormals ieee;
+#pragma omp for schedule(guided)
+    for (long long k = 0; k < n_tasks; ++k) {
+        body(k);
+    }
+    }
+}
+
 // _xent.pyx's _xent_one_row with: no class weights, no smoothing, scale 1, loss_scale 1 (reduction
 // "none"), the row's upstream factor g[i] (double, exact) when there is one.  Returns the row's loss.
 template <typename T>
@@ -150,13 +166,8 @@ double xent_one_row(const T *x, const int32_t *y, const T *t, const T *g, long l
 template <typename T>
 void xent_row_groups(const T *x, const int32_t *y, const T *g, long long N, long long C, T *loss, T *grad)
 {
-    const int nt = threads_for(N * C);
     const long long n_groups = (N + XF_GROUP_ROWS - 1) / XF_GROUP_ROWS;
-#pragma omp parallel num_threads(nt)
-    {
-    IeeeDenormals ieee;
-#pragma omp for schedule(guided)
-    for (long long k = 0; k < n_groups; ++k) {
+    on_threads(threads_for(N * C), n_groups, [=](long long k) {
         const long long i0 = k * XF_GROUP_ROWS;
         const long long n = std::min(N - i0, static_cast<long long>(XF_GROUP_ROWS));
         int64_t labels[XF_GROUP_ROWS];
@@ -179,8 +190,7 @@ void xent_row_groups(const T *x, const int32_t *y, const T *g, long long N, long
                 loss[i0 + r] = static_cast<T>(losses[r]);  // the NumPy API's astype, as below
             }
         }
-    }
-    }
+    });
 }
 
 template <typename T>
@@ -216,12 +226,7 @@ template <typename T>
 void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
 {
     const auto *K = Tables<T>::softmax();
-    const int nt = threads_for(N * C);
-#pragma omp parallel num_threads(nt)
-    {
-    IeeeDenormals ieee;
-#pragma omp for schedule(guided)
-    for (long long i = 0; i < N; ++i) {
+    on_threads(threads_for(N * C), N, [=](long long i) {
         xf_rowjob job;
         xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1);
         K->row_max(x + i * C, C, &job);
@@ -238,8 +243,7 @@ void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
         for (long long j = 0; j < C; ++j) {
             out[i * C + j] = -(gi * out[i * C + j]);
         }
-    }
-    }
+    });
 }
 
 // _binary.pyx's elementwise(OP_BCE_LOGITS) with no weights, no ignore value, scale 1; the upstream
@@ -267,32 +271,18 @@ void bce_elements(const T *x, const T *y, const double *g, long long n, T *loss,
     a.part = nullptr;
     xf_bin_prob_mode_init(&a.mode, 0, 0.0, 0, 0.0);
     const long long nb = (n + XF_BIN_BLOCK - 1) / XF_BIN_BLOCK;
-    const int nt = threads_for(n);
-#pragma omp parallel num_threads(nt)
-    {
-    IeeeDenormals ieee;
-#pragma omp for schedule(guided)
-    for (long long b = 0; b < nb; ++b) {
+    on_threads(threads_for(n), nb, [&](long long b) {
         const long long off = b * XF_BIN_BLOCK;
         const long long blen = std::min(n - off, static_cast<long long>(XF_BIN_BLOCK));
         K->bce_logits_block(x, y, off, blen, &a, nullptr, loss, grad);
-    }
-    }
+    });
 }
 
 // The labels' gradient of the binary loss, -g x: the loss is linear in y with slope exactly -x
 template <typename T>
 void neg_product(const T *g, const T *x, T *out, long long n)
 {
-    const int nt = threads_for(n);
-#pragma omp parallel num_threads(nt)
-    {
-    IeeeDenormals ieee;
-#pragma omp for schedule(guided)
-    for (long long i = 0; i < n; ++i) {
-        out[i] = -(g[i] * x[i]);
-    }
-    }
+    on_threads(threads_for(n), n, [=](long long i) { out[i] = -(g[i] * x[i]); });
 }
 
 template <typename T>
