@@ -430,6 +430,24 @@ def test_masked_classes_contribute_exactly_zero(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C", [1, 3, 300], ids=["one-class-groups", "short-rows", "long-rows"])
+def test_a_probability_of_exactly_one_has_log_zero_of_torchs_sign(dtype, C):
+    """log p = 0 exactly (one class, the others masked or below the exponential's range) is +0.0, as torch's
+    (x - max) - logsumexp gives, on the short-row groups and the row path; the loss there is +0.0 too."""
+    x = np.full((16, C), -np.inf, dtype=dtype)
+    x[:, 0] = np.arange(16) - 8.0
+    if C > 1:
+        x[8:, 1:] = x[8:, :1] - 800.0  # finite, exp(-800) == 0: S = 1 exactly
+    logp = xf.log_softmax(x)
+    assert (logp[:, 0] == 0).all() and not np.signbit(logp[:, 0]).any()
+    loss = xf.cross_entropy(x, np.zeros(16, dtype=np.int64), reduction="none")
+    assert (loss == 0).all() and not np.signbit(loss).any()
+    torch = pytest.importorskip("torch")
+    want = torch.log_softmax(torch.from_numpy(x), 1).numpy()
+    assert np.array_equal(logp, want) and np.array_equal(np.signbit(logp), np.signbit(want))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_neg_inf_target_logit_gives_inf_loss_finite_gradient(dtype):
     x = np.array([[1.0, -np.inf, 2.0]], dtype=dtype)
     loss, grad = xf.cross_entropy_with_grad(x, np.array([1]), reduction="none")

@@ -87,7 +87,7 @@ cdef extern from "xent_kernels.h" nogil:
                            const double *, double *) noexcept nogil
         void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
                           double *) noexcept nogil
-        void (*log_softmax_block)(const float *, float *, long long, double, double) noexcept nogil
+        void (*log_softmax_block)(const float *, float *, long long, double, double, int) noexcept nogil
         void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
@@ -106,7 +106,7 @@ cdef extern from "xent_kernels.h" nogil:
                            const double *, double *) noexcept nogil
         void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
                           double *) noexcept nogil
-        void (*log_softmax_block)(const double *, double *, long long, double, double) noexcept nogil
+        void (*log_softmax_block)(const double *, double *, long long, double, double, int) noexcept nogil
         void (*softmax_block)(const double *, double *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
@@ -504,9 +504,11 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
         blen = min(C - b0, block)
         if mode == 1:
             if floating is float:
-                K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
+                K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s,
+                                          job.exp_normal)
             else:
-                K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s)
+                K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s,
+                                          job.exp_normal)
         else:
             if floating is float:
                 K32.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, inv_s)

@@ -716,10 +716,19 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
     XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, 0);
 }
 
-/* log_softmax / softmax of a block from the row statistics. */
-XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s)
+/* log_softmax / softmax of a block from the row statistics.  finite: every x_j - m of the row is finite
+ * (job->exp_normal), so xf_log_prob_finite gives the same bits with ~a quarter fewer operations. */
+XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s,
+                                           int finite)
 {
     long long j;
+    if (finite) {
+#pragma omp simd
+        for (j = 0; j < n; j++) {
+            out[j] = (XF_T)xf_log_prob_finite((double)x[j], m, log_s);
+        }
+        return;
+    }
 #pragma omp simd
     for (j = 0; j < n; j++) {
         out[j] = (XF_T)xf_log_prob((double)x[j], m, log_s);
@@ -1245,7 +1254,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
         for (j = 0; j < C; j++) {
 #pragma omp simd
             for (r = 0; r < R; r++) {
-                kept[j][r] = (XF_T)xf_log_prob((double)xt[j][r], m[r], log_s[r]);
+                kept[j][r] = (XF_T)xf_log_prob_finite((double)xt[j][r], m[r], log_s[r]);
             }
         }
     } else {

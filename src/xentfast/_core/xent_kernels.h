@@ -40,7 +40,7 @@
         void (*row_sum)(const T *, long long, xf_rowjob *, T *, double *);                               \
         double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *, double *); \
         void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
-        void (*log_softmax_block)(const T *, T *, long long, double, double);                            \
+        void (*log_softmax_block)(const T *, T *, long long, double, double, int);                       \
         void (*softmax_block)(const T *, T *, long long, double, double);                                \
         unsigned (*short_rows)(const T *, T *, long long, const int64_t *, long long, const double *,      \
                                double, double, const double *, double *);                                 \

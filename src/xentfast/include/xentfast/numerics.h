@@ -185,11 +185,26 @@ XF_HD double xf_neg_log_prob(double x, double m, double log_s)
     return d + (log_s + d_err);
 }
 
-/* log p_j = (x_j - m) - log S: same evaluation as xf_neg_log_prob with the signs flipped (negation is
- * exact), so log_softmax and the per-row loss agree bit for bit. */
+/* log p_j = (x_j - m) - log S: xf_neg_log_prob's evaluation with every sign flipped.  TwoSum's error is
+ * exact whatever the order of its operands, and round-to-nearest is symmetric, so the result is
+ * -xf_neg_log_prob bit for bit (log_softmax and the per-row loss agree), except at an exact zero: a
+ * probability of exactly 1 gives +0.0, as torch's (x - max) - logsumexp does, where the negated sum gave
+ * -0.0. */
 XF_HD double xf_log_prob(double x, double m, double log_s)
 {
-    return -xf_neg_log_prob(x, m, log_s);
+    double d, d_err;
+    xf_two_sum(x, -m, &d, &d_err);
+    d_err = (d - d == 0.0) ? d_err : 0.0;
+    return d - (log_s - d_err);
+}
+
+/* xf_log_prob where x - m is finite (x finite, as in a row the unclamped exponentials take): the same
+ * bits without the test for an infinite difference */
+XF_HD double xf_log_prob_finite(double x, double m, double log_s)
+{
+    double d, d_err;
+    xf_two_sum(x, -m, &d, &d_err);
+    return d - (log_s - d_err);
 }
 
 /* ---- binary (sigmoid) pieces ---------------------------------------------------------------------- */
