@@ -32,6 +32,8 @@ def _calls(n_threads):
         *xf.cross_entropy_with_grad(x, y, reduction="none", n_threads=n_threads),
         xf.cross_entropy(x, y, reduction="sum", n_threads=n_threads),
         xf.logsumexp(np.array([[-1e-320, -np.inf]]), n_threads=n_threads),
+        # float32 from its bits: a conversion under flush-to-zero would flush the input itself
+        xf.logsumexp(np.array([[0x80000400, 0xFF800000]], dtype=np.uint32).view(np.float32), n_threads=n_threads),
         xf.softmax(x, n_threads=n_threads),
         *xf.binary_cross_entropy_with_logits_with_grad(xb, t, reduction="none", n_threads=n_threads),
         xf.binary_cross_entropy_with_logits(xb, t, reduction="mean", n_threads=n_threads),

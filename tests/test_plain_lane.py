@@ -19,6 +19,12 @@ LANES = [
     (xf.binary_cross_entropy_with_logits, _binary.plain_binary_cross_entropy_with_logits),
     (xf.binary_cross_entropy_with_logits_with_grad, _binary.plain_binary_cross_entropy_with_logits_with_grad),
 ]
+# log_softmax, softmax and logsumexp: one lane (_plain_family), no labels and no reduction
+FAMILY_LANES = [
+    (xf.log_softmax, _xent.plain_log_softmax),
+    (xf.softmax, _xent.plain_softmax),
+    (xf.logsumexp, _xent.plain_logsumexp),
+]
 DTYPES = [np.float32, np.float64]
 REDUCTIONS = ["none", "mean", "sum"]
 ids = lambda d: np.dtype(d).name  # noqa: E731
@@ -39,7 +45,7 @@ def _same_bits(a, b):
     assert np.array_equal(np.atleast_1d(a).view(np.uint8), np.atleast_1d(b).view(np.uint8))
 
 
-@pytest.mark.parametrize("public, lane", LANES, ids=lambda f: getattr(f, "__name__", ""))
+@pytest.mark.parametrize("public, lane", LANES + FAMILY_LANES, ids=lambda f: getattr(f, "__name__", ""))
 def test_a_lane_takes_its_public_functions_signature(public, lane):
     # the decorator hands the caller's arguments to both; a parameter the lane lacked or defaulted
     # otherwise would change what a call means
@@ -158,6 +164,59 @@ def test_the_binary_lane_takes_larger_calls(dtype, reduction, shape):
     bad = t.copy()
     bad.flat[-1] = 1.5
     assert _binary.plain_binary_cross_entropy_with_logits(x, bad, n_threads=2) is NotImplemented
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_family_lane_gives_the_general_paths_bits(dtype, data):
+    x = data.draw(logits(dtype, max_rows=40, max_classes=60))
+    n_threads = data.draw(st.sampled_from([None, 1, 2]))
+    for public, lane in FAMILY_LANES:
+        want = _general(public)(x, n_threads=n_threads)
+        got = lane(x, n_threads=n_threads)
+        assert got is not NotImplemented or x.size == 0
+        if got is not NotImplemented:
+            _same_bits(got, want)
+        _same_bits(public(x, n_threads=n_threads), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("shape", [(4100, 10), (257, 129), (130, 160), (130, 161), (130, _xent.GROUP_MAX_C + 1),
+                                   (40, 5000), (3, 7, 50), (70,)], ids=str)
+def test_the_family_lane_takes_every_size(dtype, shape):
+    """Short rows side by side (the groups' limit for log_softmax / softmax and beyond it), long rows, more
+    than two dimensions and one, on the threads xentfast._threads would start; the rows the groups hand
+    back (NaN, +inf, all -inf, a spread beyond the exponentials) included: the general path's bits."""
+    rng = np.random.default_rng(shape[-1])
+    x = (3 * rng.standard_normal(shape)).astype(dtype)
+    rows = x.reshape(-1, shape[-1])
+    if rows.shape[0] > 64:
+        rows[5, 0], rows[17, -1], rows[40] = np.nan, np.inf, -np.inf
+        rows[63, 0] = 800.0
+        rows[50, : shape[-1] // 2] = -np.inf
+    for n_threads in (None, 1, 2, 3, -1):
+        for public, lane in FAMILY_LANES:
+            got = lane(x, n_threads=n_threads)
+            assert got is not NotImplemented
+            _same_bits(got, _general(public)(x, n_threads=n_threads))
+    assert _xent.plain_softmax(x, axis=x.ndim - 1) is not NotImplemented
+
+
+def test_the_family_lane_leaves_every_other_call_to_the_general_path():
+    x = np.random.default_rng(5).standard_normal((8, 10))
+    swapped = x.astype(x.dtype.newbyteorder())
+    for _, lane in FAMILY_LANES:
+        for kw in (dict(axis=0), dict(axis=True), dict(axis=np.int64(-1)), dict(n_threads=0), dict(n_threads=True),
+                   dict(n_threads=2**70)):
+            assert lane(x, **kw) is NotImplemented, kw
+        for xs in (x.astype(np.float16), x.T, x[:, :0], x[:0], np.float64(1.0), x.tolist(), swapped):
+            assert lane(xs) is NotImplemented
+    # and the public functions give the general path's answer (or its error) there
+    _same_bits(xf.log_softmax(swapped), _general(xf.log_softmax)(swapped))
+    _same_bits(xf.softmax(x.T), _general(xf.softmax)(x.T))
+    with pytest.raises(ValueError, match="axis"):
+        xf.logsumexp(np.float64(1.0))
 
 
 def test_the_lanes_start_the_threads_the_general_path_would():

@@ -941,7 +941,7 @@ def _softmax_family(input, axis, n_threads, mode):
     return xp.ascontiguousarray(_dtypes.round_to(_restore(out, batch_shape, ax, x.ndim), out_dtype))
 
 
-@_on_input_device
+@_on_input_device(plain_lane=_xent.plain_logsumexp)
 def logsumexp(input, axis=-1, *, n_threads=None):
     """log(sum(exp(input))) along ``axis``, without overflow.
 
@@ -965,7 +965,7 @@ def logsumexp(input, axis=-1, *, n_threads=None):
     return _softmax_family(input, axis, n_threads, 0)
 
 
-@_on_input_device
+@_on_input_device(plain_lane=_xent.plain_log_softmax)
 def log_softmax(input, axis=-1, *, n_threads=None):
     """``input - logsumexp(input)`` along ``axis``, evaluated as ``(x - m) - log1p(s)``.
 
@@ -980,7 +980,7 @@ def log_softmax(input, axis=-1, *, n_threads=None):
     return _softmax_family(input, axis, n_threads, 1)
 
 
-@_on_input_device
+@_on_input_device(plain_lane=_xent.plain_softmax)
 def softmax(input, axis=-1, *, n_threads=None):
     """``exp(input - logsumexp(input))`` along ``axis``.
 

@@ -541,6 +541,34 @@ cdef void _softmax_family_group(const floating *x, floating *out, Py_ssize_t C, 
             _softmax_family_row(x, out, NULL, C, mode, i0 + r)
 
 
+cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py_ssize_t N, Py_ssize_t C,
+                               int mode, int n_threads, bint row_groups) noexcept nogil:
+    # every row of a call (softmax_family, the plain-call lane): short rows side by side unless
+    # row_groups is off or the logsumexp is wanted; on the calling thread for one thread (no team to
+    # start, as _xent_row_groups), else on a team of n_threads
+    cdef Py_ssize_t i
+    cdef xf_fp_state fp_thread
+    cdef bint groups = row_groups and mode != 0 and lse == NULL and C <= XF_GROUP_MAX_C
+    cdef Py_ssize_t n_tasks = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS if groups else N
+    if n_threads == 1:
+        fp_thread = xf_fp_ieee_enter()
+        for i in range(n_tasks):
+            if groups:
+                _softmax_family_group(x, out, C, mode, N, i)
+            else:
+                _softmax_family_row(x, out, lse, C, mode, i)
+        xf_fp_ieee_leave(fp_thread)
+        return
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        for i in prange(n_tasks, schedule="guided"):
+            if groups:
+                _softmax_family_group(x, out, C, mode, N, i)
+            else:
+                _softmax_family_row(x, out, lse, C, mode, i)
+        xf_fp_ieee_leave(fp_thread)
+
+
 def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] lse, int mode,
                    int n_threads, bint has_lse, bint row_groups=True):
     """mode 0: logsumexp only (into lse); 1: log_softmax into out; 2: softmax into out.
@@ -548,11 +576,8 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
     row_groups=False: short rows one by one even where groups apply (the tests compare the two)."""
     cdef Py_ssize_t N = x.shape[0]
     cdef Py_ssize_t C = x.shape[1]
-    cdef Py_ssize_t i
     cdef floating *op = NULL
     cdef double *lp = NULL
-    cdef xf_fp_state fp_thread
-    cdef bint groups = row_groups and mode != 0 and not has_lse and C <= XF_GROUP_MAX_C
     if N == 0 or C == 0:
         return
     if mode != 0:
@@ -560,15 +585,7 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
     if has_lse:
         lp = &lse[0]
     with nogil:
-        with parallel(num_threads=n_threads):
-            fp_thread = xf_fp_ieee_enter()
-            if groups:
-                for i in prange((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS, schedule="guided"):
-                    _softmax_family_group(&x[0, 0], op, C, mode, N, i)
-            else:
-                for i in prange(N, schedule="guided"):
-                    _softmax_family_row(&x[0, 0], op, lp, C, mode, i)
-            xf_fp_ieee_leave(fp_thread)
+        _softmax_family_rows(&x[0, 0], op, lp, N, C, mode, n_threads, row_groups)
 
 
 cdef extern from "xentfast/ddsum.h" nogil:
@@ -844,3 +861,73 @@ def plain_cross_entropy_with_grad(input, target, weight=None, ignore_index=-100,
             or inplace is not False or not plain_options(empty_mean, nan_policy, n_threads)):
         return NotImplemented
     return _plain_xent(input, target, ignore_index, red, out, True, n_threads)
+
+
+cdef object _plain_family(object input, object axis, object n_threads, int mode):
+    # xentfast.log_softmax (mode 1), softmax (2) or logsumexp (0) of a float32/float64 NumPy array
+    # along its last axis: the rows and output of xentfast.api._softmax_family, which for these dtypes
+    # rounds nothing after the kernel (its output, and logsumexp's cast of the double row values, are
+    # the arrays returned here)
+    cdef cnp.ndarray x, res
+    cdef double *lse = NULL
+    cdef Py_ssize_t N, C, i
+    cdef int nd, n_team
+    cdef bint f32
+    cdef xf_fp_state fp_saved
+    if not plain_float_array(input):
+        return NotImplemented
+    x = <cnp.ndarray>input
+    nd = cnp.PyArray_NDIM(x)
+    if nd < 1 or type(axis) is not int or not (axis == -1 or axis == nd - 1):
+        return NotImplemented
+    if not (n_threads is None or (type(n_threads) is int and n_threads != 0)):
+        return NotImplemented
+    C = cnp.PyArray_DIMS(x)[nd - 1]
+    N = cnp.PyArray_SIZE(x) // C if C else 0
+    if N == 0 or C == 0:
+        return NotImplemented
+    n_team = plain_threads(n_threads, N * C)
+    if n_team < 1:
+        return NotImplemented
+    f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
+    if mode == 0:
+        res = cnp.PyArray_EMPTY(nd - 1, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+        lse = <double *>malloc(N * sizeof(double))
+        if lse == NULL:
+            return NotImplemented
+    else:
+        res = cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+    with nogil:
+        # logsumexp's float32 rounding inside the subnormal guard, as the kernels' own (a caller's
+        # flush-to-zero would otherwise flush a subnormal result)
+        fp_saved = xf_fp_ieee_enter()
+        if f32:
+            _softmax_family_rows(<const float *>cnp.PyArray_DATA(x),
+                                 NULL if mode == 0 else <float *>cnp.PyArray_DATA(res), lse, N, C, mode, n_team,
+                                 True)
+            for i in range(N if mode == 0 else 0):
+                (<float *>cnp.PyArray_DATA(res))[i] = <float>lse[i]
+        else:
+            _softmax_family_rows(<const double *>cnp.PyArray_DATA(x),
+                                 NULL if mode == 0 else <double *>cnp.PyArray_DATA(res), lse, N, C, mode,
+                                 n_team, True)
+            for i in range(N if mode == 0 else 0):
+                (<double *>cnp.PyArray_DATA(res))[i] = lse[i]
+        xf_fp_ieee_leave(fp_saved)
+    free(lse)
+    return res
+
+
+def plain_log_softmax(input, axis=-1, *, n_threads=None):
+    """xentfast.log_softmax for the plain call (the lane above), else NotImplemented."""
+    return _plain_family(input, axis, n_threads, 1)
+
+
+def plain_softmax(input, axis=-1, *, n_threads=None):
+    """xentfast.softmax for the plain call (the lane above), else NotImplemented."""
+    return _plain_family(input, axis, n_threads, 2)
+
+
+def plain_logsumexp(input, axis=-1, *, n_threads=None):
+    """xentfast.logsumexp for the plain call (the lane above), else NotImplemented."""
+    return _plain_family(input, axis, n_threads, 0)
