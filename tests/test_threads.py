@@ -190,11 +190,24 @@ def cpu_path_back():
 @pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 48, 49, 64, 65, 80, 81, 128, 129, 160, 161, 256, 257])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back, path, dtype, c):
-    # xf_short_rows_family: log_softmax and softmax of GROUP_ROWS rows side by side, with the bits the row
-    # path gives each row; the rows it does not take (and a last partial group) through the row path itself
+    # xf_short_rows_family: logsumexp, log_softmax and softmax of GROUP_ROWS rows side by side, with the
+    # bits the row path gives each row; the rows it does not take (and a last partial group) through the
+    # row path itself
     _xent.set_cpu_path(path)
     n = 50 * _xent.GROUP_ROWS + 3
     x, _ = _short_rows(dtype, n, c, seed=c, ignore=-100)
+    # logsumexp: rows of log-probabilities, whose m + log S cancels (the row path's exact logsumexp), and
+    # rows just off it
+    with np.errstate(invalid="ignore"):           # the NaN and +-inf rows
+        logp = x[::9] - np.logaddexp.reduce(x[::9].astype(np.float64), axis=1, keepdims=True)
+    x_lse = x.copy()
+    x_lse[::9] = np.where(np.arange(len(logp))[:, None] % 2, logp, logp + 1e-3)
+    got, want = np.full(n, 7.0), np.full(n, 7.0)
+    _xent.softmax_family(x_lse, np.empty((0, 0), dtype=dtype), got, 0, 1, True, True)
+    _xent.softmax_family(x_lse, np.empty((0, 0), dtype=dtype), want, 0, 1, True, False)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert np.isnan(want).any() and (np.abs(want) < 1e-6).sum() > 10
+    assert np.array_equal(xf.logsumexp(x_lse, n_threads=2).view(np.uint8), want.astype(dtype).view(np.uint8))
     for mode, public in ((1, xf.log_softmax), (2, xf.softmax)):
         got, want = np.full_like(x, 7.0), np.full_like(x, 7.0)
         _xent.softmax_family(x, got, np.empty(0), mode, 1, False, True)

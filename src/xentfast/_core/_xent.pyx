@@ -91,7 +91,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
-        unsigned (*short_rows_family)(const float *, float *, long long, int) noexcept nogil
+        unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
         void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
         void (*sumexp_block)(const double *, long long, double, long long, int, double *, double *,
@@ -110,7 +110,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*softmax_block)(const double *, double *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
-        unsigned (*short_rows_family)(const double *, double *, long long, int) noexcept nogil
+        unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
     enum: XF_PATH_BASELINE
     enum: XF_PATH_AVX2
     int xf_cpu_supports_path(int path)
@@ -523,38 +523,39 @@ cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:
     return NAN if job.has_nan else job.m
 
 
-cdef void _softmax_family_group(const floating *x, floating *out, Py_ssize_t C, int mode, Py_ssize_t N,
-                                Py_ssize_t g) noexcept nogil:
-    # rows [g R, g R + R) of log_softmax / softmax: side by side where they qualify (xf_short_rows_family,
-    # softmax_rows.h), the others and a last partial group through _softmax_family_row, whose bits the
-    # group reproduces
+cdef void _softmax_family_group(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
+                                Py_ssize_t N, Py_ssize_t g) noexcept nogil:
+    # rows [g R, g R + R) of logsumexp (mode 0, into lse) / log_softmax / softmax (into out): side by side
+    # where they qualify (xf_short_rows_family, softmax_rows.h), the others and a last partial group
+    # through _softmax_family_row, whose bits the group reproduces
     cdef Py_ssize_t i0 = g * XF_GROUP_ROWS
     cdef Py_ssize_t r
     cdef unsigned done = 0
+    cdef floating *group_out = NULL if mode == 0 else out + i0 * C
     if i0 + XF_GROUP_ROWS <= N:
         if floating is float:
-            done = K32.short_rows_family(x + i0 * C, out + i0 * C, C, mode)
+            done = K32.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, mode)
         else:
-            done = K64.short_rows_family(x + i0 * C, out + i0 * C, C, mode)
+            done = K64.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, mode)
     for r in range(min(<Py_ssize_t>XF_GROUP_ROWS, N - i0)):
         if not ((done >> r) & 1):
-            _softmax_family_row(x, out, NULL, C, mode, i0 + r)
+            _softmax_family_row(x, out, lse, C, mode, i0 + r)
 
 
 cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py_ssize_t N, Py_ssize_t C,
                                int mode, int n_threads, bint row_groups) noexcept nogil:
     # every row of a call (softmax_family, the plain-call lane): short rows side by side unless
-    # row_groups is off or the logsumexp is wanted; on the calling thread for one thread (no team to
-    # start, as _xent_row_groups), else on a team of n_threads
+    # row_groups is off; on the calling thread for one thread (no team to start, as _xent_row_groups),
+    # else on a team of n_threads.  lse: logsumexp's output (mode 0) and only then
     cdef Py_ssize_t i
     cdef xf_fp_state fp_thread
-    cdef bint groups = row_groups and mode != 0 and lse == NULL and C <= XF_GROUP_MAX_C
+    cdef bint groups = row_groups and (mode == 0) == (lse != NULL) and C <= XF_GROUP_MAX_C
     cdef Py_ssize_t n_tasks = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS if groups else N
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
         for i in range(n_tasks):
             if groups:
-                _softmax_family_group(x, out, C, mode, N, i)
+                _softmax_family_group(x, out, lse, C, mode, N, i)
             else:
                 _softmax_family_row(x, out, lse, C, mode, i)
         xf_fp_ieee_leave(fp_thread)
@@ -563,7 +564,7 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
         fp_thread = xf_fp_ieee_enter()
         for i in prange(n_tasks, schedule="guided"):
             if groups:
-                _softmax_family_group(x, out, C, mode, N, i)
+                _softmax_family_group(x, out, lse, C, mode, N, i)
             else:
                 _softmax_family_row(x, out, lse, C, mode, i)
         xf_fp_ieee_leave(fp_thread)

@@ -1218,14 +1218,16 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     return done;
 }
 
-/* log_softmax (mode 1) or softmax (mode 2) of XF_GROUP_ROWS rows side by side, with the bits of
- * _xent.pyx's _softmax_family_row: its row statistics as xf_group_stats takes them, then the operations
- * of its block functions (xf_log_softmax_block's element across the rows; softmax's stored exponentials
- * times the row's factor, XF_STORE_UNSCALE / S), written back through the transposition.  Returns the
- * rows done as a bit mask; the others (not finite, a spread beyond the unclamped exponentials, a rescued
- * float64 sum) are the caller's, and nothing of theirs is written. */
+/* logsumexp (mode 0, into lse), log_softmax (mode 1) or softmax (mode 2) of XF_GROUP_ROWS rows side by
+ * side, with the bits of _xent.pyx's _softmax_family_row: its row statistics as xf_group_stats takes
+ * them, then xf_rowjob_set_sum's lse (rows where it cancels, xf_rowjob_lse_cancels, are handed back to
+ * the row path's exact logsumexp) or the operations of its block functions (xf_log_softmax_block's
+ * element across the rows; softmax's stored exponentials times the row's factor, XF_STORE_UNSCALE / S),
+ * written back through the transposition.  Returns the rows done as a bit mask; the others (not finite,
+ * a spread beyond the unclamped exponentials, a rescued float64 sum) are the caller's, and nothing of
+ * theirs is written but their lse, which the caller's row path writes again. */
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_family_form)(
-    const XF_T *x, XF_T *out, long long C, const int mode)
+    const XF_T *x, XF_T *out, double *lse, long long C, const int mode)
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_MAX_C][R];
@@ -1238,6 +1240,18 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     int r;
     long long j_vec = 0;
     XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD, mode == 2);
+    if (mode == 0) {
+        for (r = 0; r < R; r++) {
+            const double log_s = xf_row_log_S(hi[r], lo[r]);
+            const double row_lse = m[r] + log_s;
+            ok[r] &= !(log_s > 2.0 * xf_fabs(row_lse));
+            /* every row's, unconditionally (a store under the test became a masked store): the row path
+             * writes the rows handed back again */
+            lse[r] = row_lse;
+            done |= (unsigned)(ok[r] != 0) << r;
+        }
+        return done;
+    }
     for (r = 0; r < R; r++) {
         ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
     }
@@ -1283,24 +1297,28 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     return done;
 }
 
-/* the table's entry: modes 1 and 2 within the groups' limits (log_softmax as the forward pass, softmax,
- * which keeps its exponentials, as the fused one), and at most XF_GROUP_FAMILY_MAX_C classes: the family's
- * groups write every entry back through the transposition, and against its row path (one core, float32,
- * 4096 rows, us, rows -> groups) they gain up to 160 classes and lose beyond (log_softmax C = 128 1190 ->
- * 1018-1076, 160 1411-1419 -> 1324-1355, 200 1635 -> 1647-1680, 256 1923-1941 -> 2245-2258; softmax 128
- * 1113-1122 -> 915-936, 160 1293-1336 -> 1143-1195, 200 1520-1534 -> 1494-1551, 256 1793-1813 -> 1925-
- * 1995); else 0 (no row done) */
+/* the table's entry: logsumexp within the forward pass's limits (the same statistics, nothing written
+ * back); log_softmax and softmax within the groups' limits (log_softmax as the forward pass, softmax,
+ * which keeps its exponentials, as the fused one) and at most XF_GROUP_FAMILY_MAX_C classes: their
+ * groups write every entry back through the transposition, and against the row path (one core,
+ * float32, 4096 rows, us, rows -> groups) they gain up to 160 classes and lose beyond (log_softmax
+ * C = 128 1190 -> 1018-1076, 160 1411-1419 -> 1324-1355, 200 1635 -> 1647-1680, 256 1923-1941 ->
+ * 2245-2258; softmax 128 1113-1122 -> 915-936, 160 1293-1336 -> 1143-1195, 200 1520-1534 -> 1494-1551,
+ * 256 1793-1813 -> 1925-1995); else 0 (no row done).  lse: mode 0's output, the group's first row first */
 #define XF_GROUP_FAMILY_MAX_C 160
-XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, long long C, int mode)
+XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double *lse, long long C, int mode)
 {
-    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || C > XF_GROUP_FAMILY_MAX_C) {
+    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || (mode != 0 && C > XF_GROUP_FAMILY_MAX_C)) {
         return 0;
     }
+    if (mode == 0) {
+        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, 0);
+    }
     if (mode == 1) {
-        return XF_FN(xf_short_rows_family_form)(x, out, C, 1);
+        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, 1);
     }
     if (mode == 2) {
-        return XF_FN(xf_short_rows_family_form)(x, out, C, 2);
+        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, 2);
     }
     return 0;
 }

@@ -44,7 +44,7 @@
         void (*softmax_block)(const T *, T *, long long, double, double);                                \
         unsigned (*short_rows)(const T *, T *, long long, const int64_t *, long long, const double *,      \
                                double, double, const double *, double *);                                 \
-        unsigned (*short_rows_family)(const T *, T *, long long, int);                                    \
+        unsigned (*short_rows_family)(const T *, T *, double *, long long, int);                          \
     } xf_softmax_table_##SFX;
 XF_DECLARE_TABLE(float, f32)
 XF_DECLARE_TABLE(double, f64)
