@@ -48,12 +48,15 @@ cdef inline int plain_reduction(object reduction) noexcept:
     return -1
 
 
-cdef inline bint plain_options(object empty_mean, object nan_policy, object n_threads) noexcept:
+cdef inline bint plain_n_threads(object n_threads) noexcept:
     # any valid thread count: below PLAIN_MAX_ELEMENTS every one of them means a single thread (the
     # lanes' larger calls resolve it as xentfast._threads does, plain_threads)
+    return n_threads is None or (type(n_threads) is int and n_threads != 0)
+
+
+cdef inline bint plain_options(object empty_mean, object nan_policy, object n_threads) noexcept:
     return (type(empty_mean) is str and (empty_mean == "nan" or empty_mean == "zero")
-            and type(nan_policy) is str and nan_policy == "propagate"
-            and (n_threads is None or (type(n_threads) is int and n_threads != 0)))
+            and type(nan_policy) is str and nan_policy == "propagate" and plain_n_threads(n_threads))
 
 
 cdef inline bint plain_same_layout(cnp.ndarray a, cnp.ndarray b) noexcept:

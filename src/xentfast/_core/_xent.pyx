@@ -710,8 +710,8 @@ _init_cpu_path()
 cimport numpy as cnp
 from libc.math cimport frexp, ldexp, fabs
 
-from ._plain cimport (PLAIN_MAX_ELEMENTS, PLAIN_MIN_ELEMENTS_PER_THREAD, plain_float_array, plain_options,
-                      plain_out, plain_reduction, plain_scalar, plain_threads, plain_zero)
+from ._plain cimport (PLAIN_MAX_ELEMENTS, PLAIN_MIN_ELEMENTS_PER_THREAD, plain_float_array, plain_n_threads,
+                      plain_options, plain_out, plain_reduction, plain_scalar, plain_threads, plain_zero)
 
 cnp.import_array()
 
@@ -881,7 +881,7 @@ cdef object _plain_family(object input, object axis, object n_threads, int mode)
     nd = cnp.PyArray_NDIM(x)
     if nd < 1 or type(axis) is not int or not (axis == -1 or axis == nd - 1):
         return NotImplemented
-    if not (n_threads is None or (type(n_threads) is int and n_threads != 0)):
+    if not plain_n_threads(n_threads):
         return NotImplemented
     C = cnp.PyArray_DIMS(x)[nd - 1]
     N = cnp.PyArray_SIZE(x) // C if C else 0
