@@ -799,6 +799,23 @@ _XENT_DOC_NOTES = """
 """ + _HALF_NOTES
 
 
+def _document(fn, summary, params, returns, bound, notes, examples=None):
+    """Gives a public function its numpydoc docstring from these parts, in the order every loss shares,
+    so that none leaves out its error bound (the accuracy contract; tests/test_docs.py checks it)."""
+    sections = [summary, f"Parameters\n    ----------{params}", f"Returns\n    -------\n    {returns}",
+                f"Error bound\n    -----------{bound}", f"Notes\n    -----{notes}"]
+    if examples:
+        sections.append(f"Examples\n    --------\n    {examples}")
+    fn.__doc__ = "\n\n    ".join(sections) + "\n    "
+
+
+def _upstream_param(shape_clause):
+    """The backward functions' first parameter, grad_output: `shape_clause` gives its shape for
+    reduction='none'."""
+    return ("\n    grad_output : array_like or scalar\n        Upstream gradient: " + shape_clause +
+            ", a scalar otherwise.")
+
+
 @_on_input_device(plain_lane=_xent.plain_cross_entropy)
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *,
                   axis=-1, z_loss=0.0, empty_mean="nan", nan_policy="propagate", n_threads=None):
@@ -807,31 +824,20 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     return p.reduce(p.run())
 
 
-cross_entropy.__doc__ = f"""Softmax cross-entropy between logits and targets (torch.nn.functional semantics).
-
-    Parameters
-    ----------{_XENT_DOC_PARAMS}
-
-    Returns
-    -------
-    loss : ndarray or scalar of input's dtype (float32 for float16 / bfloat16 input)
-        Shape of ``input`` without ``axis`` for ``reduction='none'``, else a NumPy scalar.
-
-    Error bound
-    -----------
+_document(
+    cross_entropy, "Softmax cross-entropy between logits and targets (torch.nn.functional semantics).",
+    _XENT_DOC_PARAMS,
+    "loss : ndarray or scalar of input's dtype (float32 for float16 / bfloat16 input)\n"
+    "        Shape of ``input`` without ``axis`` for ``reduction='none'``, else a NumPy scalar.",
+    """
     Per-row loss: <= 2 ULP (float32), <= 4 ULP (float64) of the exact value of the rounded inputs.
-    'mean' / 'sum' (with weights, ignore_index): <= 4 ULP.  Measured against ``xentfast.reference``.{_HALF_BOUND}
-
-    Notes
-    -----{_XENT_DOC_NOTES}
-
-    Examples
-    --------
-    >>> import numpy as np, xentfast
+    'mean' / 'sum' (with weights, ignore_index): <= 4 ULP.  Measured against ``xentfast.reference``.""" +
+    _HALF_BOUND,
+    _XENT_DOC_NOTES,
+    """>>> import numpy as np, xentfast
     >>> x = np.array([[30.0, 0.0], [0.0, 0.0]], dtype=np.float32)
     >>> xentfast.cross_entropy(x, np.array([0, 1]), reduction="none")   # doctest: +SKIP
-    array([9.357623e-14, 6.931472e-01], dtype=float32)
-    """
+    array([9.357623e-14, 6.931472e-01], dtype=float32)""")
 
 
 @_on_input_device
@@ -845,32 +851,21 @@ def cross_entropy_backward(grad_output, input, target, weight=None, ignore_index
     return _finish_grad(p, buf, dest)
 
 
-cross_entropy_backward.__doc__ = f"""Gradient of :func:`cross_entropy` with respect to ``input``.
+_document(
+    cross_entropy_backward, """Gradient of :func:`cross_entropy` with respect to ``input``.
 
-    Returns d/d input of ``(cross_entropy(...) * grad_output).sum()``: the exact derivative of the forward.
-
-    Parameters
-    ----------
-    grad_output : array_like or scalar
-        Upstream gradient: the loss's shape for ``reduction='none'``, a scalar otherwise.{_XENT_DOC_PARAMS}
-
-    Returns
-    -------
-    dinput : ndarray, input's shape and dtype (C-contiguous)
-
-    Error bound
-    -----------
+    Returns d/d input of ``(cross_entropy(...) * grad_output).sum()``: the exact derivative of the forward.""",
+    _upstream_param("the loss's shape for ``reduction='none'``") + _XENT_DOC_PARAMS,
+    "dinput : ndarray, input's shape and dtype (C-contiguous)",
+    """
     Index targets without smoothing or z-loss: <= 2 ULP (float32), <= 4 ULP (float64), relative, every
     entry including the target class.  Probability targets, smoothing, z-loss (where ``p_j A - q_j``
     cancels by nature): the same numbers in units of ``ulp(|p_j A| + |q_j|)`` times the upstream scale,
     with ``A = sum_c q_c + 2 z_loss r lse``.  That holds also where ``A``'s two terms cancel (``lse``
     near ``-sum_c q_c / (2 z_loss r)``: all logits negative), down to ``|A| ~ 2**-44 (|sum_c q_c| +
     C |2 z_loss r|)``; closer still, ``A`` is within ``(C + 18) 2**-99 |z_loss r| + 2**-100 |sum_c q_c|``
-    absolutely.{_HALF_BOUND}
-
-    Notes
-    -----{_XENT_DOC_NOTES}
-    """
+    absolutely.""" + _HALF_BOUND,
+    _XENT_DOC_NOTES)
 
 
 @_on_input_device(plain_lane=_xent.plain_cross_entropy_with_grad)
@@ -885,14 +880,13 @@ def cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduc
     return loss, _finish_grad(p, buf, dest)
 
 
-cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
+_document(
+    cross_entropy_with_grad, """Loss and gradient from one fused pass.
 
     Returns ``(loss, dinput)`` where ``loss`` is :func:`cross_entropy`'s result and ``dinput`` the gradient
     of ``(loss * grad_output).sum()`` (``grad_output`` defaults to 1), bitwise equal to what
-    :func:`cross_entropy` and :func:`cross_entropy_backward` return separately.
-
-    Parameters
-    ----------{_XENT_DOC_PARAMS}
+    :func:`cross_entropy` and :func:`cross_entropy_backward` return separately.""",
+    _XENT_DOC_PARAMS + """
     grad_output : array_like or scalar, optional
         As in :func:`cross_entropy_backward`.
     out : ndarray, optional
@@ -902,21 +896,12 @@ cross_entropy_with_grad.__doc__ = f"""Loss and gradient from one fused pass.
         last and ``input`` is C-contiguous (half precision: always a float64 buffer, rounded into
         ``input``).  The results have the bits of ``inplace=False``.  A 'mean' or 'sum' first computes
         the loss of one row; if every row loss may be below 2**-969 (their reduction then reads the
-        logits again), the loss is reduced before the gradient pass, at the cost of one more pass.
-
-    Returns
-    -------
-    loss : as :func:`cross_entropy`
-    dinput : ndarray (``out`` or ``input`` when given)
-
-    Error bound
-    -----------
-    As :func:`cross_entropy` for the loss and :func:`cross_entropy_backward` for the gradient, half
-    precision included.
-
-    Notes
-    -----{_XENT_DOC_NOTES}
+        logits again), the loss is reduced before the gradient pass, at the cost of one more pass.""",
+    "loss : as :func:`cross_entropy`\n    dinput : ndarray (``out`` or ``input`` when given)",
     """
+    As :func:`cross_entropy` for the loss and :func:`cross_entropy_backward` for the gradient, half
+    precision included.""",
+    _XENT_DOC_NOTES)
 
 
 def _softmax_family(input, axis, n_threads, mode):

@@ -26,6 +26,7 @@ from .api import (
     _check_real,
     _class_axis,
     _class_weights,
+    _document,
     _finish_grad,
     _first_bad,
     _grad_target,
@@ -38,6 +39,7 @@ from .api import (
     _sum_and_tiny,
     _threads_for,
     _upstream_factor,
+    _upstream_param,
 )
 
 __all__ = [
@@ -500,6 +502,15 @@ def _elementwise(op, input, target, inplace=False, **kw):
 # ---------------------------------------------------------------------------------------------------
 # BCE with logits
 
+# the parts of the docstrings (_document) that the element-wise families share
+_LOSS_OF_INPUT_SHAPE = ("loss : ndarray of the input's shape and dtype (float32 for half precision) for "
+                        "reduction='none',\n        else a NumPy scalar")
+_GRAD_OF_INPUT_SHAPE = "dinput : ndarray of the input's shape and dtype"
+_INPUT_UPSTREAM = _upstream_param("the input's shape for reduction='none'")
+_AS_BCE_LOGITS_WITH_GRAD = """
+    grad_output, out, inplace
+        As in :func:`binary_cross_entropy_with_logits_with_grad`."""
+
 _BCE_LOGITS_PARAMS = """
     input : array_like of float16, bfloat16, float32 or float64, or any array with ``__dlpack__``
         Logits, any shape (0-d included).  Half precision costs a float64 copy (Notes).
@@ -587,57 +598,26 @@ def binary_cross_entropy_with_logits_with_grad(input, target, weight=None, pos_w
                         n_threads=n_threads).with_grad(input, grad_output, out, inplace)
 
 
-binary_cross_entropy_with_logits.__doc__ = f"""Sigmoid (binary) cross-entropy from logits, torch semantics.
-
-    Parameters
-    ----------{_BCE_LOGITS_PARAMS}
-
-    Returns
-    -------
-    loss : ndarray of the input's shape and dtype (float32 for half precision) for reduction='none',
-        else a NumPy scalar
-
-    Error bound
-    -----------{_BOUND_BCE}
-
-    Notes
-    -----{_BCE_LOGITS_NOTES}
-
-    Examples
-    --------
-    >>> import numpy as np, xentfast as xf
+_document(
+    binary_cross_entropy_with_logits, "Sigmoid (binary) cross-entropy from logits, torch semantics.",
+    _BCE_LOGITS_PARAMS, _LOSS_OF_INPUT_SHAPE, _BOUND_BCE, _BCE_LOGITS_NOTES,
+    """>>> import numpy as np, xentfast as xf
     >>> x = np.array([-40.0, 0.0, 20.0]); y = np.array([0.0, 1.0, 1.0])
     >>> xf.binary_cross_entropy_with_logits(x, y, reduction="none")          # doctest: +SKIP
-    array([4.24835426e-18, 6.93147181e-01, 2.06115362e-09])
-    """
+    array([4.24835426e-18, 6.93147181e-01, 2.06115362e-09])""")
 
-binary_cross_entropy_with_logits_backward.__doc__ = f"""Gradient of :func:`binary_cross_entropy_with_logits`.
+_document(
+    binary_cross_entropy_with_logits_backward, """Gradient of :func:`binary_cross_entropy_with_logits`.
 
-    Returns d/d input of ``(binary_cross_entropy_with_logits(...) * grad_output).sum()``.
+    Returns d/d input of ``(binary_cross_entropy_with_logits(...) * grad_output).sum()``.""",
+    _INPUT_UPSTREAM + _BCE_LOGITS_PARAMS, _GRAD_OF_INPUT_SHAPE, _BOUND_BCE, _BCE_LOGITS_NOTES)
 
-    Parameters
-    ----------
-    grad_output : array_like or scalar
-        Upstream gradient: the input's shape for reduction='none', a scalar otherwise.{_BCE_LOGITS_PARAMS}
-
-    Returns
-    -------
-    dinput : ndarray of the input's shape and dtype
-
-    Error bound
-    -----------{_BOUND_BCE}
-
-    Notes
-    -----{_BCE_LOGITS_NOTES}
-    """
-
-binary_cross_entropy_with_logits_with_grad.__doc__ = f"""Loss and gradient of BCE with logits in one pass.
+_document(
+    binary_cross_entropy_with_logits_with_grad, """Loss and gradient of BCE with logits in one pass.
 
     Returns ``(loss, dinput)``, bitwise equal to what :func:`binary_cross_entropy_with_logits` and
-    :func:`binary_cross_entropy_with_logits_backward` return separately.
-
-    Parameters
-    ----------{_BCE_LOGITS_PARAMS}
+    :func:`binary_cross_entropy_with_logits_backward` return separately.""",
+    _BCE_LOGITS_PARAMS + """
     grad_output : array_like or scalar, optional
         As in the backward function (default 1).
     out : ndarray, optional
@@ -647,18 +627,8 @@ binary_cross_entropy_with_logits_with_grad.__doc__ = f"""Loss and gradient of BC
         'mean' or 'sum' whose reduction may read the logits again after the gradient pass (every element
         loss below 2**-969, judged from the first 64; or a 'mean' with weights or ``pos_weight`` above 1
         on float64 logits large enough to overflow a weighted loss, judged from max |x|) reduces the loss
-        first, at the cost of one more pass.
-
-    Returns
-    -------
-    loss, dinput
-
-    Error bound
-    -----------{_BOUND_BCE}
-
-    Notes
-    -----{_BCE_LOGITS_NOTES}
-    """
+        first, at the cost of one more pass.""",
+    "loss, dinput", _BOUND_BCE, _BCE_LOGITS_NOTES)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -746,58 +716,17 @@ def sigmoid_focal_loss_with_grad(input, target, alpha=0.25, gamma=2.0, reduction
                         nan_policy=nan_policy, n_threads=n_threads).with_grad(input, grad_output, out, inplace)
 
 
-sigmoid_focal_loss.__doc__ = f"""Sigmoid focal loss (Lin et al. 2017) with torchvision's semantics.
+_document(
+    sigmoid_focal_loss, "Sigmoid focal loss (Lin et al. 2017) with torchvision's semantics.",
+    _FOCAL_PARAMS, _LOSS_OF_INPUT_SHAPE, _BOUND_FOCAL, _FOCAL_NOTES)
 
-    Parameters
-    ----------{_FOCAL_PARAMS}
+_document(
+    sigmoid_focal_loss_backward, "Gradient of :func:`sigmoid_focal_loss` with respect to ``input``.",
+    _INPUT_UPSTREAM + _FOCAL_PARAMS, _GRAD_OF_INPUT_SHAPE, _BOUND_FOCAL, _FOCAL_NOTES)
 
-    Returns
-    -------
-    loss : ndarray of the input's shape and dtype (float32 for half precision) for reduction='none',
-        else a NumPy scalar
-
-    Error bound
-    -----------{_BOUND_FOCAL}
-
-    Notes
-    -----{_FOCAL_NOTES}
-    """
-
-sigmoid_focal_loss_backward.__doc__ = f"""Gradient of :func:`sigmoid_focal_loss` with respect to ``input``.
-
-    Parameters
-    ----------
-    grad_output : array_like or scalar
-        Upstream gradient: the input's shape for reduction='none', a scalar otherwise.{_FOCAL_PARAMS}
-
-    Returns
-    -------
-    dinput : ndarray of the input's shape and dtype
-
-    Error bound
-    -----------{_BOUND_FOCAL}
-
-    Notes
-    -----{_FOCAL_NOTES}
-    """
-
-sigmoid_focal_loss_with_grad.__doc__ = f"""Focal loss and its gradient in one pass (same bits as separately).
-
-    Parameters
-    ----------{_FOCAL_PARAMS}
-    grad_output, out, inplace
-        As in :func:`binary_cross_entropy_with_logits_with_grad`.
-
-    Returns
-    -------
-    loss, dinput
-
-    Error bound
-    -----------{_BOUND_FOCAL}
-
-    Notes
-    -----{_FOCAL_NOTES}
-    """
+_document(
+    sigmoid_focal_loss_with_grad, "Focal loss and its gradient in one pass (same bits as separately).",
+    _FOCAL_PARAMS + _AS_BCE_LOGITS_WITH_GRAD, "loss, dinput", _BOUND_FOCAL, _FOCAL_NOTES)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -884,58 +813,17 @@ def binary_cross_entropy_with_grad(input, target, weight=None, reduction="mean",
                         eps=e, log_clamp=c).with_grad(input, grad_output, out, inplace)
 
 
-binary_cross_entropy.__doc__ = f"""Binary cross-entropy from probabilities (torch's ``binary_cross_entropy``).
+_document(
+    binary_cross_entropy, "Binary cross-entropy from probabilities (torch's ``binary_cross_entropy``).",
+    _BCE_PROB_PARAMS, _LOSS_OF_INPUT_SHAPE, _BOUND_BCE_PROB, _BCE_PROB_NOTES)
 
-    Parameters
-    ----------{_BCE_PROB_PARAMS}
+_document(
+    binary_cross_entropy_backward, "Gradient of :func:`binary_cross_entropy` with respect to ``input``.",
+    _INPUT_UPSTREAM + _BCE_PROB_PARAMS, _GRAD_OF_INPUT_SHAPE, _BOUND_BCE_PROB, _BCE_PROB_NOTES)
 
-    Returns
-    -------
-    loss : ndarray of the input's shape and dtype (float32 for half precision) for reduction='none',
-        else a NumPy scalar
-
-    Error bound
-    -----------{_BOUND_BCE_PROB}
-
-    Notes
-    -----{_BCE_PROB_NOTES}
-    """
-
-binary_cross_entropy_backward.__doc__ = f"""Gradient of :func:`binary_cross_entropy` with respect to ``input``.
-
-    Parameters
-    ----------
-    grad_output : array_like or scalar
-        Upstream gradient: the input's shape for reduction='none', a scalar otherwise.{_BCE_PROB_PARAMS}
-
-    Returns
-    -------
-    dinput : ndarray of the input's shape and dtype
-
-    Error bound
-    -----------{_BOUND_BCE_PROB}
-
-    Notes
-    -----{_BCE_PROB_NOTES}
-    """
-
-binary_cross_entropy_with_grad.__doc__ = f"""BCE from probabilities and its gradient in one pass.
-
-    Parameters
-    ----------{_BCE_PROB_PARAMS}
-    grad_output, out, inplace
-        As in :func:`binary_cross_entropy_with_logits_with_grad`.
-
-    Returns
-    -------
-    loss, dinput
-
-    Error bound
-    -----------{_BOUND_BCE_PROB}
-
-    Notes
-    -----{_BCE_PROB_NOTES}
-    """
+_document(
+    binary_cross_entropy_with_grad, "BCE from probabilities and its gradient in one pass.",
+    _BCE_PROB_PARAMS + _AS_BCE_LOGITS_WITH_GRAD, "loss, dinput", _BOUND_BCE_PROB, _BCE_PROB_NOTES)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1081,55 +969,20 @@ def cross_entropy_from_probs_with_grad(input, target, weight=None, ignore_index=
     return loss, _finish_grad(p, buf, dest)
 
 
-cross_entropy_from_probs.__doc__ = f"""Cross-entropy from class probabilities (torch's ``nll_loss`` of ``log p``).
+_document(
+    cross_entropy_from_probs, "Cross-entropy from class probabilities (torch's ``nll_loss`` of ``log p``).",
+    _CE_PROBS_PARAMS,
+    "loss : ndarray (the input's shape without ``axis``) for reduction='none', else a NumPy scalar;\n"
+    "        the input's dtype, float32 for half precision",
+    _BOUND_CE_PROBS, _CE_PROBS_NOTES)
 
-    Parameters
-    ----------{_CE_PROBS_PARAMS}
+_document(
+    cross_entropy_from_probs_backward, "Gradient of :func:`cross_entropy_from_probs` w.r.t. ``input``.",
+    _upstream_param("the loss's shape for reduction='none'") + _CE_PROBS_PARAMS, _GRAD_OF_INPUT_SHAPE,
+    _BOUND_CE_PROBS, _CE_PROBS_NOTES)
 
-    Returns
-    -------
-    loss : ndarray (the input's shape without ``axis``) for reduction='none', else a NumPy scalar;
-        the input's dtype, float32 for half precision
-
-    Error bound
-    -----------{_BOUND_CE_PROBS}
-
-    Notes
-    -----{_CE_PROBS_NOTES}
-    """
-
-cross_entropy_from_probs_backward.__doc__ = f"""Gradient of :func:`cross_entropy_from_probs` w.r.t. ``input``.
-
-    Parameters
-    ----------
-    grad_output : array_like or scalar
-        Upstream gradient: the loss's shape for reduction='none', a scalar otherwise.{_CE_PROBS_PARAMS}
-
-    Returns
-    -------
-    dinput : ndarray of the input's shape and dtype
-
-    Error bound
-    -----------{_BOUND_CE_PROBS}
-
-    Notes
-    -----{_CE_PROBS_NOTES}
-    """
-
-cross_entropy_from_probs_with_grad.__doc__ = f"""Cross-entropy from probabilities and its gradient in one pass.
-
-    Parameters
-    ----------{_CE_PROBS_PARAMS}
+_document(
+    cross_entropy_from_probs_with_grad, "Cross-entropy from probabilities and its gradient in one pass.",
+    _CE_PROBS_PARAMS + """
     grad_output, out, inplace
-        As in :func:`xentfast.cross_entropy_with_grad`.
-
-    Returns
-    -------
-    loss, dinput
-
-    Error bound
-    -----------{_BOUND_CE_PROBS}
-
-    Notes
-    -----{_CE_PROBS_NOTES}
-    """
+        As in :func:`xentfast.cross_entropy_with_grad`.""", "loss, dinput", _BOUND_CE_PROBS, _CE_PROBS_NOTES)
