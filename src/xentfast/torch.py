@@ -413,6 +413,10 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     clip), ``empty_mean`` and ``nan_policy`` as in :func:`xentfast.cross_entropy_from_probs`.  Index or
     probability targets; ``input`` is ``(N, C)``, ``(N, C, d1, ...)`` or ``(C,)``.  If you have logits,
     call :func:`cross_entropy`.
+
+    Error bound: per-row losses (``reduction='none'``) and the gradient as
+    :func:`xentfast.cross_entropy_from_probs` and its backward (the gradient with one more ULP for the
+    upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
     _check_legacy(size_average, reduce)
     _check_choice(reduction, _REDUCTIONS, "reduction")
@@ -437,6 +441,10 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     ``nan_policy`` as in :func:`xentfast.binary_cross_entropy_with_logits`.  Targets must lie in [0, 1];
     ``weight`` and ``pos_weight`` broadcast to the input (must be >= 0).  'mean' divides by the number of
     elements (those not ignored).  Differentiable with respect to ``input`` only.
+
+    Error bound: per-element losses (``reduction='none'``) and the gradient as
+    :func:`xentfast.binary_cross_entropy_with_logits` and its backward (the gradient with one more ULP
+    for the upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
     _check_legacy(size_average, reduce)
     _check_choice(reduction, _REDUCTIONS, "reduction")
@@ -457,6 +465,10 @@ def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none",
     torchvision's arguments (``reduction='none'`` by default), plus ``ignore_index``, ``empty_mean`` and
     ``nan_policy`` as in :func:`xentfast.sigmoid_focal_loss`.  ``alpha`` must be <= 1 (negative: no
     weighting).  Differentiable with respect to ``inputs`` only.
+
+    Error bound: per-element losses (``reduction='none'``) and the gradient as
+    :func:`xentfast.sigmoid_focal_loss` and its backward (the gradient with one more ULP for the upstream
+    factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
     _check_choice(reduction, _REDUCTIONS, "reduction")
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
@@ -476,6 +488,10 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     ``empty_mean`` and ``nan_policy`` as in :func:`xentfast.binary_cross_entropy`.  By default the log
     is not clamped (``-log 0 = inf``); ``log_clamp=-100.0`` gives torch's forward values, with the
     gradient of that clamped function.  If you have logits, call :func:`binary_cross_entropy_with_logits`.
+
+    Error bound: per-element losses (``reduction='none'``) and the gradient as
+    :func:`xentfast.binary_cross_entropy` and its backward (the gradient with one more ULP for the
+    upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
     _check_legacy(size_average, reduce)
     _check_choice(reduction, _REDUCTIONS, "reduction")
