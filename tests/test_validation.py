@@ -141,6 +141,19 @@ class TestCrossEntropyArguments:
         with raises(ValueError, "target", "(3, 4)"):
             f(X, np.ones((3, 5)) / 5)
 
+    @pytest.mark.parametrize("ignore", [0, -1])
+    def test_ignore_index_with_probability_targets(self, f, ignore):
+        # torch raises too; silently ignoring the argument would let the caller think rows were dropped
+        with raises(ValueError, "ignore_index", f"={ignore}", "probability targets"):
+            f(X, np.ones((3, 4)) / 4, ignore_index=ignore)
+        f(X, np.ones((3, 4)) / 4, ignore_index=-100)
+
+
+def test_probs_ignore_index_with_probability_targets():
+    p = np.full((3, 4), 0.25)
+    with raises(ValueError, "ignore_index", "=2", "probability targets"):
+        xf.cross_entropy_from_probs(p, p, ignore_index=2)
+
 
 class TestGradArguments:
     def test_grad_output_wrong_shape_none(self):

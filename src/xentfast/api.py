@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
+_DEFAULT_IGNORE_INDEX = -100  # torch's; probability targets accept no other (_split_target)
 _EMPTY_MEAN = ("nan", "zero")
 _NAN_POLICIES = ("propagate", "raise")
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -205,6 +206,11 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backen
             raise TypeError(
                 f"target: got floating-point values of shape {t.shape}, the shape of class indices; "
                 f"cast to an integer dtype for indices, or pass probabilities of shape {x.shape}")
+        if ignore_index != _DEFAULT_IGNORE_INDEX:
+            # a probability row has no label to compare: torch refuses the combination too, rather than
+            # leave the caller believing some rows were ignored
+            raise ValueError(f"ignore_index: only index targets can be ignored; got ignore_index={ignore_index} "
+                             f"with probability targets (leave it at {_DEFAULT_IGNORE_INDEX})")
         return None, _prob_targets(t, x, axis), None
     if t.dtype.kind == "b":
         raise TypeError("target: got a boolean array; pass integer class indices or float class probabilities")
@@ -752,7 +758,8 @@ _XENT_DOC_PARAMS = """
         Class weights, finite and >= 0.
     ignore_index : int, default -100
         Index targets equal to it contribute 0 loss and 0 gradient, whatever their logits hold (even NaN),
-        and are left out of the mean's denominator.  Not used with probability targets (as in torch).
+        and are left out of the mean's denominator.  With probability targets only the default is
+        accepted (ValueError otherwise, as torch raises).
     reduction : {'none', 'mean', 'sum'}, default 'mean'
         'mean' divides by the sum of the target classes' weights over kept rows (index targets) or by the
         number of rows (probability targets), as torch does.

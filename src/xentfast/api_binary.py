@@ -905,7 +905,8 @@ _CE_PROBS_PARAMS = """
     weight : array_like, shape (C,), optional
         Class weights, finite and >= 0.
     ignore_index : int, default -100
-        Index targets equal to it contribute 0 and leave the mean (as in torch's ``nll_loss``).
+        Index targets equal to it contribute 0 and leave the mean (as in torch's ``nll_loss``); with
+        probability targets only the default is accepted (ValueError otherwise).
     reduction : {'none', 'mean', 'sum'}, default 'mean'
         'mean' divides by the sum of the target classes' weights over kept rows (index targets) or by
         the number of rows (probability targets), as torch does.

@@ -145,12 +145,17 @@ _CALLBACKS = ("ffi", "buffer_callback", "pure_callback")
 _SKIP = -1
 
 
+def _ignore_index_for(y):
+    """_SKIP for labels; probability targets take only the API's default (they have no label to skip)."""
+    return _SKIP if y.dtype.kind in "iu" else _api._DEFAULT_IGNORE_INDEX
+
+
 # ---------------------------------------------------------------------------------------------------
 # host side: NumPy arrays in, the kernel's results out (into XLA's buffer when there is one)
 
 
 def _host_xent_fwd(x, y, *, z, out):
-    loss = _api.cross_entropy(x, y, ignore_index=_SKIP, reduction="none", z_loss=z)
+    loss = _api.cross_entropy(x, y, ignore_index=_ignore_index_for(y), reduction="none", z_loss=z)
     if out is None:
         return loss
     out[...] = loss
@@ -158,7 +163,7 @@ def _host_xent_fwd(x, y, *, z, out):
 
 def _host_xent_bwd(g, x, y, *, z, out):
     # the fused call: bitwise the gradient of cross_entropy_backward, and written straight into `out`
-    _, dx = _api.cross_entropy_with_grad(x, y, ignore_index=_SKIP, reduction="none", z_loss=z,
+    _, dx = _api.cross_entropy_with_grad(x, y, ignore_index=_ignore_index_for(y), reduction="none", z_loss=z,
                                          grad_output=g, out=out)
     return dx
 

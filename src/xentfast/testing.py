@@ -689,7 +689,8 @@ def softmax_xent_cases(dtype=np.float64, **logits_kwargs):
     hypothesis.strategies.SearchStrategy
         :class:`XentCase` tuples ``(logits, target, weight, label_smoothing, ignore_index, z_loss)``:
         2-D logits ``(rows, C)``, an index target ``(rows,)`` (possibly containing `ignore_index`,
-        which is -100, -1 or a valid class) or a probability target ``(rows, C)``, weights None or
+        which is -100, -1 or a valid class) or a probability target ``(rows, C)`` (with
+        `ignore_index` -100), weights None or
         ``(C,)``, smoothing 0 or in [2^-900, 1] and z_loss in {0, 1e-4, 1e-2, 1}.
     """
     from hypothesis import strategies as st
@@ -709,6 +710,7 @@ def softmax_xent_cases(dtype=np.float64, **logits_kwargs):
         ignore_index = draw(st.sampled_from(ii_choices))
         if C > 0 and draw(st.booleans()):
             target = draw(prob_targets(x.shape, dt))
+            ignore_index = -100  # the only one the API takes with probability targets, as torch
         else:
             target = draw(index_targets(C, (n,), ignore_index=ignore_index, argmax_of=x))
         return XentCase(x, target, weight, float(eps), int(ignore_index), float(z))
