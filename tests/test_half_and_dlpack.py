@@ -455,6 +455,19 @@ def test_torch_tensor_that_requires_grad_is_refused():
         xf.cross_entropy(x.detach(), torch.tensor([0, 1]), weight=torch.ones(3, requires_grad=True))
 
 
+def test_torch_tensor_with_the_negative_bit_is_refused():
+    # DLPack hands over the storage without the lazy negation: read, every value would have its sign flipped
+    torch = _torch()
+    x = torch.complex(torch.zeros(2, 3), -torch.arange(6.0).reshape(2, 3)).conj().imag
+    assert x.is_neg()
+    for call in (lambda: xf.softmax(x),
+                 lambda: xf.cross_entropy(x, torch.tensor([0, 1])),
+                 lambda: xf.cross_entropy(x.resolve_neg(), torch.tensor([0, 1]), weight=x[0])):
+        with pytest.raises(TypeError, match=r"the torch.Tensor has its negative bit set.*resolve_neg\(\)"):
+            call()
+    assert np.array_equal(xf.softmax(x.resolve_neg()).numpy(), xf.softmax(x.resolve_neg().numpy()))
+
+
 def test_mixed_torch_and_numpy_on_the_cpu():
     torch = _torch()
     rng = np.random.default_rng(9)

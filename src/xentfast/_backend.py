@@ -291,6 +291,11 @@ def _import(a, name):
             raise TypeError(
                 f"{name}: the torch.Tensor requires grad, and xentfast's array functions record no autograd "
                 f"graph; use xentfast.torch (ops with backward formulas), or pass {name}.detach() for values only")
+        if a.is_neg():
+            # a lazy negation (x.conj().imag, torch._neg_view): DLPack exports the storage without it, so
+            # every value would be read with the wrong sign
+            raise TypeError(f"{name}: the torch.Tensor has its negative bit set (a lazy negation, as from "
+                            f".conj().imag); pass {name}.resolve_neg()")
         if a.dtype == torch.bfloat16:
             return _import(a.view(torch.int16), name).view(_ml_dtypes(name).bfloat16)
     try:
