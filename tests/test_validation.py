@@ -425,3 +425,17 @@ def test_numpy_baseline_leaves_ignored_rows_out():
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-13)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-12, atol=1e-16)
     assert not grad[2].any()
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda m: xf.cross_entropy(m, np.array([1])), "input"),
+    (lambda m: xf.cross_entropy(np.zeros((1, 3)), np.array([1]), weight=m[0] * 0 + 1), "weight"),
+    (lambda m: xf.softmax(m), "input"),
+    (lambda m: xf.binary_cross_entropy_with_logits(np.zeros(3), m[0] * 0), "target"),
+    (lambda m: xf.cross_entropy_with_grad(np.zeros((1, 3)), np.array([1]), out=m), "out"),
+])
+def test_masked_arrays_are_refused(call, name):
+    # np.asarray drops the mask: the 1e30 under it would be read as a logit
+    m = np.ma.masked_array([[0.0, 1e30, 0.0]], mask=[[0, 1, 0]])
+    with raises(TypeError, f"{name}: a masked array", f"{name}.filled"):
+        call(m)

@@ -250,6 +250,16 @@ def plain_call(args, kwargs):
     return True
 
 
+def masked_argument(signature, args, kwargs):
+    """The name of the first argument that is a NumPy masked array (None if none): reading it as an array
+    would silently use the values under its mask."""
+    ma = sys.modules.get("numpy.ma")
+    if ma is None or not any(isinstance(a, ma.MaskedArray) for a in (*args, *kwargs.values())):
+        return None
+    bound = signature.bind_partial(*args, **kwargs).arguments
+    return next(name for name, a in bound.items() if isinstance(a, ma.MaskedArray))
+
+
 def has_foreign(args, kwargs):
     for a in args:
         if is_foreign(a):

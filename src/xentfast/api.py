@@ -716,6 +716,10 @@ def _on_input_device(fn=None, *, plain_lane=None):
         try:
             if _backend.plain_call(args, kwargs):
                 return fn(*args, **kwargs)
+            masked = _backend.masked_argument(signature, args, kwargs)
+            if masked is not None:
+                raise TypeError(f"{masked}: a masked array, whose masked entries would be read as values; pass "
+                                f"{masked}.filled(value), and leave rows out with ignore_index or weights")
             if _backend.has_foreign(args, kwargs):
                 return _backend.call_foreign(fn, signature, args, kwargs)
             with _backend.device_of_call(args, kwargs):
