@@ -339,6 +339,36 @@ class TestGradientBufferApart:
             xf.cross_entropy_with_grad(X, labels, out=buf.reshape(3, 4))
 
 
+class TestGradientBufferOfItsOwn:
+    """A gradient destination whose elements share memory (broadcast, stride 0) would hold, in each
+    place, whichever element was written last."""
+
+    @staticmethod
+    def _repeated_row(shape):
+        return np.lib.stride_tricks.as_strided(np.zeros(shape[-1]), shape, (0, 8), writeable=True)
+
+    def test_out_with_a_repeated_row(self):
+        with raises(ValueError, "out: some of its elements share memory"):
+            xf.cross_entropy_with_grad(X, Y, out=self._repeated_row(X.shape))
+
+    def test_inplace_on_a_repeated_row(self):
+        with raises(ValueError, "input (inplace=True): some of its elements share memory"):
+            xf.cross_entropy_with_grad(self._repeated_row(X.shape), Y, inplace=True)
+
+    def test_binary_out_with_a_repeated_row(self):
+        with raises(ValueError, "out: some of its elements share memory"):
+            xf.binary_cross_entropy_with_logits_with_grad(X, X * 0, out=self._repeated_row(X.shape))
+
+    @pytest.mark.parametrize("view", [lambda b: b.T, lambda b: b[::-1, ::-2], lambda b: b[:, 1::2]])
+    def test_strided_views_whose_elements_are_apart_are_taken(self, view):
+        base = np.zeros((8, 8))
+        out = view(base)
+        x = np.arange(out.size, dtype=np.float64).reshape(out.shape) / 7
+        y = np.arange(out.shape[0]) % out.shape[1]
+        _, g = xf.cross_entropy_with_grad(x, y, out=out)
+        assert g is out and np.array_equal(out, xf.cross_entropy_backward(1.0, x, y))
+
+
 class TestSmallerOptions:
     @pytest.mark.parametrize("f", [xf.cross_entropy, xf.cross_entropy_from_probs])
     def test_nan_policy_raise_sees_target_probabilities(self, f):

@@ -98,6 +98,21 @@ class Backend:
             return bool(np.shares_memory(a, b))
         return bool(self.xp.may_share_memory(a, b))
 
+    @staticmethod
+    def has_internal_overlap(a):
+        """Whether two elements of `a` may share memory (a broadcast, stride-0 or as_strided view), judged
+        from shape and strides: each axis, from the smallest stride up, must step past everything the
+        axes before it span.  That suffices for disjoint elements; an interleaving of axes whose elements
+        never meet counts as overlapping."""
+        if a.size == 0:
+            return False
+        span = a.itemsize
+        for stride, n in sorted((abs(st), n) for n, st in zip(a.shape, a.strides) if n > 1):
+            if stride < span:
+                return True
+            span += stride * (n - 1)
+        return False
+
     def device(self, a):
         """Context making `a`'s device current (allocations and launches land there)."""
         if self._device_of is None:

@@ -614,10 +614,14 @@ def _loss_and_grad(problem, buf, grad_output, **grad_only):
 
 
 def _check_apart(problem, dest, what, grad_output):
-    """dest (out=, or the input with inplace=True) shares no memory with anything else the kernels read:
-    they read targets, weights and the upstream gradient while writing the gradient (a row's target
-    probabilities after its exponentials were kept in the gradient buffer, say)."""
+    """dest (out=, or the input with inplace=True) has no two elements in one place (each would hold the
+    last gradient written there) and shares no memory with anything else the kernels read: they read
+    targets, weights and the upstream gradient while writing the gradient (a row's target probabilities
+    after its exponentials were kept in the gradient buffer, say)."""
     backend = problem.backend
+    if backend.has_internal_overlap(dest):
+        raise ValueError(f"{what}: some of its elements share memory (a broadcast or stride-0 view); the "
+                         f"gradient needs a place of its own for every element")
     named = problem.read_arrays() + (("grad_output", grad_output if backend.owns(grad_output) else None),)
     for name, a in named:
         if a is not None and backend.owns(a) and backend.overlaps(dest, a):
