@@ -37,6 +37,10 @@ def _calls(n_threads):
         xf.softmax(x, n_threads=n_threads),
         *xf.binary_cross_entropy_with_logits_with_grad(xb, t, reduction="none", n_threads=n_threads),
         xf.binary_cross_entropy_with_logits(xb, t, reduction="mean", n_threads=n_threads),
+        # float32 means of the plain-call lanes (_core/_plain.pxd), rounded to a subnormal float32
+        xf.cross_entropy(np.array([[88.0, 0.0]], np.float32), np.zeros(1, np.int64), n_threads=n_threads),
+        xf.binary_cross_entropy_with_logits(np.full(3, -88.0, np.float32), np.zeros(3, np.float32),
+                                            n_threads=n_threads),
         # the phased path (fewer rows than threads)
         *xf.cross_entropy_with_grad(np.array([[0.0] + [-720.0] * 9000]), np.array([0]),
                                     n_threads=n_threads),

@@ -354,6 +354,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     cdef xf_bin_args a
     cdef double *part = NULL
     cdef double hi = 0.0, lo = 0.0, total = 0.0
+    cdef float total32 = 0.0
     cdef bint f32, ok
     cdef xf_fp_state fp_saved
     cdef void *xp
@@ -430,7 +431,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
             ok = not (fabs(hi) <= n * _TINY_SUM) and not (red == 1 and hi == INF)
             total = (hi + lo) if red == 2 else (hi / n + lo / n)
             if f32:
-                total = <float>total       # rounded inside the subnormal guard
+                total32 = <float>total     # rounded inside the subnormal guard
         xf_fp_ieee_leave(fp_saved)
     if red == 0:
         result = loss_o
@@ -438,7 +439,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
         free(part)
         if not ok:
             return NotImplemented
-        result = plain_scalar(total, f32)
+        result = plain_scalar(total, total32, f32)
     return (result, g) if with_grad else result
 
 

@@ -90,13 +90,13 @@ cdef inline bint plain_out(object out, cnp.ndarray x, cnp.ndarray target) noexce
     return plain_disjoint(o, x) and plain_disjoint(o, target)
 
 
-cdef inline object plain_scalar(double total, bint f32):
-    """xentfast._backend.CPU.result: the reduction as a NumPy scalar of the loss dtype, rounded by a C
-    cast as NumPy's cast rounds (an overflow is inf, without a warning).  Callers round a float32 result
-    inside their subnormal guard already (the cast here is then exact)."""
-    cdef float v32 = <float>total
+cdef inline object plain_scalar(double total, float total32, bint f32):
+    """xentfast._backend.CPU.result: the reduction as a NumPy scalar of the loss dtype; for float32
+    `total32`, which the caller rounded from `total` by a C cast (as NumPy's cast rounds: an overflow is
+    inf, without a warning) inside its subnormal guard.  A cast here, outside the guard, flushed a
+    subnormal result to 0 under the caller's flush-to-zero (torch.set_flush_denormal)."""
     if f32:
-        return PyArray_Scalar(&v32, cnp.PyArray_DescrFromType(cnp.NPY_FLOAT32), None)
+        return PyArray_Scalar(&total32, cnp.PyArray_DescrFromType(cnp.NPY_FLOAT32), None)
     return PyArray_Scalar(&total, cnp.PyArray_DescrFromType(cnp.NPY_FLOAT64), None)
 
 

@@ -739,6 +739,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     cdef XentArgs a
     cdef double *loss
     cdef double den = 0.0, hi = 0.0, lo = 0.0, total
+    cdef float total32 = 0.0
     cdef int k = 0
     cdef bint f32, ok
     cdef xf_fp_state fp_saved
@@ -828,7 +829,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
             else:
                 total = (hi / den + lo / den) * ldexp(1.0, k)
             if f32:
-                total = <float>total
+                total32 = <float>total
         xf_fp_ieee_leave(fp_saved)
     free(loss)
     if red == 0:
@@ -836,7 +837,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     else:
         if not ok:
             return NotImplemented
-        result = plain_scalar(total, f32)
+        result = plain_scalar(total, total32, f32)
     return (result, g) if with_grad else result
 
 
