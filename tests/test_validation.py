@@ -388,6 +388,27 @@ class TestSmallerOptions:
         with raises(ValueError, "ignore_index"):
             xf.sigmoid_focal_loss(x, t, ignore_index=ignore, reduction="mean")
 
+    @pytest.mark.parametrize("t, ignore, words", [
+        ([1 + 1e-9, 0.0], None, ["target", "[0, 1]", "1.000000001"]),
+        ([1e300, 0.0], None, ["target", "[0, 1]", "1e+300"]),
+        ([16777217, 0], 16777216, ["target", "16777217"]),
+        ([0.5000000001, 0.5], 0.5, ["target", "0.5000000001", "becomes ignore_index=0.5", "float32"]),
+    ])
+    def test_binary_targets_are_checked_before_their_cast(self, t, ignore, words):
+        # float32 logits: the cast would make these a valid target or the ignored value
+        x = np.zeros(2, np.float32)
+        with raises(ValueError, *words):
+            xf.binary_cross_entropy_with_logits(x, np.array(t), ignore_index=ignore, reduction="none")
+        with raises(ValueError, *words):
+            xf.sigmoid_focal_loss(x, np.array(t), ignore_index=ignore)
+
+    def test_binary_targets_of_another_dtype_within_range_are_taken(self):
+        x = np.zeros(3, np.float32)
+        got = xf.binary_cross_entropy_with_logits(x, np.array([0.5, 1.0, 0.3]), ignore_index=0.5, reduction="none")
+        want = xf.binary_cross_entropy_with_logits(x, np.float32([0.5, 1.0, 0.3]), ignore_index=0.5,
+                                                   reduction="none")
+        assert got.tobytes() == want.tobytes() and got[0] == 0
+
     def test_binary_ignore_index_of_the_targets_dtype_is_ignored_everywhere(self):
         x = np.array([0.5, -1.0, 2.0, 0.3], dtype=np.float32)
         t = np.array([1.0, 0.0, -0.1, 1.0], dtype=np.float32)
