@@ -103,6 +103,12 @@ class TestCrossEntropyArguments:
         with raises(ValueError, "weight", "at index 2"):
             f(X, Y, weight=w)
 
+    def test_mean_whose_weight_sum_overflows(self, f):
+        # each row's share w_y / sum(w_y) would round to 0: a NaN mean and a zero gradient
+        with raises(ValueError, "weight", "denominator", "overflows"):
+            f(X, Y, weight=np.full(4, 1e308))
+        f(X, Y, weight=np.full(4, 1e308), reduction="none")
+
     def test_unknown_reduction(self, f):
         with raises(ValueError, "reduction", "'avg'"):
             f(X, Y, reduction="avg")

@@ -455,6 +455,11 @@ class _Problem:
             else:
                 self._den = self.k.target_weight_sum(self.y, self._w_or_empty(), self.ignore_index,
                                                      self.w is not None, self.C)
+        if self._den == math.inf and self.reduction == "mean":
+            # every row's share w_y / sum(w_y) would round to 0 (a NaN mean, a zero gradient), although
+            # the mean itself is finite; scaling every weight by one factor leaves it unchanged
+            raise ValueError("weight: the mean's denominator, the sum of the kept rows' target weights, "
+                             "overflows float64; scale the weights down (the mean does not change)")
         return self._den
 
     def upstream(self, grad_output):
