@@ -496,3 +496,28 @@ def test_masked_arrays_are_refused(call, name):
     m = np.ma.masked_array([[0.0, 1e30, 0.0]], mask=[[0, 1, 0]])
     with raises(TypeError, f"{name}: a masked array", f"{name}.filled"):
         call(m)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: xf.cross_entropy(X, Y, label_smoothing="0.1"), ["label_smoothing", "real number", "'0.1'"]),
+    (lambda: xf.cross_entropy(X, Y, label_smoothing=True), ["label_smoothing", "real number", "True"]),
+    (lambda: xf.cross_entropy(X, Y, z_loss=True), ["z_loss", "real number"]),
+    (lambda: xf.cross_entropy(X, Y, ignore_index=True), ["ignore_index", "an int", "True"]),
+    (lambda: xf.cross_entropy(X, Y, axis=True), ["axis", "an int", "True"]),
+    (lambda: xf.cross_entropy(X, Y, n_threads=True), ["n_threads", "bool"]),
+    (lambda: xf.softmax(X, axis=True), ["axis", "an int"]),
+    (lambda: xf.binary_cross_entropy_with_logits(X, X * 0, ignore_index=True), ["ignore_index", "True"]),
+    (lambda: xf.sigmoid_focal_loss(X, X * 0, gamma=True), ["gamma", "real number"]),
+])
+def test_booleans_and_strings_are_not_numbers(call, words):
+    # float("0.1") and operator.index(True) would otherwise let them through as 0.1 and 1
+    with raises(TypeError, *words):
+        call()
+
+
+def test_focal_gamma_beyond_the_kernels_range():
+    x, t = np.array([-3.0, 0.0, 3.0]), np.array([0.0, 1.0, 1.0])
+    with raises(ValueError, "gamma", "2**400", "1e+130"):
+        xf.sigmoid_focal_loss_with_grad(x, t, gamma=1e130)
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, gamma=2.0**400)
+    assert np.all(np.isfinite(loss)) and np.all(np.isfinite(grad))

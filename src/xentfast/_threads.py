@@ -19,6 +19,8 @@ def effective_n_threads(n_threads=None):
     if n_threads is None:
         n_threads = -1
     try:
+        if isinstance(n_threads, bool):
+            raise TypeError    # True would otherwise ask for one thread
         n_threads = operator.index(n_threads)
     except TypeError:
         raise TypeError(f"n_threads: expected None or an int, got {type(n_threads).__name__}") from None

@@ -46,11 +46,18 @@ def _as_logits(input, name="input", writeable=False, backend=_backend.CPU):
     return x, given
 
 
-def _class_axis(axis, ndim, name="axis"):
+def _index_argument(value, name, expected="an int"):
+    """An int argument; a bool is refused (True would otherwise pass as 1)."""
     try:
-        axis = operator.index(axis)
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name}: expected an int, got {type(axis).__name__}") from None
+        raise TypeError(f"{name}: expected {expected}, got {value!r}") from None
+
+
+def _class_axis(axis, ndim, name="axis"):
+    axis = _index_argument(axis, name)
     if not -ndim <= axis < ndim:
         raise ValueError(f"{name}: {axis} is out of range for an input with {ndim} dimension(s)")
     return axis % ndim
@@ -83,6 +90,8 @@ def _check_choice(value, choices, name):
 
 def _check_real(value, name, lo=None, hi=None):
     try:
+        if isinstance(value, (str, bytes, bool, np.bool_)):
+            raise TypeError    # float() would read "0.1" and True as numbers
         v = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected a real number, got {value!r}") from None
@@ -101,10 +110,7 @@ _MIN_SMOOTHING = 2.0**-900
 
 
 def _check_ignore_index(ignore_index):
-    try:
-        value = operator.index(ignore_index)
-    except TypeError:
-        raise TypeError(f"ignore_index: expected an int, got {ignore_index!r}") from None
+    value = _index_argument(ignore_index, "ignore_index")
     if value not in _INT64_RANGE:
         raise ValueError(f"ignore_index: {value} is outside int64, the labels' range")
     return value

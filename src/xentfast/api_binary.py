@@ -67,6 +67,8 @@ _NAN_POLICIES = ("propagate", "raise")
 def _ignore_value(ignore_index):
     if ignore_index is None:
         return None
+    if isinstance(ignore_index, (bool, np.bool_)):
+        raise TypeError(f"ignore_index: expected None, an int or a finite float; got {ignore_index!r}")
     try:
         return operator.index(ignore_index)
     except TypeError:
@@ -648,11 +650,19 @@ _document(
 # ---------------------------------------------------------------------------------------------------
 # focal loss
 
+# The focal gradient's tail terms are formed scaled by 2**600 (binary.h); gamma times such a term must stay
+# finite, where a NaN gradient appeared beyond ~1e128.
+_MAX_FOCAL_GAMMA = 2.0**400
+
+
 def _check_focal(alpha, gamma):
     a = _check_real(alpha, "alpha")
     if a > 1:
         raise ValueError(f"alpha: must be in [0, 1], or negative to switch the weighting off; got {alpha!r}")
     g = _check_real(gamma, "gamma", 0.0)
+    if g > _MAX_FOCAL_GAMMA:
+        raise ValueError(f"gamma: must be at most 2**400 (~2.6e120), beyond which the gradient's scaled terms "
+                         f"(2**600) overflow; got {gamma!r} (u**gamma is 0 for every u < 1 long before)")
     return a, g
 
 
