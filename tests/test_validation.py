@@ -521,3 +521,20 @@ def test_focal_gamma_beyond_the_kernels_range():
         xf.sigmoid_focal_loss_with_grad(x, t, gamma=1e130)
     loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, gamma=2.0**400)
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(grad))
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: xf.binary_cross_entropy_with_logits(np.array(0.5), np.array(0.5), weight=np.ones(1)),
+     ["weight", "shape (1,)", "input's shape ()"]),
+    (lambda: xf.binary_cross_entropy_with_logits(np.array(0.5), np.array(0.5), pos_weight=np.ones(1)),
+     ["pos_weight", "shape (1,)", "input's shape ()"]),
+    (lambda: xf.binary_cross_entropy_with_logits_with_grad(np.array(0.5), np.array(1.0), out=np.zeros(1)),
+     ["out", "expected shape ()", "got shape (1,)"]),
+])
+def test_a_0d_binary_input_takes_only_0d_companions(call, words):
+    # the problem runs as shape (1,) inside; its arguments still broadcast against () as torch's do
+    with raises(ValueError, *words):
+        call()
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(np.array(0.5), np.array(1.0), weight=np.array(2.0),
+                                                               out=np.zeros(()))
+    assert grad.shape == () and loss == 2 * xf.binary_cross_entropy_with_logits(np.array(0.5), np.array(1.0))

@@ -280,8 +280,9 @@ class _Elementwise:
         self.flat = self.rows.reshape(-1)
         self.t = _unit_targets(target, x, self.ignore, backend=self.backend, checks=checks,
                                n_threads=n_threads).reshape(-1)
-        self.w = _broadcast_weight(weight, xs.shape, "weight", self.backend, checks)
-        self.pw = _broadcast_weight(pos_weight, xs.shape, "pos_weight", self.backend, checks)
+        # against the caller's shape: a 0-d input (run as shape (1,)) takes only 0-d weights, as in torch
+        self.w = _broadcast_weight(weight, x.shape, "weight", self.backend, checks)
+        self.pw = _broadcast_weight(pos_weight, x.shape, "pos_weight", self.backend, checks)
         self.alpha, self.gamma = alpha, gamma
         self.eps, self.log_clamp = eps, log_clamp
         if what == "probabilities":
@@ -477,8 +478,11 @@ class _Elementwise:
         return g.reshape(()) if self.scalar else g
 
     def with_grad(self, input, grad_output, out, inplace):
-        # a 0-d problem runs as shape (1,): a 0-d out= buffer is viewed the same way
-        out1 = out.reshape(1) if (self.scalar and self.backend.owns(out) and out.shape == ()) else out
+        # a 0-d problem runs as shape (1,): a 0-d out= buffer is viewed the same way, and no other is taken
+        if self.scalar and self.backend.owns(out) and out.shape != ():
+            raise ValueError(f"out: expected shape () and dtype {self.grad_dtype}; got shape {out.shape}, "
+                             f"dtype {out.dtype}")
+        out1 = out.reshape(1) if (self.scalar and self.backend.owns(out)) else out
         buf, dest = _grad_target(self, out1, inplace, grad_output)
         loss = _loss_and_grad(self, buf, grad_output, want_loss=False)
         g = _finish_grad(self, buf, dest)
