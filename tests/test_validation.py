@@ -538,3 +538,19 @@ def test_a_0d_binary_input_takes_only_0d_companions(call, words):
     loss, grad = xf.binary_cross_entropy_with_logits_with_grad(np.array(0.5), np.array(1.0), weight=np.array(2.0),
                                                                out=np.zeros(()))
     assert grad.shape == () and loss == 2 * xf.binary_cross_entropy_with_logits(np.array(0.5), np.array(1.0))
+
+
+def test_nan_policy_raise_passes_over_ignored_rows_and_elements():
+    # ignored rows and elements contribute 0 whatever they hold (even NaN): no reason to raise
+    x = np.zeros((3, 4))
+    x[1, 2] = np.nan
+    assert xf.cross_entropy(x, np.array([0, -100, 1]), nan_policy="raise") == xf.cross_entropy(
+        np.zeros((3, 4)), np.array([0, -100, 1]))
+    with raises(ValueError, "input", "NaN logit in row [1] at class 2"):
+        xf.cross_entropy(x, np.array([0, 1, -100]), nan_policy="raise")
+    t = np.zeros((3, 4))
+    t[1, 2] = -1.0
+    xf.binary_cross_entropy_with_logits(x, t, ignore_index=-1, nan_policy="raise")
+    x[2, 3] = np.nan
+    with raises(ValueError, "input", "NaN at index [2, 3]"):
+        xf.binary_cross_entropy_with_logits(x, t, ignore_index=-1, nan_policy="raise")

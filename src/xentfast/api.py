@@ -275,20 +275,28 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
     return None, float(ga)
 
 
-def _raise_nan_row(rows, batch_shape, name, what):
-    nan_rows = np.isnan(rows).any(axis=1)
-    r = int(np.flatnonzero(nan_rows)[0])
+def _nan_rows(xp, rows, labels, ignore_index):
+    """Rows holding a NaN, ignored rows left out (their loss and gradient are 0 whatever they hold)."""
+    nan_rows = xp.isnan(rows).any(axis=1)
+    return nan_rows if labels is None else nan_rows & (labels != ignore_index)
+
+
+def _raise_nan_row(rows, batch_shape, name, what, labels, ignore_index):
+    r = int(np.flatnonzero(_nan_rows(np, rows, labels, ignore_index))[0])
     c = int(np.flatnonzero(np.isnan(rows[r]))[0])
     raise ValueError(f"{name}: NaN {what} in row {_fmt_index(r, batch_shape)} at class {c} (nan_policy='raise')")
 
 
 def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_backend.CPU, checks=None,
-                      what="logit"):
+                      what="logit", labels=None, ignore_index=None):
+    """nan_policy='raise': ValueError naming the first row (not ignored: `labels` equal to ignore_index)
+    holding a NaN."""
     _check_choice(nan_policy, _NAN_POLICIES, "nan_policy")
     if nan_policy == "raise" and rows.size:
         checks = checks or backend.checks(immediate=True)
-        checks.require(backend.xp.isnan(rows).any(),
-                       lambda: _raise_nan_row(backend.to_host(rows), batch_shape, name, what))
+        checks.require(_nan_rows(backend.xp, rows, labels, ignore_index).any(),
+                       lambda: _raise_nan_row(backend.to_host(rows), batch_shape, name, what,
+                                              None if labels is None else backend.to_host(labels), ignore_index))
 
 
 _TINY_K = 600.0
@@ -411,7 +419,8 @@ class _Problem:
         self.y, self.t, self._kept = _split_target(target, self.x_orig, self.axis, self.batch_shape, self.C,
                                                    self.ignore_index, self.backend, checks)
         self.w = _class_weights(weight, self.C, self.backend, checks)
-        _check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks)
+        _check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks,
+                          labels=self.y, ignore_index=self.ignore_index)
         if self.t is not None:
             # a NaN target probability makes its row NaN as a NaN logit does (README, special values)
             _check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
@@ -795,8 +804,8 @@ _XENT_DOC_PARAMS = """
         NaN as torch, or 0.  The gradient is 0 in both cases.
     nan_policy : {'propagate', 'raise'}, default 'propagate'
         'propagate': a NaN logit or target probability makes its row's loss and gradient NaN.  'raise':
-        ValueError naming the first row and class holding a NaN (costs one extra read of the logits, and
-        of the target probabilities).
+        ValueError naming the first row and class holding a NaN, ignored rows excepted (costs one extra
+        read of the logits, and of the target probabilities).
     n_threads : int, optional
         OpenMP threads; None means all available (``OMP_NUM_THREADS``).  Results are bitwise identical
         for every value."""

@@ -213,15 +213,23 @@ def _broadcast_weight(weight, shape, name, backend=_backend.CPU, checks=None):
                   int(np.prod(shape[lo:hi + 1])))
 
 
-def _raise_nan(x, name):
-    raise ValueError(f"{name}: NaN at index {_first_bad(np.isnan(x), x.shape)[1]} (nan_policy='raise')")
+def _nan_kept(x, t, ignore):
+    """NaN elements, ignored ones left out (their loss and gradient are 0 whatever the logit holds)."""
+    nan = _xp(x).isnan(x)
+    return nan if ignore is None else nan & (t.reshape(x.shape) != ignore)
 
 
-def _check_nan_policy(nan_policy, x, name="input", backend=_backend.CPU, checks=None):
+def _raise_nan(x, name, t, ignore):
+    raise ValueError(f"{name}: NaN at index {_first_bad(_nan_kept(x, t, ignore), x.shape)[1]} (nan_policy='raise')")
+
+
+def _check_nan_policy(nan_policy, x, name="input", backend=_backend.CPU, checks=None, t=None, ignore=None):
     _check_choice(nan_policy, _NAN_POLICIES, "nan_policy")
     if nan_policy == "raise":
         checks = checks or backend.checks(immediate=True)
-        checks.require(backend.xp.isnan(x).any(), lambda: _raise_nan(backend.to_host(x), name))
+        checks.require(_nan_kept(x, t, ignore).any(),
+                       lambda: _raise_nan(backend.to_host(x), name,
+                                          None if t is None else backend.to_host(t), ignore))
 
 
 def _check_eps(eps):
@@ -287,7 +295,7 @@ class _Elementwise:
         self.eps, self.log_clamp = eps, log_clamp
         if what == "probabilities":
             _check_probabilities(x, backend=self.backend, checks=checks)
-        _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
+        _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks, t=self.t, ignore=self.ignore)
         self.n = self.flat.shape[0]
         self.n_threads = _threads_for(n_threads, self.n)
         if self.ignore is None:
@@ -554,7 +562,7 @@ _BCE_LOGITS_PARAMS = """
         'mean' with nothing to average (every element ignored, or an empty input): NaN (torch's mean of
         nothing) or 0.  The gradient is 0 in both cases.
     nan_policy : {'propagate', 'raise'}, default 'propagate'
-        'raise': ValueError naming the first NaN logit.
+        'raise': ValueError naming the first NaN logit, ignored elements excepted.
     n_threads : int, optional
         OpenMP threads; None means all available.  Results are bitwise identical for every value."""
 
@@ -891,7 +899,8 @@ class _ProbsProblem(_api._Problem):
                                                    self.ignore_index, self.backend, checks)
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_probabilities(x, backend=self.backend, checks=checks)
-        _check_nan_policy(nan_policy, x, backend=self.backend, checks=checks)
+        _api._check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks,
+                               what="probability", labels=self.y, ignore_index=self.ignore_index)
         if self.t is not None:
             _api._check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
                                    "target probability")
@@ -946,7 +955,8 @@ _CE_PROBS_PARAMS = """
     empty_mean : {'nan', 'zero'}, default 'nan'
         As in :func:`xentfast.cross_entropy`.
     nan_policy : {'propagate', 'raise'}, default 'propagate'
-        A NaN anywhere in a row makes that row's loss and gradient NaN; 'raise' raises instead.
+        A NaN anywhere in a row makes that row's loss and gradient NaN; 'raise' raises instead (ignored
+        rows excepted).
     n_threads : int, optional
         OpenMP threads (rows are the parallel unit); results are identical for every value."""
 
