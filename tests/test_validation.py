@@ -554,3 +554,13 @@ def test_nan_policy_raise_passes_over_ignored_rows_and_elements():
     x[2, 3] = np.nan
     with raises(ValueError, "input", "NaN at index [2, 3]"):
         xf.binary_cross_entropy_with_logits(x, t, ignore_index=-1, nan_policy="raise")
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: xf.cross_entropy([[1.0, 2.0], [3.0]], [0, 1]), "input"),
+    (lambda: xf.cross_entropy([[1.0, 2.0], [3.0, 4.0]], [0, [1]]), "target"),
+    (lambda: xf.binary_cross_entropy_with_logits([0.0, 1.0], [[0.0], 1.0]), "target"),
+])
+def test_a_ragged_list_is_named(call, name):
+    with raises(ValueError, f"{name}: ", "inhomogeneous"):
+        call()

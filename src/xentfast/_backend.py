@@ -275,6 +275,17 @@ def masked_argument(signature, args, kwargs):
     return next(name for name, a in bound.items() if isinstance(a, ma.MaskedArray))
 
 
+def ragged_argument(signature, args, kwargs):
+    """The name of the first list or tuple argument NumPy cannot make an array of (None if none)."""
+    for name, a in signature.bind_partial(*args, **kwargs).arguments.items():
+        if isinstance(a, (list, tuple)):
+            try:
+                np.asarray(a)
+            except ValueError:
+                return name
+    return None
+
+
 def has_foreign(args, kwargs):
     for a in args:
         if is_foreign(a):

@@ -738,18 +738,27 @@ def _on_input_device(fn=None, *, plain_lane=None):
         # each parallel region (_core/fp_ieee.h); this covers the calling thread's own arithmetic.
         fp_saved = _fp_ieee_enter()
         try:
-            if _backend.plain_call(args, kwargs):
-                return fn(*args, **kwargs)
-            masked = _backend.masked_argument(signature, args, kwargs)
-            if masked is not None:
-                raise TypeError(f"{masked}: a masked array, whose masked entries would be read as values; pass "
-                                f"{masked}.filled(value), and leave rows out with ignore_index or weights")
-            if _backend.has_foreign(args, kwargs):
-                return _backend.call_foreign(fn, signature, args, kwargs)
-            with _backend.device_of_call(args, kwargs):
-                return fn(*args, **kwargs)
+            return run(args, kwargs)
+        except ValueError as exc:
+            # NumPy's message for a ragged list names no argument: find the one it came from
+            ragged = _backend.ragged_argument(signature, args, kwargs) if "inhomogeneous" in str(exc) else None
+            if ragged is None:
+                raise
+            raise ValueError(f"{ragged}: {exc}") from None
         finally:
             _fp_ieee_leave(fp_saved)
+
+    def run(args, kwargs):
+        if _backend.plain_call(args, kwargs):
+            return fn(*args, **kwargs)
+        masked = _backend.masked_argument(signature, args, kwargs)
+        if masked is not None:
+            raise TypeError(f"{masked}: a masked array, whose masked entries would be read as values; pass "
+                            f"{masked}.filled(value), and leave rows out with ignore_index or weights")
+        if _backend.has_foreign(args, kwargs):
+            return _backend.call_foreign(fn, signature, args, kwargs)
+        with _backend.device_of_call(args, kwargs):
+            return fn(*args, **kwargs)
     return call
 
 
