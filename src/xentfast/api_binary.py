@@ -539,6 +539,14 @@ _AS_BCE_LOGITS_WITH_GRAD = """
     grad_output, out, inplace
         As in :func:`binary_cross_entropy_with_logits_with_grad`."""
 
+
+def _document_trio(forward, backward, with_grad, params, bound, notes):
+    """The docstrings of an element-wise loss's three functions, each given with its summary line: the
+    loss and the gradient of the input's shape, with_grad's extra arguments as BCE with logits' ones."""
+    _document(*forward, params, _LOSS_OF_INPUT_SHAPE, bound, notes)
+    _document(*backward, _INPUT_UPSTREAM + params, _GRAD_OF_INPUT_SHAPE, bound, notes)
+    _document(*with_grad, params + _AS_BCE_LOGITS_WITH_GRAD, "loss, dinput", bound, notes)
+
 _BCE_LOGITS_PARAMS = """
     input : array_like of float16, bfloat16, float32 or float64, or any array with ``__dlpack__``
         Logits, any shape (0-d included).  Half precision costs a float64 copy (Notes).
@@ -752,17 +760,11 @@ def sigmoid_focal_loss_with_grad(input, target, alpha=0.25, gamma=2.0, reduction
                         nan_policy=nan_policy, n_threads=n_threads).with_grad(input, grad_output, out, inplace)
 
 
-_document(
-    sigmoid_focal_loss, "Sigmoid focal loss (Lin et al. 2017) with torchvision's semantics.",
-    _FOCAL_PARAMS, _LOSS_OF_INPUT_SHAPE, _BOUND_FOCAL, _FOCAL_NOTES)
-
-_document(
-    sigmoid_focal_loss_backward, "Gradient of :func:`sigmoid_focal_loss` with respect to ``input``.",
-    _INPUT_UPSTREAM + _FOCAL_PARAMS, _GRAD_OF_INPUT_SHAPE, _BOUND_FOCAL, _FOCAL_NOTES)
-
-_document(
-    sigmoid_focal_loss_with_grad, "Focal loss and its gradient in one pass (same bits as separately).",
-    _FOCAL_PARAMS + _AS_BCE_LOGITS_WITH_GRAD, "loss, dinput", _BOUND_FOCAL, _FOCAL_NOTES)
+_document_trio(
+    (sigmoid_focal_loss, "Sigmoid focal loss (Lin et al. 2017) with torchvision's semantics."),
+    (sigmoid_focal_loss_backward, "Gradient of :func:`sigmoid_focal_loss` with respect to ``input``."),
+    (sigmoid_focal_loss_with_grad, "Focal loss and its gradient in one pass (same bits as separately)."),
+    _FOCAL_PARAMS, _BOUND_FOCAL, _FOCAL_NOTES)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -849,17 +851,11 @@ def binary_cross_entropy_with_grad(input, target, weight=None, reduction="mean",
                         eps=e, log_clamp=c).with_grad(input, grad_output, out, inplace)
 
 
-_document(
-    binary_cross_entropy, "Binary cross-entropy from probabilities (torch's ``binary_cross_entropy``).",
-    _BCE_PROB_PARAMS, _LOSS_OF_INPUT_SHAPE, _BOUND_BCE_PROB, _BCE_PROB_NOTES)
-
-_document(
-    binary_cross_entropy_backward, "Gradient of :func:`binary_cross_entropy` with respect to ``input``.",
-    _INPUT_UPSTREAM + _BCE_PROB_PARAMS, _GRAD_OF_INPUT_SHAPE, _BOUND_BCE_PROB, _BCE_PROB_NOTES)
-
-_document(
-    binary_cross_entropy_with_grad, "BCE from probabilities and its gradient in one pass.",
-    _BCE_PROB_PARAMS + _AS_BCE_LOGITS_WITH_GRAD, "loss, dinput", _BOUND_BCE_PROB, _BCE_PROB_NOTES)
+_document_trio(
+    (binary_cross_entropy, "Binary cross-entropy from probabilities (torch's ``binary_cross_entropy``)."),
+    (binary_cross_entropy_backward, "Gradient of :func:`binary_cross_entropy` with respect to ``input``."),
+    (binary_cross_entropy_with_grad, "BCE from probabilities and its gradient in one pass."),
+    _BCE_PROB_PARAMS, _BOUND_BCE_PROB, _BCE_PROB_NOTES)
 
 
 # ---------------------------------------------------------------------------------------------------
