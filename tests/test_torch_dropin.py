@@ -556,6 +556,21 @@ def test_refusals_of_arguments_the_op_and_the_denominator_would_read_differently
     assert xt.cross_entropy(x.to("meta"), y.to("meta")).shape == ()
 
 
+def test_strings_and_booleans_are_not_numbers():
+    # float() and operator.index would read them as 0.1 and 1 before the NumPy API saw them (torch raises)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2])
+    t = torch.rand(3, 4, dtype=torch.float64)
+    for call, words in ((lambda: xt.cross_entropy(x, y, label_smoothing="0.1"), "label_smoothing: expected a real"),
+                        (lambda: xt.cross_entropy(x, y, z_loss=True), "z_loss: expected a real"),
+                        (lambda: xt.cross_entropy(x, y, ignore_index=True), "ignore_index: expected an int"),
+                        (lambda: xt.sigmoid_focal_loss(x, t, gamma="2"), "gamma: expected a real"),
+                        (lambda: xt.sigmoid_focal_loss(x, t, alpha=True), "alpha: expected a real"),
+                        (lambda: xt.binary_cross_entropy_with_logits(x, t, ignore_index=True), "ignore_index")):
+        with pytest.raises(TypeError, match=words):
+            call()
+
+
 @pytest.mark.parametrize("label_dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
 def test_narrow_labels_with_class_weights(label_dtype):
     # the weighted mean's denominator indexes the weights with the labels: torch reads a uint8 index as

@@ -415,6 +415,18 @@ class TestSmallerOptions:
                                                    reduction="none")
         assert got.tobytes() == want.tobytes() and got[0] == 0
 
+    def test_binary_targets_narrower_than_the_logits_compare_exactly(self):
+        # float32(0.1) is not the float64 0.1: a valid target, not the ignored value (NumPy would compare
+        # the Python float in float32)
+        x = np.zeros(3)
+        loss = xf.binary_cross_entropy_with_logits(x, np.float32([0.1, 1, 0]), ignore_index=0.1, reduction="none")
+        assert np.all(loss == np.log(2.0))
+        loss = xf.binary_cross_entropy_with_logits(x, np.float32([0.1, 1, 0]), ignore_index=float(np.float32(0.1)),
+                                                   reduction="none")
+        assert loss[0] == 0 and np.all(loss[1:] == np.log(2.0))
+        with raises(ValueError, "target", "[0, 1]", "-0.10000000149011612"):
+            xf.binary_cross_entropy_with_logits(np.zeros(2), np.float32([-0.1, 1]), ignore_index=-0.1)
+
     def test_binary_ignore_index_of_the_targets_dtype_is_ignored_everywhere(self):
         x = np.array([0.5, -1.0, 2.0, 0.3], dtype=np.float32)
         t = np.array([1.0, 0.0, -0.1, 1.0], dtype=np.float32)
@@ -494,7 +506,7 @@ def test_numpy_baseline_leaves_ignored_rows_out():
 def test_masked_arrays_are_refused(call, name):
     # np.asarray drops the mask: the 1e30 under it would be read as a logit
     m = np.ma.masked_array([[0.0, 1e30, 0.0]], mask=[[0, 1, 0]])
-    with raises(TypeError, f"{name}: a masked array", f"{name}.filled"):
+    with raises(TypeError, f"{name}: a masked array, whose mask would be ignored", f"{name}.filled"):
         call(m)
 
 

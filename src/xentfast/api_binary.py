@@ -129,20 +129,26 @@ def _unit_targets(target, x, ignore, name="target", backend=_backend.CPU, checks
         checks.require(_not_unit(tc, ignore).any(), lambda: _raise_not_unit(backend.to_host(tc), ignore, name))
         return tc
     # the caller's values are checked, not their cast: float32 logits would turn a target of 1 + 1e-9
-    # into 1, and 16777217 into an ignore_index of 16777216
-    checks.require(_not_unit(t, ignore).any(), lambda: _raise_not_unit(backend.to_host(t), ignore, name))
+    # into 1, and 16777217 into an ignore_index of 16777216.  A float ignore_index is compared as a
+    # float64 (NumPy would compare a Python float in float32 targets' own dtype, where 0.1 is
+    # float32(0.1)); _check_ignore_exact made it exact in the logits' dtype, so in float64 too.
+    ig = np.float64(ignore) if ignore is not None and t.dtype.kind == "f" else ignore
+    checks.require(_not_unit(t, ig).any(), lambda: _raise_not_unit(backend.to_host(t), ig, name))
     with np.errstate(over="ignore", invalid="ignore"):
         tc = backend.xp.ascontiguousarray(t, dtype=x.dtype)
     if ignore is not None and t.dtype != x.dtype:
         # an ignore_index inside [0, 1] that a valid target becomes only by the cast
-        checks.require(((tc == ignore) != (t == ignore)).any(),
-                       lambda: _raise_becomes_ignored(backend.to_host(t), backend.to_host(tc), ignore, x.dtype,
-                                                      name))
+        checks.require(_becomes_ignored(t, tc, ig).any(),
+                       lambda: _raise_becomes_ignored(backend.to_host(t), backend.to_host(tc), ig, x.dtype, name))
     return tc
 
 
+def _becomes_ignored(t, tc, ignore):
+    return (tc == ignore) != (t == ignore)
+
+
 def _raise_becomes_ignored(t, tc, ignore, dtype, name):
-    k, where = _first_bad((tc == ignore) != (t == ignore), t.shape)
+    k, where = _first_bad(_becomes_ignored(t, tc, ignore), t.shape)
     raise ValueError(f"{name}: {t.ravel()[k].item()!r} at index {where} becomes ignore_index={ignore} in {dtype}, "
                      f"the input's dtype; pass targets of that dtype")
 

@@ -552,7 +552,7 @@ XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
  * The cost falls only on such rows, but it is steep: a row of 500 log-probabilities, one thread, costs
  * ~260x an ordinary row as float32 and ~1100x as float64 (2026-12-03), nearly all of it the 160-bit
  * step's Taylor series (about 40 terms of G-limb products per distinct logit).  A table of exp(k/256)
- * would cut the series to ~12 terms; not done. */
+ * would cut the series to ~15 terms; not done. */
 
 /* lse = log(1 + D) for a double-double D with |D| >= 2^-61: log1p, the low part through the derivative,
  * while 1 + D is within [1/2, 2]; beyond, where log(1 + D) no longer cancels, log of 1 + D formed as a
