@@ -202,7 +202,7 @@ def _broadcast_weight(weight, shape, name, backend=_backend.CPU, checks=None):
     w = xp.asarray(w, dtype=np.float64)
     checks.require(_bad_weight(w).any(), lambda: _raise_bad_weight(backend.to_host(w), name))
     wb = xp.broadcast_to(w, shape)
-    n = int(np.prod(shape))
+    n = math.prod(shape)
     if n == 0:
         # no element reads a weight, and the slicing below would index an axis of length 0
         return _Bcast(xp.ones(1), 1, 1)
@@ -215,8 +215,8 @@ def _broadcast_weight(weight, shape, name, backend=_backend.CPU, checks=None):
     if gaps:
         return _Bcast(xp.ascontiguousarray(wb).reshape(-1), 1, n)
     sub = wb[tuple(slice(None) if lo <= i <= hi else 0 for i in range(len(shape)))]
-    return _Bcast(xp.ascontiguousarray(sub).reshape(-1), int(np.prod(shape[hi + 1:])),
-                  int(np.prod(shape[lo:hi + 1])))
+    return _Bcast(xp.ascontiguousarray(sub).reshape(-1), math.prod(shape[hi + 1:]),
+                  math.prod(shape[lo:hi + 1]))
 
 
 def _nan_kept(x, t, ignore):
