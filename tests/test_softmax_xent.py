@@ -179,6 +179,23 @@ def test_reductions_of_subnormal_weighted_losses(targets, reduction, z_loss):
         assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=None if simple else scale)
 
 
+@pytest.mark.parametrize("x, t, w", [
+    ([[700.0, 0.0]], [0], [1e-250, 1.0]),          # each row loss ~1e-304 times a tiny weight
+    ([[700.0, 0.0]], [0], [1e-200, 1.0]),
+    ([[700.0, 0.0], [0.0, 710.0]], [0, 1], [1e-300, 1e-290]),
+])
+def test_mean_of_tiny_losses_under_tiny_weights(x, t, w):
+    # the mean cancels the weights, so it is a normal number; the rows are tiny because the weights are,
+    # and the tiny-terms rerun's 2^600 must come on top of the mean's own 2^-k (it replaced it: 0, 20 % off)
+    x, t, w = np.array(x), np.array(t), np.array(w)
+    assert_ulp_close(np.asarray(xf.cross_entropy(x, t, weight=w)), ref.cross_entropy(x, t, weight=w),
+                     REDUCED_BOUND, dtype=np.float64)
+    p = np.array([[1 - 2.0**-53, 2.0**-53]])
+    assert_ulp_close(np.asarray(xf.cross_entropy_from_probs(p, [0], weight=[1e-310, 1.0])),
+                     ref.cross_entropy_from_probs(p, np.array([0]), weight=np.array([1e-310, 1.0])),
+                     REDUCED_BOUND, dtype=np.float64)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @given(data=st.data())
 def test_grad_output_per_row(dtype, data):

@@ -607,13 +607,17 @@ class _Problem:
         k = self.loss_scale()  # the rows came scaled by 2^-k (run); undo it after dividing
         if tiny:
             # every row loss sits on (or near) the subnormal grid, where a sum or a mean of n of them
-            # carries up to n/2 grid steps: take the losses again scaled by 2^600 instead (the kernel
-            # applies the scale to the weights, exactly), and unscale once at the end
+            # carries up to n/2 grid steps: take the losses again scaled by 2^600 more (the kernel
+            # applies the scale to the weights, exactly), and unscale once at the end.  On top of the
+            # mean's 2^-k, not in its place: with tiny weights (k << 0) the rows were tiny because the
+            # weights are, and 2^600 alone left them on the grid (w = 1e-250: a mean of 0).  Capped at
+            # 2^1023, the largest scale a double holds; the scaled rows stay below 2^-369.
             self._logits_intact()
             scaled = self.xp.empty(self.N, dtype=np.float64)
-            self._launch(self._w_or_empty(), None, 1.0, scaled, None, loss_exp=_TINY_K)
+            s = min(int(_TINY_K) - k, 1023)
+            self._launch(self._w_or_empty(), None, 1.0, scaled, None, loss_exp=s)
             hi, lo = self.k.dd_sum(scaled)
-            k = -int(_TINY_K)
+            k = -s
         if self.reduction == "sum":
             total = (hi + lo) * math.ldexp(1.0, k)
         else:

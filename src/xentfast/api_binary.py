@@ -913,7 +913,8 @@ class _ProbsProblem(_api._Problem):
     def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None, sel=None):
         """The row kernel of cross-entropy from probabilities, for the softmax family's run/reduce (which
         fold subnormal weights and rescale tiny losses the same way for both); losses come times
-        2^loss_exp (default 1: loss_scale() is 0 here); `sel` as in the softmax family."""
+        2^loss_exp (default: the mean's 2^-k, loss_scale(), which also lifts rows whose tiny weights
+        would leave them on the subnormal grid); `sel` as in the softmax family."""
         xp = self.xp
         p, y, t = self._selected(sel)
         y = y if y is not None else _placeholder(xp, 1, np.int64)
@@ -926,11 +927,8 @@ class _ProbsProblem(_api._Problem):
                                      self.clip_eps if clip else 0.0, loss, g,
                                      self.n_threads if sel is None else 1, self.y is not None,
                                      self.t is not None, self.w is not None, row_scale is not None,
-                                     grad is not None, 0.0 if loss_exp is None else float(loss_exp))
-
-    def loss_scale(self):
-        # a row loss is at most w_y * 745: no scaling against overflow is needed for a mean
-        return 0
+                                     grad is not None,
+                                     float(-self.loss_scale() if loss_exp is None else loss_exp))
 
 
 _CE_PROBS_PARAMS = """
