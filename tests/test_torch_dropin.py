@@ -645,6 +645,25 @@ def test_compile_fullgraph_and_export():
     assert {"xentfast.cross_entropy_fwd.default", "xentfast.binary_cross_entropy_with_logits_fwd.default"} <= targets
 
 
+def test_compile_with_float_options_that_change_between_calls():
+    # a float option that changes makes Dynamo trace it as a symbolic float: the drop-ins may only
+    # convert it (float()), the checks that do arithmetic on it run inside the op
+    x, y, t = _batch()
+    x = x.detach()
+    xb = torch.randn(t.shape, dtype=t.dtype, generator=torch.Generator().manual_seed(3))
+    ce = torch.compile(lambda a, b, ls: xt.cross_entropy(a, b, label_smoothing=ls), fullgraph=True)
+    focal = torch.compile(lambda a, b, al: xt.sigmoid_focal_loss(a, b, alpha=al, reduction="mean"),
+                          fullgraph=True)
+    bce = torch.compile(lambda a, b, ig: xt.binary_cross_entropy_with_logits(a, b, ignore_index=ig),
+                        fullgraph=True)
+    for v in (0.25, 0.5, 0.75):    # float32 values: the ignore value must be one (api_binary)
+        torch.testing.assert_close(ce(x, y, v), xt.cross_entropy(x, y, label_smoothing=v), rtol=0, atol=0)
+        torch.testing.assert_close(focal(xb, t, v), xt.sigmoid_focal_loss(xb, t, alpha=v, reduction="mean"),
+                                   rtol=0, atol=0)
+        torch.testing.assert_close(bce(xb, t, -v), xt.binary_cross_entropy_with_logits(xb, t, ignore_index=-v),
+                                   rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_training_reproduces_torchs_loss_trajectory(dtype):
     x, y, t = _batch(dtype, n=64)

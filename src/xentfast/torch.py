@@ -305,6 +305,16 @@ def _check_devices(input, **tensors):
             raise ValueError(f"{name}: on device {t.device}, expected the input's device {input.device}")
 
 
+def _check_float(value, name):
+    """A float argument for an op: strings and bools refused (float() would read "0.1" and True), then
+    float(), which torch.compile traces (a symbolic float specializes); the range and finiteness checks
+    are the NumPy API's, inside the op, where Dynamo does not trace (math.isfinite of a symbolic float
+    breaks the graph)."""
+    if isinstance(value, (str, bytes, bool)):
+        raise TypeError(f"{name}: expected a real number, got {value!r}")
+    return float(value)
+
+
 def _check_int(value, name):
     """An integer argument, as torch takes it (ignore_index=1.5 would be truncated for the op and not
     for the mean's denominator)."""
@@ -395,8 +405,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check_devices(input, target=target, weight=weight)
     ignore_index = _check_int(ignore_index, "ignore_index")
     fwd, _ = _OPS["cross_entropy"]
-    rows = fwd(input, target, weight, ignore_index, _api._check_real(label_smoothing, "label_smoothing"),
-               _api._check_real(z_loss, "z_loss"), nan_policy)
+    rows = fwd(input, target, weight, ignore_index, _check_float(label_smoothing, "label_smoothing"),
+               _check_float(z_loss, "z_loss"), nan_policy)
     if reduction != "mean":
         return _reduce(rows, reduction, None, empty_mean)
     return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
@@ -449,7 +459,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     weight, pos_weight = _as_tensor(weight, input), _as_tensor(pos_weight, input)
     _check_no_grad(target=target, weight=weight, pos_weight=pos_weight)
     _check_devices(input, target=target, weight=weight, pos_weight=pos_weight)
-    ignore = None if ignore_index is None else float(_api_binary._ignore_value(ignore_index))
+    ignore = None if ignore_index is None else _check_float(ignore_index, "ignore_index")
     fwd, _ = _OPS["binary_cross_entropy_with_logits"]
     rows = fwd(input, target, weight, pos_weight, ignore, nan_policy)
     return _reduce(rows, reduction, _elementwise_denominator(input, target, ignore), empty_mean)
@@ -471,10 +481,9 @@ def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none",
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     _check_no_grad(targets=targets)
     _check_devices(inputs, targets=targets)
-    ignore = None if ignore_index is None else float(_api_binary._ignore_value(ignore_index))
+    ignore = None if ignore_index is None else _check_float(ignore_index, "ignore_index")
     fwd, _ = _OPS["sigmoid_focal_loss"]
-    rows = fwd(inputs, targets, _api._check_real(alpha, "alpha"), _api._check_real(gamma, "gamma"), ignore,
-               nan_policy)
+    rows = fwd(inputs, targets, _check_float(alpha, "alpha"), _check_float(gamma, "gamma"), ignore, nan_policy)
     return _reduce(rows, reduction, _elementwise_denominator(inputs, targets, ignore), empty_mean)
 
 
