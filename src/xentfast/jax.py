@@ -6,8 +6,17 @@ Replace ``optax.losses`` (or ``optax``) by ``xentfast.jax`` in the call::
     loss = xfj.softmax_cross_entropy_with_integer_labels(logits, labels)   # per example, as in optax
 
 The functions take optax's arguments and return what optax returns (per-example losses, no reduction),
-work under ``jit``, ``grad``, ``vmap`` and their compositions, and give the bits of xentfast's NumPy
-functions.  This module is imported only on request: xentfast builds and imports without JAX.
+work under ``jit``, ``vmap``, first-order reverse mode (``grad``, ``value_and_grad``, ``vjp``) and
+their compositions, and give the bits of xentfast's NumPy functions.  This module is imported only on
+request: xentfast builds and imports without JAX.
+
+Limits (optax has none of them): no second derivative (``grad`` of ``grad``, ``hessian``: the backward
+is a kernel call without a derivative of its own, and JAX says so) and no forward mode (``jvp``,
+``jacfwd``: a ``custom_vjp`` has none).  Under ``shard_map`` the backward's output is not marked as
+varying over the mesh axis, so ``grad`` inside it fails unless ``check_vma=False``; under ``jit`` with
+sharded inputs the gradient comes back replicated.  ``jax.export`` refuses the FFI custom calls, which
+carry no compatibility guarantee (the callback paths export neither).  A ``where`` mask must broadcast
+against the batch shape from the left, as NumPy broadcasts; optax also inserts a missing class axis.
 
 Design
 (a) One kernel, one answer.  The forward is xentfast's NumPy function with ``reduction="none"``, so the

@@ -39,7 +39,15 @@ Design
     reads its flags back once per call (xentfast._backend (b)); the ops are tagged
     ``cudagraph_unsafe`` so that a CUDA graph is never captured across that read or a first-use NVRTC
     compile.
-(f) Double backward is not provided: the backward ops have no derivative of their own.
+(f) Limits.  Double backward is not provided: the backward ops have no derivative of their own.
+    Forward-mode AD is not either, and torch does not say so: ``torch.func.jvp``, ``jacfwd`` and
+    ``torch.autograd.forward_ad`` return ZERO tangents through these ops (use reverse mode, e.g.
+    ``torch.autograd.functional.jacobian``).  ``torch.func.grad``, ``vjp``, ``jacrev`` and per-sample
+    gradients (``vmap(grad(...))``) raise a RuntimeError about ``setup_context`` (functorch transforms
+    need autograd formulas the custom-op API does not register here); ``torch.func.vmap`` of the loss
+    alone works, one example at a time, with torch's warning about a missing batching rule.
+    Result dtypes: a float64 target with float32 logits gives a float32 loss (the target is cast to the
+    logits' dtype, as in the NumPy API); torch promotes to float64.
 """
 
 import contextlib
