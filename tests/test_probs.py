@@ -438,3 +438,12 @@ def test_pinned_reductions_of_subnormal_terms(case):
         got = xf.cross_entropy_from_probs(p, y, w, eps=1e-7)
         want = ref.cross_entropy_from_probs(p, y, w, eps=1e-7)
     assert_ulp_close(np.asarray(got), want, 1.0, dtype=np.float64)
+
+
+def test_the_reference_clips_at_a_tiny_eps_exactly():
+    # at the reference's working precision 1 - 1e-300 rounds to 1, and the clipped log(1 - p) was log 0
+    p = np.array([1.0, 1e-310, 0.999, 0.5])
+    y = np.full(4, 0.3)
+    exact = ref.binary_cross_entropy(p, y, eps=1e-300, reduction="none")
+    assert all(np.isfinite(float(v)) for v in exact)
+    assert_ulp_close(xf.binary_cross_entropy(p, y, eps=1e-300, reduction="none"), exact, BOUND[np.dtype(np.float64)])

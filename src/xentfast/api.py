@@ -892,7 +892,8 @@ _document(
     "        Shape of ``input`` without ``axis`` for ``reduction='none'``, else a NumPy scalar.",
     """
     Per-row loss: <= 2 ULP (float32), <= 4 ULP (float64) of the exact value of the rounded inputs.
-    'mean' / 'sum' (with weights, ignore_index): <= 4 ULP.  Measured against ``xentfast.reference``.""" +
+    'mean' / 'sum' (with weights, ignore_index): <= 4 ULP.  Measured against ``xentfast.reference``.
+    Known misses at extreme class weights (beyond ~2^±50, float64): the README's "Known limits".""" +
     _HALF_BOUND,
     _XENT_DOC_NOTES,
     """>>> import numpy as np, xentfast

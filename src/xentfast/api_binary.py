@@ -610,7 +610,8 @@ _BOUND_BCE = """
     relative, for targets in {0, 1}, and in units of ulp(w (|(1-y) sigmoid(x)| + |q y sigmoid(-x)|)) for
     soft targets.  'mean' / 'sum' <= 4 ULP; gradients of 'mean' / 'sum' or with an element-wise
     ``grad_output``: one more ULP (the upstream factor's rounding).  Measured against
-    ``xentfast.reference``; the README lists the measured maxima.""" + _HALF_BOUND
+    ``xentfast.reference``; the README lists the measured maxima, and a known miss (float64 weights near
+    1e300 with |x| beyond ~1100).""" + _HALF_BOUND
 
 
 @_on_input_device(plain_lane=_binary.plain_binary_cross_entropy_with_logits)
@@ -733,8 +734,10 @@ _FOCAL_NOTES = """
 """ + _HALF_NOTES
 
 _BOUND_FOCAL = """
-    Per element: loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same, relative, for targets in
-    {0, 1}, and in units of ulp(alpha_t u**gamma (u + gamma ce W |1 - 2y|)) for soft targets.
+    Per element, gamma <= 20: loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same, relative,
+    for targets in {0, 1}, and in units of ulp(alpha_t u**gamma (u + gamma ce W |1 - 2y|)) for soft
+    targets.  Beyond, gamma log u carries log u's absolute error: ~5 ULP at gamma = 100 (README, known
+    limits).
     'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one more ULP.""" + _HALF_BOUND
 
 

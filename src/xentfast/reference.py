@@ -1012,9 +1012,12 @@ class _ProbMode:
 
     def logs(self, p):
         """(log p_c, log(1 - p_c), d log p_c live, d log(1 - p_c) live) for the clipped/clamped p_c."""
-        if self.eps is not None and (p < self.eps or p > 1 - self.eps):
-            pc = self.eps if p < self.eps else _ONE - self.eps
-            return mpmath.log(pc), mpmath.log1p(-pc), False, False
+        if self.eps is not None and p < self.eps:
+            return mpmath.log(self.eps), mpmath.log1p(-self.eps), False, False
+        # 1 - p and the clip 1 - eps in exact arithmetic: at the working precision 1 - 1e-300 is 1, and
+        # log(1 - (1 - eps)) would be log 0 instead of log eps
+        if self.eps is not None and mpmath.fsub(_ONE, p, exact=True) < self.eps:
+            return mpmath.log1p(-self.eps), mpmath.log(self.eps), False, False
         lp = mpmath.log(p) if p else _NINF
         l1p = mpmath.log1p(-p) if p != 1 else _NINF
         live_p = live_1p = True
