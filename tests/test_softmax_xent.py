@@ -196,6 +196,15 @@ def test_mean_of_tiny_losses_under_tiny_weights(x, t, w):
                      REDUCED_BOUND, dtype=np.float64)
 
 
+@pytest.mark.parametrize("w", [[1e-160, 1.0, 1.0], [1e-300, 1.0, 1.0]])
+def test_smoothed_mean_under_a_tiny_target_weight(w):
+    # smoothing's w_c terms make the row large while the denominator w_y is tiny: the mean (~1e159,
+    # ~1e299) is finite, but hi / den overflowed before the 2^k that brings it back
+    x, t, w = np.zeros((1, 3)), np.array([0]), np.array(w)
+    assert_ulp_close(np.asarray(xf.cross_entropy(x, t, weight=w, label_smoothing=0.5)),
+                     ref.cross_entropy(x, t, weight=w, label_smoothing=0.5), REDUCED_BOUND, dtype=np.float64)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @given(data=st.data())
 def test_grad_output_per_row(dtype, data):

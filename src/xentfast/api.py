@@ -310,6 +310,14 @@ def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_back
                                               None if labels is None else backend.to_host(labels), ignore_index))
 
 
+def _ldexp_inf(v, k):
+    """v 2^k rounded once, inf where it overflows (math.ldexp raises there)."""
+    try:
+        return math.ldexp(v, k)
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
 _TINY_K = 600.0
 _SMALLEST_NORMAL = float(np.finfo(np.float64).smallest_normal)
 
@@ -624,7 +632,12 @@ class _Problem:
             den = self.denominator()
             if den == 0:
                 return self.backend.result(np.nan if self.empty_mean == "nan" else 0.0, self.loss_dtype)
-            total = (hi / den + lo / den) * math.ldexp(1.0, k)  # inf if the mean itself overflows
+            # den = m 2^e: dividing by m and scaling by 2^(k - e) once gives the bits of hi / den * 2^k
+            # wherever neither step over- or underflowed, and the mean itself where hi / den would have
+            # (smoothing's w_c terms can make a row scaled by 2^-k large while den is tiny); inf only if
+            # the mean itself overflows
+            m, e = math.frexp(den)
+            total = _ldexp_inf(hi / m + lo / m, k - e)
         return self.backend.result(total, self.loss_dtype)
 
 
