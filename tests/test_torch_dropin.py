@@ -556,6 +556,28 @@ def test_refusals_of_arguments_the_op_and_the_denominator_would_read_differently
     assert xt.cross_entropy(x.to("meta"), y.to("meta")).shape == ()
 
 
+def test_forward_mode_and_functorch_gradients_are_refused():
+    # torch would return zero tangents through the custom ops (jvp, jacfwd, forward_ad) without a word
+    x = torch.randn(3, 4, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2])
+    t = torch.rand(3, 4, dtype=torch.float64)
+    calls = [lambda: torch.func.jvp(lambda a: xt.cross_entropy(a, y, reduction="none"), (x,), (x,)),
+             lambda: torch.func.jacfwd(lambda a: xt.binary_cross_entropy_with_logits(a, t))(x),
+             lambda: torch.func.grad(lambda a: xt.sigmoid_focal_loss(a, t, reduction="mean"))(x),
+             lambda: torch.func.vjp(lambda a: xt.binary_cross_entropy(a.sigmoid(), t), x)]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="support no torch.func transform but vmap"):
+            call()
+    import torch.autograd.forward_ad as fwad
+    with fwad.dual_level(), pytest.raises(RuntimeError, match="forward-mode dual tensor"):
+        xt.cross_entropy_from_probs(fwad.make_dual(x.softmax(1), x), y)
+    # reverse mode and vmap of the loss alone still work
+    jac = torch.autograd.functional.jacobian(lambda a: xt.cross_entropy(a, y, reduction="none"), x)
+    assert jac.shape == (3, 3, 4) and jac.abs().sum() > 0
+    batched = torch.func.vmap(lambda a, b: xt.cross_entropy(a, b))(x.reshape(3, 1, 4), y.reshape(3, 1))
+    torch.testing.assert_close(batched, xt.cross_entropy(x, y, reduction="none"), rtol=0, atol=0)
+
+
 def test_strings_and_booleans_are_not_numbers():
     # float() and operator.index would read them as 0.1 and 1 before the NumPy API saw them (torch raises)
     x = torch.randn(3, 4, dtype=torch.float64)

@@ -40,12 +40,13 @@ Design
     ``cudagraph_unsafe`` so that a CUDA graph is never captured across that read or a first-use NVRTC
     compile.
 (f) Limits.  Double backward is not provided: the backward ops have no derivative of their own.
-    Forward-mode AD is not either, and torch does not say so: ``torch.func.jvp``, ``jacfwd`` and
-    ``torch.autograd.forward_ad`` return ZERO tangents through these ops (use reverse mode, e.g.
-    ``torch.autograd.functional.jacobian``).  ``torch.func.grad``, ``vjp``, ``jacrev`` and per-sample
-    gradients (``vmap(grad(...))``) raise a RuntimeError about ``setup_context`` (functorch transforms
-    need autograd formulas the custom-op API does not register here); ``torch.func.vmap`` of the loss
-    alone works, one example at a time, with torch's warning about a missing batching rule.
+    Forward-mode AD is not either: torch itself would return zero tangents through these ops for
+    ``torch.func.jvp``, ``jacfwd`` and ``torch.autograd.forward_ad``, so the drop-ins raise a
+    RuntimeError for a dual tensor or an input under a torch.func gradient transform (``grad``, ``vjp``,
+    ``jacrev``, per-sample gradients ``vmap(grad(...))``, which torch would fail with an error about
+    ``setup_context``).  Use reverse mode: ``backward()``, ``torch.autograd.grad``,
+    ``torch.autograd.functional.jacobian``.  ``torch.func.vmap`` of the loss alone works, one example at
+    a time, with torch's warning about a missing batching rule.
     Result dtypes: a float64 target with float32 logits gives a float32 loss (the target is cast to the
     logits' dtype, as in the NumPy API); torch promotes to float64.
 """
@@ -305,6 +306,22 @@ def _check_no_grad(**tensors):
                 f"(pass {name}.detach() if no gradient is wanted for it)")
 
 
+def _refuse_unsupported_differentiation(input):
+    """Forward-mode AD and functorch's gradient transforms, refused up front: through these ops torch
+    returns zero tangents for jvp / jacfwd / forward_ad without a word, and grad / vjp / jacrev fail
+    with an error about setup_context (see (f)).  Not under torch.compile, which traces neither."""
+    if torch.compiler.is_compiling():
+        return
+    if torch._C._functorch.is_gradtrackingtensor(input):
+        raise RuntimeError("input: xentfast.torch's ops support no torch.func transform but vmap (grad, vjp, "
+                           "jvp, jacrev, jacfwd); use torch.autograd (loss.backward(), "
+                           "torch.autograd.grad, torch.autograd.functional.jacobian)")
+    if torch.autograd.forward_ad._current_level >= 0 and \
+            torch.autograd.forward_ad.unpack_dual(input).tangent is not None:
+        raise RuntimeError("input: a forward-mode dual tensor; xentfast.torch's ops have no forward-mode "
+                           "derivative (torch would return zero tangents); use reverse mode")
+
+
 def _check_devices(input, **tensors):
     """Every tensor argument on the input's device.  A meta tensor among CPU ones would otherwise send the
     call to the shape-only fake kernels, which return uninitialised memory as the loss."""
@@ -411,6 +428,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     weight = _as_tensor(weight, input)
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
+    _refuse_unsupported_differentiation(input)
     ignore_index = _check_int(ignore_index, "ignore_index")
     fwd, _ = _OPS["cross_entropy"]
     rows = fwd(input, target, weight, ignore_index, _check_float(label_smoothing, "label_smoothing"),
@@ -439,6 +457,7 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     weight = _as_tensor(weight, input)
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
+    _refuse_unsupported_differentiation(input)
     ignore_index = _check_int(ignore_index, "ignore_index")
     fwd, _ = _OPS["cross_entropy_from_probs"]
     rows = fwd(input, target, weight, ignore_index, None if eps is None else float(eps), nan_policy)
@@ -467,6 +486,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     weight, pos_weight = _as_tensor(weight, input), _as_tensor(pos_weight, input)
     _check_no_grad(target=target, weight=weight, pos_weight=pos_weight)
     _check_devices(input, target=target, weight=weight, pos_weight=pos_weight)
+    _refuse_unsupported_differentiation(input)
     ignore = None if ignore_index is None else _check_float(ignore_index, "ignore_index")
     fwd, _ = _OPS["binary_cross_entropy_with_logits"]
     rows = fwd(input, target, weight, pos_weight, ignore, nan_policy)
@@ -489,6 +509,7 @@ def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none",
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     _check_no_grad(targets=targets)
     _check_devices(inputs, targets=targets)
+    _refuse_unsupported_differentiation(inputs)
     ignore = None if ignore_index is None else _check_float(ignore_index, "ignore_index")
     fwd, _ = _OPS["sigmoid_focal_loss"]
     rows = fwd(inputs, targets, _check_float(alpha, "alpha"), _check_float(gamma, "gamma"), ignore, nan_policy)
@@ -514,6 +535,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     weight = _as_tensor(weight, input)
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
+    _refuse_unsupported_differentiation(input)
     fwd, _ = _OPS["binary_cross_entropy"]
     rows = fwd(input, target, weight, None if eps is None else float(eps),
                None if log_clamp is None else float(log_clamp), nan_policy)
