@@ -510,6 +510,19 @@ def test_masked_arrays_are_refused(call, name):
         call(m)
 
 
+@pytest.mark.parametrize("call, name", [
+    (lambda m: xf.cross_entropy([m[0], [0.0, 0.0, 0.0]], np.array([1, 1])), "input"),
+    (lambda m: xf.logsumexp(([m[0]],)), "input"),
+    (lambda m: xf.cross_entropy(np.zeros((1, 3)), np.array([1]), weight=[1.0, m[0, 1], 1.0]), "weight"),
+    (lambda m: xf.binary_cross_entropy_with_logits(np.zeros(2), [0.0, m[0, 1]]), "target"),
+])
+def test_masked_arrays_inside_lists_are_refused(call, name):
+    # np.asarray([masked, ...]) drops the masks too (m[0, 1] is the masked constant, read as 0.0)
+    m = np.ma.masked_array([[0.0, 1e30, 0.0]], mask=[[0, 1, 0]])
+    with raises(TypeError, f"{name}: a list holding a masked array, whose mask would be ignored", ".filled"):
+        call(m)
+
+
 @pytest.mark.parametrize("call, words", [
     (lambda: xf.cross_entropy(X, Y, label_smoothing="0.1"), ["label_smoothing", "real number", "'0.1'"]),
     (lambda: xf.cross_entropy(X, Y, label_smoothing=True), ["label_smoothing", "real number", "True"]),

@@ -265,14 +265,44 @@ def plain_call(args, kwargs):
     return True
 
 
+def _holds_masked(a, masked_type):
+    """Whether `a` is a masked array or a list or tuple with one somewhere inside (np.asarray of
+    [masked, ...] drops the masks as silently as np.asarray of the array itself)."""
+    if isinstance(a, masked_type):
+        return True
+    if not isinstance(a, (list, tuple)):
+        return False
+    # the element types first, at C speed: a list of Python numbers, the common case, ends here
+    kinds = set(map(type, a))
+    if kinds <= _NUMBER_TYPES:
+        return False
+    return any(_holds_masked(e, masked_type) for e in a
+               if isinstance(e, (masked_type, list, tuple)))
+
+
+_NUMBER_TYPES = frozenset({int, float, bool, complex})
+
+
 def masked_argument(signature, args, kwargs):
-    """The name of the first argument that is a NumPy masked array (None if none): reading it as an array
-    would silently use the values under its mask."""
+    """(name, is a sequence) of the first argument that is a NumPy masked array or a list holding one (None
+    if none):
+    reading it as an array would silently use the values under its mask.  Nothing to look for until
+    numpy.ma has been imported (no masked array can exist before)."""
     ma = sys.modules.get("numpy.ma")
-    if ma is None or not any(isinstance(a, ma.MaskedArray) for a in (*args, *kwargs.values())):
+    if ma is None or not any(_holds_masked(a, ma.MaskedArray) for a in (*args, *kwargs.values())):
         return None
     bound = signature.bind_partial(*args, **kwargs).arguments
-    return next(name for name, a in bound.items() if isinstance(a, ma.MaskedArray))
+    return next((name, isinstance(a, (list, tuple))) for name, a in bound.items()
+                if _holds_masked(a, ma.MaskedArray))
+
+
+def may_hold_masked(args, kwargs):
+    """Whether a plain call (plain_call) needs masked_argument: numpy.ma is loaded and an argument is a
+    list or a tuple (a plain call's arrays are exact ndarrays, never masked)."""
+    if "numpy.ma" not in sys.modules:
+        return False
+    return (any(isinstance(a, (list, tuple)) for a in args)
+            or any(isinstance(a, (list, tuple)) for a in kwargs.values()))
 
 
 def ragged_argument(signature, args, kwargs):

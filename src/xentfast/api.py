@@ -777,12 +777,18 @@ def _on_input_device(fn=None, *, plain_lane=None):
             _fp_ieee_leave(fp_saved)
 
     def run(args, kwargs):
-        if _backend.plain_call(args, kwargs):
+        plain = _backend.plain_call(args, kwargs)
+        if plain and not _backend.may_hold_masked(args, kwargs):
             return fn(*args, **kwargs)
         masked = _backend.masked_argument(signature, args, kwargs)
         if masked is not None:
-            raise TypeError(f"{masked}: a masked array, whose mask would be ignored (masked entries read as "
-                            f"values); pass {masked}.filled(value), and leave rows out with ignore_index or weights")
+            name, in_sequence = masked
+            what, fill = (("a list holding a masked array", "each masked array's .filled(value)")
+                          if in_sequence else ("a masked array", f"{name}.filled(value)"))
+            raise TypeError(f"{name}: {what}, whose mask would be ignored (masked entries read as values); "
+                            f"pass {fill}, and leave rows out with ignore_index or weights")
+        if plain:
+            return fn(*args, **kwargs)
         if _backend.has_foreign(args, kwargs):
             return _backend.call_foreign(fn, signature, args, kwargs)
         with _backend.device_of_call(args, kwargs):
