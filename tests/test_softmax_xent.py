@@ -564,6 +564,20 @@ def test_logsumexp_where_max_and_log_s_cancel(dtype, data):
     assert_ulp_close(xf.logsumexp(x), ref.logsumexp(x), BOUND[np.dtype(dtype)], inputs={"x": x})
 
 
+@pytest.mark.parametrize("make", [p.values[1] for p in CANCELLING_ROWS if p.values[0] is np.float64]
+                         + [lambda: np.log(np.random.default_rng(9).dirichlet(np.ones(c), 4)) for c in (2, 50, 500)])
+def test_cancelling_rows_skip_the_double_double_step_only_where_it_fails(make):
+    # float64 rows pass a bound d_max on |D| = |sum exp(x) - 1| from the fast lse, below which step 1 is
+    # skipped (softmax_row.h xf_lse_cancelling); the GPU passes none.  With the tightest true bound, |D|
+    # itself, the result must be the bits of the unskipped path
+    from xentfast._core import _scalar
+    for row in make().astype(np.float64):
+        with mpmath.workdps(400):
+            d = abs(mpmath.fsum(mpmath.exp(mpmath.mpf(float(v))) for v in row) - 1)
+        d_max = float(d) * (1 + 2.0 ** -50)
+        assert _scalar.lse_cancelling(row, d_max) == _scalar.lse_cancelling(row), (row, float(d))
+
+
 def test_logsumexp_limits():
     x = np.array([[-np.inf, -np.inf], [1.0, np.inf], [np.nan, 1.0], [np.inf, np.nan]])
     out = xf.logsumexp(x)

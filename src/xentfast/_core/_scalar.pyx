@@ -19,6 +19,13 @@ cdef extern from "xentfast/numerics.h" nogil:
 cdef extern from "xentfast/binary.h" nogil:
     double xf_bin_log1p_unit(double e, double rd)
 
+cdef extern from "xentfast/softmax_row.h" nogil:
+    double xf_lse_cancelling(const float *xf, const double *xd, long long C, int is_f32, double d_max)
+
+cdef extern from "xentfast/xf_fixed.h" nogil:
+    enum: XF_FIX_MAXG
+    int xf_fix_exp_neg(unsigned int *e, int G_caller, double y)
+
 
 ctypedef double (*unary_fn)(double) noexcept nogil
 ctypedef double (*binary_fn)(double, double) noexcept nogil
@@ -126,3 +133,35 @@ def dd_exp(double hi, double lo=0.0):
     cdef double eh, el
     xf_dd_exp(hi, lo, &eh, &el)
     return eh, el
+
+
+def fix_exp_neg(double y, int G):
+    """exp(-y) from the fixed-point exponential of the cancelling-row path at G fraction limbs, as
+    (integer, exponent) with exp(-y) ~ integer * 2**exponent; (0, 0) where the term is dropped (under two
+    units of 2**(-32 G))."""
+    cdef unsigned int e[XF_FIX_MAXG + 1]
+    cdef int n, k, Ge
+    if not (1 <= G <= XF_FIX_MAXG):
+        raise ValueError("G must be in [1, XF_FIX_MAXG]")
+    n = xf_fix_exp_neg(e, G, y)
+    if n < 0:
+        return 0, 0
+    # e holds exp(r) = exp(-y) 2^n with G - n // 32 fraction limbs (the caller shifts it by 2^-n)
+    Ge = G - n // 32
+    value = 0
+    for k in range(Ge, -1, -1):
+        value = (value << 32) | e[k]
+    return value, -32 * Ge - n
+
+
+def lse_cancelling(x, double d_max=float("inf")):
+    """The exact logsumexp of one row (float32 or float64, as given) by the cancelling-row path, with the
+    caller's bound d_max on |sum(exp(x)) - 1| (inf: none)."""
+    cdef const float[::1] xf
+    cdef const double[::1] xd
+    x = np.ascontiguousarray(x)
+    if x.dtype == np.float32:
+        xf = x
+        return xf_lse_cancelling(&xf[0], NULL, xf.shape[0], 1, d_max)
+    xd = np.ascontiguousarray(x, dtype=np.float64)
+    return xf_lse_cancelling(NULL, &xd[0], xd.shape[0], 0, d_max)

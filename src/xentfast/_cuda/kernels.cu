@@ -80,8 +80,10 @@ XF_HD void xf_cu_store(double *p, double v) { *p = v; }
  * recomputed at rising precision, as the CPU's xf_rowjob_exact_lse_f32/_f64 do.  On the GPU this runs
  * in its own kernel, xf_lse_exact_kernel, on the rows the family kernel flagged: the fixed-point path's
  * limb arrays and registers would otherwise weigh on every row of the hot kernel (spills). */
-XF_HD double xf_cu_lse_cancelling(const float *x, long long C) { return xf_lse_cancelling(x, 0, C, 1); }
-XF_HD double xf_cu_lse_cancelling(const double *x, long long C) { return xf_lse_cancelling(0, x, C, 0); }
+/* No bound on |D| here (the flagged rows' fast lse is not kept): the double-double step runs, and fails,
+ * on the rows the CPU lets skip it, so the results are the same bits. */
+XF_HD double xf_cu_lse_cancelling(const float *x, long long C) { return xf_lse_cancelling(x, 0, C, 1, XF_INF); }
+XF_HD double xf_cu_lse_cancelling(const double *x, long long C) { return xf_lse_cancelling(0, x, C, 0, XF_INF); }
 
 /* softmax_rows.h xf_row_z_lse, for the thread that finishes a row.  Level 1 is a few dozen operations
  * and runs in the row kernel.  The rest (the exact logsumexp where m + log S cancels, level 2 where

@@ -550,10 +550,9 @@ XF_HD double xf_target_grad(const xf_rowjob *job, double e_y)
  * D - D^2/2 for |D| < 2^-60, computed 2^600 up and rounded once on the way down (subnormal results).
  * Measured at most 0.9 ULP (float64) and 0.5 ULP (float32) on the tests' worst cases.
  * The cost falls only on such rows, but it is steep: a row of 500 log-probabilities, one thread, takes
- * ~0.15 ms as float32 (the double-double step) and ~0.62 ms as float64 (2026-12-03), several hundred
- * times an ordinary row; float64's is nearly all the 160-bit step's Taylor series (about 40 terms of
- * G-limb products per distinct logit).  A table of exp(k/256) would cut the series to ~15 terms; not
- * done. */
+ * ~0.05 ms as float32 (the double-double step) and ~0.3 ms as float64, 150 and 400-450 times an
+ * ordinary row; float64's is nearly all the 160-bit step's series (about 20 terms of G-limb products
+ * per distinct logit, after a table of exp(j/32), xf_fix_exp_neg). */
 
 /* lse = log(1 + D) for a double-double D with |D| >= 2^-61: log1p, the low part through the derivative,
  * while 1 + D is within [1/2, 2]; beyond, where log(1 + D) no longer cancels, log of 1 + D formed as a
@@ -648,13 +647,16 @@ XF_HD int xf_lse_step_fixed(const float *xf, const double *xd, long long C, int 
 }
 
 /* logsumexp of a cancelling row (x as float or as double, the other pointer NULL), to a float32
- * (is_f32) or float64 result's needs. */
-XF_HD_COLD double xf_lse_cancelling(const float *xf, const double *xd, long long C, int is_f32)
+ * (is_f32) or float64 result's needs.  d_max: an upper bound on |D| the caller knows, or +inf.  Step 1
+ * fails wherever |D| + its error bound err stays under rel err, and err >= (C + 16) 2^-100, so below
+ * d_max < (rel - 1) (C + 16) 2^-100 it is skipped: the result is the same bits, only sooner (a float64
+ * row of 500 log-probabilities, whose D is a few ulps of 1, spends ~15 % of its time there). */
+XF_HD_COLD double xf_lse_cancelling(const float *xf, const double *xd, long long C, int is_f32, double d_max)
 {
     double rel = is_f32 ? 0x1p34 : 0x1p56;
     double floor_s = is_f32 ? 0x1p447 : 0x1p-477; /* 2^-153, 2^-1077, times 2^600 */
     double out = 0.0;
-    if (xf_lse_step_dd(xf, xd, C, rel, &out)) {
+    if (!(d_max < (rel - 1.0) * ((double)C + 16.0) * 0x1p-100) && xf_lse_step_dd(xf, xd, C, rel, &out)) {
         return out;
     }
     if (C >= 0x100000000LL) {
@@ -683,15 +685,25 @@ XF_HD int xf_rowjob_lse_cancels(const xf_rowjob *job)
     return job->status == XF_ROW_OK && job->log_s > 2.0 * xf_fabs(job->lse);
 }
 
+/* |D| = |expm1(lse)| <= 2 |lse| for |lse| <= 1/2, and a float64 row's fast lse is off by under 2 ULP of
+ * log S (above), taken as 8 (2^-49 log S).  Float32 rows' fast sum is only good to ~2^-32, and their
+ * step 1 rarely fails: no bound there. */
+XF_HD double xf_rowjob_d_max_f64(const xf_rowjob *job)
+{
+    double l = xf_fabs(job->lse) + 0x1p-49 * job->log_s;
+    return (l <= 0.5) ? 2.0 * l : XF_INF;
+}
+
 /* The logsumexp output of a row after the sum pass: job->lse, or for cancelling rows the value above. */
 XF_HD double xf_rowjob_exact_lse_f64(const xf_rowjob *job, const double *x, long long C)
 {
-    return xf_rowjob_lse_cancels(job) ? xf_lse_cancelling((const float *)0, x, C, 0) : job->lse;
+    return xf_rowjob_lse_cancels(job) ? xf_lse_cancelling((const float *)0, x, C, 0, xf_rowjob_d_max_f64(job))
+                                      : job->lse;
 }
 
 XF_HD double xf_rowjob_exact_lse_f32(const xf_rowjob *job, const float *x, long long C)
 {
-    return xf_rowjob_lse_cancels(job) ? xf_lse_cancelling(x, (const double *)0, C, 1) : job->lse;
+    return xf_rowjob_lse_cancels(job) ? xf_lse_cancelling(x, (const double *)0, C, 1, XF_INF) : job->lse;
 }
 
 /* ---- logsumexp for the z-loss ---------------------------------------------------------------------
