@@ -425,6 +425,19 @@ def test_pinned_ce_probs_mean_over_subnormal_weights():
     assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, y, w, grad_output=3.0), 5.0)
 
 
+@pytest.mark.parametrize("w0, p0", [(1e-310, 1e-310), (5e-324, 5e-324), (1e-310, 0.25), (2e-308, 1e-309)])
+def test_pinned_ce_probs_mean_gradient_of_a_subnormal_weight(w0, p0):
+    # sum(w_y) is ordinary (3): -w_y / (sum(w_y) p_y) was taken from the fold w_y / sum(w_y), a subnormal
+    # rounded once before 1 / p_y magnified it (1e-310 / 3 under p = 1e-310: 230 ULP off -1/3)
+    p = np.array([[p0, 1.0 - p0], [0.5, 0.5], [0.5, 0.5]])
+    y = np.array([0, 1, 1])
+    w = np.array([w0, 1.5])
+    for grad_output in (None, 0.5):
+        kw = dict(weight=w, grad_output=grad_output)
+        _, grad = xf.cross_entropy_from_probs_with_grad(p, y, **kw)
+        assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, y, **kw), 5.0)
+
+
 @pytest.mark.parametrize("case", ["bce-sum-subnormal-terms", "ce-mean-subnormal-denominator"])
 def test_pinned_reductions_of_subnormal_terms(case):
     # each term rounded onto the subnormal grid: ten of them summed (4.0015 ULP), or one divided by a

@@ -478,6 +478,12 @@ class _Problem:
         w = self.w
         return bool(((w > 0) & (w < _SMALLEST_NORMAL)).any())
 
+    def _fold_weights(self, scale):
+        """Whether a weighted mean's gradient takes its weights folded with the denominator (run): where
+        scale = grad_output / denominator overflows, or where subnormal weights would round on the
+        subnormal grid in the kernel's products before the scale lifts them."""
+        return not math.isfinite(scale) or self._subnormal_weights()
+
     def _w_or_empty(self):
         return self.w if self.w is not None else _placeholder(self.xp, 1, np.float64)
 
@@ -528,7 +534,7 @@ class _Problem:
             return loss
         row_scale, scale, g = self.upstream(grad_output) if grad is not None else (None, 1.0, 1.0)
         if (grad is not None and self.reduction == "mean" and self.w is not None and self.y is not None
-                and (not math.isfinite(scale) or self._subnormal_weights())):
+                and self._fold_weights(scale)):
             if math.isfinite(g):
                 # index targets (the row weight r = w_y, z-loss included, scales the whole row), with
                 # subnormal class weights: grad_output / sum(w_y) may overflow although every

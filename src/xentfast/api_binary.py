@@ -913,6 +913,14 @@ class _ProbsProblem(_api._Problem):
         self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
 
+    def _fold_weights(self, scale):
+        """Only where the scale overflows: this kernel's gradient -s w q / p forms its products on
+        normalised mantissas (binary.h xf_bin_mul_div), so subnormal weights cost it nothing, while a fold
+        w / denominator would round a subnormal quotient once before 1 / p magnifies it (1e-310 / 3 under
+        p = 1e-310: 230 ULP off -1/3).  With the scale infinite the denominator is below 2^-1024, so each
+        fold w_y / denominator of two subnormals is normal."""
+        return not math.isfinite(scale)
+
     def _launch(self, w, row_scale, scale, loss, grad, loss_exp=None, sel=None):
         """The row kernel of cross-entropy from probabilities, for the softmax family's run/reduce (which
         fold subnormal weights and rescale tiny losses the same way for both); losses come times
