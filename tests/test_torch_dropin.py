@@ -341,6 +341,23 @@ def test_bce_with_logits_ignore_index_leaves_the_mean(reduction, dtype):
                   _grad_of(masked, x, t, reduction=reduction), dtype)
 
 
+@pytest.mark.parametrize("ignore_index", [-1, 0, 2])
+def test_ignore_index_with_soft_targets_follows_torch(ignore_index):
+    # torch accepts a negative ignore_index with probability targets (CrossEntropyLoss(ignore_index=-1)
+    # with soft labels: no effect) and refuses a class number
+    rng = _rng("soft-ignore", ignore_index)
+    x = torch.from_numpy(rng.standard_normal((5, 4)))
+    t = torch.softmax(torch.from_numpy(rng.standard_normal((5, 4))), 1)
+    if ignore_index >= 0:
+        with pytest.raises(RuntimeError):
+            F.cross_entropy(x, t, ignore_index=ignore_index)
+        with pytest.raises(ValueError, match="only index targets can be ignored"):
+            xt.cross_entropy(x, t, ignore_index=ignore_index)
+        return
+    _assert_agree(_grad_of(xt.cross_entropy, x, t, ignore_index=ignore_index),
+                  _grad_of(F.cross_entropy, x, t, ignore_index=ignore_index), torch.float64)
+
+
 def _torchvision_focal(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
     # torchvision.ops.sigmoid_focal_loss, as published
     p = torch.sigmoid(inputs)

@@ -147,12 +147,21 @@ class TestCrossEntropyArguments:
         with raises(ValueError, "target", "(3, 4)"):
             f(X, np.ones((3, 5)) / 5)
 
-    @pytest.mark.parametrize("ignore", [0, -1])
+    @pytest.mark.parametrize("ignore", [0, 3, 7])
     def test_ignore_index_with_probability_targets(self, f, ignore):
-        # torch raises too; silently ignoring the argument would let the caller think rows were dropped
+        # torch raises too: a class number would let the caller think that class's rows were dropped
         with raises(ValueError, "ignore_index", f"={ignore}", "probability targets"):
             f(X, np.ones((3, 4)) / 4, ignore_index=ignore)
-        f(X, np.ones((3, 4)) / 4, ignore_index=-100)
+
+    @pytest.mark.parametrize("ignore", [-1, -5])
+    def test_negative_ignore_index_with_probability_targets_changes_nothing(self, f, ignore):
+        # torch accepts a negative value there (no label can equal it), CrossEntropyLoss(ignore_index=-1)
+        # with soft targets included; the results are those of the default
+        t = np.array([[0.1, 0.2, 0.3, 0.4]] * 3)
+        got = f(X, t, ignore_index=ignore)
+        want = f(X, t)
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_probs_ignore_index_with_probability_targets():

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
-_DEFAULT_IGNORE_INDEX = -100  # torch's; probability targets accept no other (_split_target)
+_DEFAULT_IGNORE_INDEX = -100  # torch's
 _EMPTY_MEAN = ("nan", "zero")
 _NAN_POLICIES = ("propagate", "raise")
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -223,11 +223,13 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backen
             raise TypeError(
                 f"target: got floating-point values of shape {t.shape}, the shape of class indices; "
                 f"cast to an integer dtype for indices, or pass probabilities of shape {x.shape}")
-        if ignore_index != _DEFAULT_IGNORE_INDEX:
-            # a probability row has no label to compare: torch refuses the combination too, rather than
-            # leave the caller believing some rows were ignored
+        if ignore_index >= 0:
+            # a probability row has no label to compare.  torch's rule: a class number (>= 0) raises, rather
+            # than leave the caller believing that class's rows were dropped; a negative value, which no
+            # label can equal (its default -100 among them), is accepted and changes nothing
             raise ValueError(f"ignore_index: only index targets can be ignored; got ignore_index={ignore_index} "
-                             f"with probability targets (leave it at {_DEFAULT_IGNORE_INDEX})")
+                             f"with probability targets (a negative value, the default -100 among them, "
+                             f"has no effect there)")
         return None, _prob_targets(t, x, axis), None
     if t.dtype.kind == "b":
         raise TypeError("target: got a boolean array; pass integer class indices or float class probabilities")
@@ -879,9 +881,9 @@ _XENT_DOC_NOTES = """
     logits has NaN loss and gradient (no softmax exists).  Ignored rows are 0.
 
     Deliberate differences from ``torch.nn.functional.cross_entropy``: label smoothing spreads over the
-    classes with finite logits (torch spreads over all C and returns +inf when one is -inf); rows with a
-    ``+inf`` logit are NaN (torch: NaN as well, through inf - inf); label smoothing in (0, 2**-900)
-    is refused; ``z_loss``, ``empty_mean`` and ``nan_policy`` are extras.
+    classes with finite logits (torch spreads over all C and returns +inf when one is -inf); label
+    smoothing in (0, 2**-900) is refused; ``z_loss``, ``empty_mean`` and ``nan_policy`` are extras.  (Rows
+    with a ``+inf`` logit are NaN in both.)
 """ + _HALF_NOTES
 
 

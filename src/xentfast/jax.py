@@ -72,7 +72,7 @@ Design
     forward which inputs are perturbed).
 (h) Subnormals.  XLA runs its CPU threads with denormals flushed to zero (x86: MXCSR's FTZ and DAZ),
     and callbacks and FFI handlers run on those threads: unguarded, a subnormal loss, probability or
-    gradient comes back as 0 (float32 logits ``[0, -100]``, target 0: loss 3.7e-44, XLA's flags give 0).
+    gradient comes back as 0 (float32 logits ``[0, -100]``, target 0: loss 3.8e-44, a float32 subnormal; XLA's flags give 0).
     The FFI handlers clear the flags on every thread that runs a kernel and restore them after; the
     callbacks run under the same guard (``_core/fp_ieee.h``, x86 and aarch64), which the NumPy API
     itself also applies.  Whatever XLA itself computes from the results
