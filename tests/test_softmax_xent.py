@@ -158,6 +158,19 @@ def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_sm
         assert_ulp_close(computed, exact, BOUND[np.dtype(dtype)] + 1, scale=scale if label_smoothing else None)
 
 
+@pytest.mark.parametrize("w", [[1e-310, 1e-5, 3.0], [5e-324, 1e-300, 1e-300], [1e-310, 1.0, 1.0]])
+@pytest.mark.parametrize("g", [0.25, 1e-10])
+def test_smoothed_mean_gradient_beside_a_subnormal_target_weight(w, g):
+    # w_c / sum(w_y) overflows for the ordinary classes (the denominator is subnormal) although every
+    # entry eps/C w_c (...) / sum(w_y) is finite: the fold came out inf and the gradient inf and NaN
+    x = np.array([[0.0, 1.0, 2.0], [0.5, 0.1, 0.3]])
+    y = np.array([0, 0])
+    kw = dict(weight=np.array(w), label_smoothing=0.1, grad_output=g)
+    _, grad = xf.cross_entropy_with_grad(x, y, **kw)
+    exact, scale = ref.cross_entropy_grad(x, y, return_scale=True, **kw)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale)
+
+
 @pytest.mark.parametrize("targets", ["index", "probabilities"])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("z_loss", [0.0, 0.01])

@@ -544,12 +544,24 @@ class _Problem:
                 # 1 / sum(w_y) magnifies them.  Fold the denominator into the weights for the gradient,
                 # and take the losses from a forward pass with the weights as given (the same bits a
                 # fused pass gives them)
+                den = self.denominator()
                 with np.errstate(over="ignore"):  # an overflowing fold is expected: see below
-                    folded = self.w / self.denominator()
+                    folded = self.w / den
                 if self.eps == 0:
                     # only target classes' weights enter, and w_y <= sum(w_y): a weight that overflows
                     # here belongs to a class no kept row targets
                     folded = xp.where(xp.isfinite(folded), folded, 0.0)
+                elif not bool(xp.isfinite(folded).all()):
+                    # smoothing's eps/C_eff w_c enters every entry, and w_c / sum(w_y) can overflow (a
+                    # subnormal target weight beside ordinary ones) where the entry, eps/C_eff w_c (p_j
+                    # A - q_j) / sum(w_y), does not: fold 2^-s of the denominator's inverse into the
+                    # weights and give the kernel 2^s g (exact scalings; its coef_mult keeps products
+                    # finite), with s such that the largest folded weight is below 2^1023
+                    s = math.frexp(float(self.w.max()))[1] - math.frexp(den)[1] - 1021
+                    g_up = math.ldexp(g, s) if s <= 2000 else math.inf
+                    if math.isfinite(g_up):
+                        folded = self.w / math.ldexp(den, s)
+                        g = g_up
                 # the forward launch first: an in-place gradient overwrites the logits it reads
                 self._launch(self._w_or_empty(), None, 1.0, loss, None)
                 self._launch(folded, None, g, xp.empty(self.N, dtype=np.float64), grad)
