@@ -209,6 +209,21 @@ def test_mean_of_tiny_losses_under_tiny_weights(x, t, w):
                      REDUCED_BOUND, dtype=np.float64)
 
 
+@pytest.mark.parametrize("x", [[0.0, -760.0, -800.0], [-760.0, 0.0, -1100.0], [0.0, -746.0, -746.0]])
+@pytest.mark.parametrize("w", [1e300, 2.0**60])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_huge_weight_lifts_a_loss_whose_exponentials_all_underflow(x, w, smoothing):
+    # every other logit 745+ below the max: s = sum exp(x_j - m) is 0 in double, and w_y log1p(s) was 0
+    # although w_y s is ~1e-30 (w_y = 1e300, gap 760); such rows are summed again 2^600 larger
+    x = np.array([x])
+    y = np.array([int(np.argmax(x))])
+    kw = dict(weight=np.array([w, w, 1.0]), label_smoothing=smoothing, reduction="none")
+    loss, grad = xf.cross_entropy_with_grad(x, y, **kw)
+    assert_ulp_close(loss, ref.cross_entropy(x, y, **kw), BOUND[np.dtype(np.float64)], dtype=np.float64)
+    exact, scale = ref.cross_entropy_grad(x, y, return_scale=True, **kw)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale if smoothing else None)
+
+
 @pytest.mark.parametrize("w", [[1e-160, 1.0, 1.0], [1e-300, 1.0, 1.0]])
 def test_smoothed_mean_under_a_tiny_target_weight(w):
     # smoothing's w_c terms make the row large while the denominator w_y is tiny: the mean (~1e159,

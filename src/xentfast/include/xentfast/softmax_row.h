@@ -202,11 +202,18 @@ XF_HD double xf_rowjob_div_S(const xf_rowjob *job, double a)
  * exponentials, each rounded to the fixed subnormal grid, so their absolute errors add up (C/2 ULP of
  * a subnormal loss).  Such rows are re-summed with every term scaled by 2^600 (xf_exp_shifted_pow2) and
  * keep that scaled sum for the loss and the target gradient, which multiply it by weights before the
- * one rounding back.  Rare and per row, so it runs serially and does not slow the common path. */
+ * one rounding back.  Rare and per row, so it runs serially and does not slow the common path.
+ * s = 0 with every finite logit within XF_RESCUE_SPREAD of the max (745 to ~1160 below it: each term
+ * underflowed, but not once scaled) is rescued too: a weight above ~2^53 lifts such a loss back into the
+ * normals (w_y = 1e300 at a gap of 760: 8.6e-31, which came out 0).  Rows with a logit further below
+ * (finite masks such as -1e9 or the dtype's minimum) are not, nor rows whose other logits are all -inf
+ * (min_finite = m): their s stays 0 at no cost. */
 #define XF_TINY_SUM 0x1p-900
+#define XF_RESCUE_SPREAD 1160.0
 XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
 {
-    if (job->status != XF_ROW_OK || !(job->s_hi < XF_TINY_SUM) || job->s_hi == 0.0) {
+    if (job->status != XF_ROW_OK || !(job->s_hi < XF_TINY_SUM) ||
+        (job->s_hi == 0.0 && !(job->min_finite < job->m && job->m - job->min_finite <= XF_RESCUE_SPREAD))) {
         return;
     }
     double hi = 0.0, lo = 0.0;
