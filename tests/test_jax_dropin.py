@@ -700,3 +700,31 @@ def test_core_package_needs_no_jax():
     out = subprocess.run([sys.executable, "-c", "import sys, xentfast; print('jax' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_int64_labels_reach_the_kernel():
+    # beyond 2**31 - 1 classes (x64 enabled) the labels go to the kernel as int64: the FFI handler took
+    # only int32 ("no kernel for labels of XLA dtype 5"); checked here on a small row through the same op
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 7)).astype(np.float32)
+    y = np.array([0, 6, 3, xfj._SKIP])
+    with jax.enable_x64(True):
+        op = xfj._xent_op(0.0, False)
+        got = jax.jit(op)(jnp.asarray(x), jnp.asarray(y, jnp.int64))
+        dx = jax.jit(jax.grad(lambda v: op(v, jnp.asarray(y, jnp.int64)).sum()))(jnp.asarray(x))
+        want = op(jnp.asarray(x), jnp.asarray(y, jnp.int32))
+        want_dx = jax.grad(lambda v: op(v, jnp.asarray(y, jnp.int32)).sum())(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(dx), np.asarray(want_dx))
+
+
+def test_unsigned_labels_beyond_int32_classes_need_x64():
+    # with x64 off the kernel takes int32 labels, and a uint32 label from 2**31 on would wrap; C itself,
+    # a Python int beyond int32, also failed to convert (an OverflowError blaming the labels).  Traced
+    # only: no array of 2**31 classes is made
+    x = jax.ShapeDtypeStruct((1, 2**31 + 64), jnp.float32)
+    y = jax.ShapeDtypeStruct((1,), jnp.uint32)
+    with pytest.raises(ValueError, match=r"labels: uint32 labels .* need 64-bit labels"):
+        jax.eval_shape(xfj.softmax_cross_entropy_with_integer_labels, x, y)
+    out = jax.eval_shape(xfj.softmax_cross_entropy_with_integer_labels, x, jax.ShapeDtypeStruct((1,), jnp.int32))
+    assert out.shape == (1,)

@@ -304,7 +304,8 @@ def _flag(b):
 def _xent_op(z, prob_targets):
     """custom_vjp of the per-row softmax cross-entropy for one z-loss coefficient.
 
-    x: (..., C) logits; y: (...) int32 labels in [0, C) or _SKIP, or (..., C) probabilities of x's dtype."""
+    x: (..., C) logits; y: (...) int32 labels in [0, C) or _SKIP (int64 beyond 2**31 - 1 classes), or
+    (..., C) probabilities of x's dtype."""
 
     @jax.custom_vjp
     def op(x, y):
@@ -495,13 +496,19 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     C = x.shape[-1]
     if cls is not None:
         x = jnp.where(cls, x, jnp.asarray(-jnp.inf, x.dtype))
-    # on the labels' own dtype, before any cast could wrap a huge or unsigned value into range
+    wide = C > np.iinfo(np.int32).max
+    if wide and not jax.config.jax_enable_x64 and jnp.iinfo(y.dtype).max > np.iinfo(np.int32).max:
+        # the kernel then takes int32 labels, and a label from 2**31 on would wrap into a wrong class
+        raise ValueError(f"labels: {y.dtype} labels for a class axis of {C} classes (more than 2**31 - 1) "
+                         f"need 64-bit labels: enable jax_enable_x64, or pass int32 labels")
+    # on the labels' own dtype, before any cast could wrap a huge or unsigned value into range; C as that
+    # dtype too (a Python int beyond int32 would not convert under x64's absence)
     valid = y >= 0
     if C <= jnp.iinfo(y.dtype).max:
-        valid &= y < C
+        valid &= y < jnp.asarray(C, y.dtype)
     use = valid if keep is None else valid & keep
     bad = ~valid if keep is None else ~valid & keep
-    yk = jnp.where(use, y.astype(jnp.int32 if C <= np.iinfo(np.int32).max else jnp.int64), _SKIP)
+    yk = jnp.where(use, y.astype(jnp.int64 if wide else jnp.int32), _SKIP)
     loss = _xent_op(z, False)(x, yk)
     return _nan_where(bad, loss)
 

@@ -274,10 +274,10 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
         xf_fp_ieee_leave(fp_thread)
 
 
-cdef void _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                        Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
     # Few rows, long rows: the (row, block) pairs are the parallel tasks of each pass; per-row merges
-    # run in block order between the passes (see (c)).
+    # run in block order between the passes (see (c)).  False: no memory for the per-task state.
     cdef Py_ssize_t C = a.C
     cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
     cdef Py_ssize_t ntask = N * nb
@@ -291,6 +291,11 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
     cdef double x_y
     cdef floating *store
     cdef xf_fp_state fp_thread
+    if jobs == NULL or bmax == NULL or bsum == NULL:
+        free(jobs)
+        free(bmax)
+        free(bsum)
+        return False
     # pass 1: block maxima
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
@@ -398,6 +403,7 @@ cdef void _xent_phased(const floating *x, floating *grad, const floating *t, con
     free(jobs)
     free(bmax)
     free(bsum)
+    return True
 
 
 cdef inline bint _use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads) noexcept nogil:
@@ -436,6 +442,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     cdef double *scratch = NULL
     cdef bint want_scratch
     cdef bint groups
+    cdef bint ok = True
     if N == 0 or C == 0:
         return
     xp = &x[0, 0]
@@ -458,7 +465,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
                                          <const floating *>gp == xp)
     with nogil:
         if force_phased or _use_phased(N, C, n_threads):
-            _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
+            ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
@@ -471,6 +478,8 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
                     loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)
                 free(scratch)
                 xf_fp_ieee_leave(fp_thread)
+    if not ok:
+        raise MemoryError("cross-entropy: no memory for the per-block state of the row passes")
 
 
 cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,

@@ -142,8 +142,8 @@ void on_threads(int nt, long long n_tasks, const Body &body)
 
 // _xent.pyx's _xent_one_row with: no class weights, no smoothing, scale 1, loss_scale 1 (reduction
 // "none"), the row's upstream factor g[i] (double, exact) when there is one.  Returns the row's loss.
-template <typename T>
-double xent_one_row(const T *x, const int32_t *y, const T *t, const T *g, long long i, long long C, double z,
+template <typename T, typename L>
+double xent_one_row(const T *x, const L *y, const T *t, const T *g, long long i, long long C, double z,
                     T *grad, double *scratch)
 {
     if (y != nullptr && y[i] == kSkip) {
@@ -163,8 +163,8 @@ double xent_one_row(const T *x, const int32_t *y, const T *t, const T *g, long l
 // side where they qualify (xf_short_rows, softmax_rows.h: the row kernel's bits), the rest one by one.
 // The group takes the skip label as its ignore_index, labels widened to int64 and the upstream factors
 // to double, the row kernel's scale 1 * g[i] (exact) as the group's scale 1 times its row factor.
-template <typename T>
-void xent_row_groups(const T *x, const int32_t *y, const T *g, long long N, long long C, T *loss, T *grad)
+template <typename T, typename L>
+void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long C, T *loss, T *grad)
 {
     const long long n_groups = (N + XF_GROUP_ROWS - 1) / XF_GROUP_ROWS;
     on_threads(threads_for(N * C), n_groups, [=](long long k) {
@@ -184,7 +184,7 @@ void xent_row_groups(const T *x, const int32_t *y, const T *g, long long N, long
         }
         for (long long r = 0; r < n; ++r) {
             if (!((done >> r) & 1u)) {
-                losses[r] = xent_one_row<T>(x, y, nullptr, g, i0 + r, C, 0.0, grad, nullptr);
+                losses[r] = xent_one_row<T, L>(x, y, nullptr, g, i0 + r, C, 0.0, grad, nullptr);
             }
             if (loss != nullptr) {
                 loss[i0 + r] = static_cast<T>(losses[r]);  // the NumPy API's astype, as below
@@ -193,12 +193,12 @@ void xent_row_groups(const T *x, const int32_t *y, const T *g, long long N, long
     });
 }
 
-template <typename T>
-void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N, long long C, double z,
+template <typename T, typename L>
+void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long long C, double z,
                T *loss, T *grad)
 {
     if (y != nullptr && z == 0.0 && C <= XF_GROUP_MAX_C) {
-        xent_row_groups<T>(x, y, g, N, C, loss, grad);
+        xent_row_groups<T, L>(x, y, g, N, C, loss, grad);
         return;
     }
     const int nt = threads_for(N * C);
@@ -211,7 +211,7 @@ void xent_rows(const T *x, const int32_t *y, const T *t, const T *g, long long N
     std::unique_ptr<double[]> scratch(want_scratch ? new (std::nothrow) double[C] : nullptr);
 #pragma omp for schedule(guided)
     for (long long i = 0; i < N; ++i) {
-        const double l = xent_one_row<T>(x, y, t, g, i, C, z, grad, scratch.get());
+        const double l = xent_one_row<T, L>(x, y, t, g, i, C, z, grad, scratch.get());
         if (loss != nullptr) {
             loss[i] = static_cast<T>(l);  // the NumPy API's astype: one rounding, inf beyond the range
         }
@@ -297,7 +297,7 @@ ffi::Error unsupported(const char *what, ffi::DataType t)
                                        std::to_string(static_cast<int>(t)));
 }
 
-// y: int32 labels, one per row, or probabilities of x's dtype and shape; g: the per-row upstream factor
+// y: int32 labels (int64 for more than 2^31 - 1 classes), one per row, or probabilities of x's dtype and shape; g: the per-row upstream factor
 // (backward) or null (forward)
 template <typename T>
 ffi::Error xent(const T *g, ffi::AnyBuffer x, ffi::AnyBuffer y, T *loss, T *grad, double z)
@@ -308,12 +308,16 @@ ffi::Error xent(const T *g, ffi::AnyBuffer x, ffi::AnyBuffer y, T *loss, T *grad
     if (N == 0 || C == 0) {
         return ffi::Error::Success();
     }
-    const bool index = y.element_type() == ffi::DataType::S32;
-    if (!index && y.element_type() != x.element_type()) {
+    // int32 labels, or int64 where the class axis passes int32's range (jax.py, x64 enabled)
+    if (y.element_type() == ffi::DataType::S32) {
+        xent_rows<T, int32_t>(data<const T>(x), data<const int32_t>(y), nullptr, g, N, C, z, loss, grad);
+    } else if (y.element_type() == ffi::DataType::S64) {
+        xent_rows<T, int64_t>(data<const T>(x), data<const int64_t>(y), nullptr, g, N, C, z, loss, grad);
+    } else if (y.element_type() == x.element_type()) {
+        xent_rows<T, int32_t>(data<const T>(x), nullptr, data<const T>(y), g, N, C, z, loss, grad);
+    } else {
         return unsupported("labels", y.element_type());
     }
-    xent_rows<T>(data<const T>(x), index ? data<const int32_t>(y) : nullptr, index ? nullptr : data<const T>(y),
-                 g, N, C, z, loss, grad);
     return ffi::Error::Success();
 }
 
