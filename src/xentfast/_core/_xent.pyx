@@ -514,10 +514,10 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
         if mode == 1:
             if floating is float:
                 K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s,
-                                      job.exp_normal)
+                                      job.exp_normal == 1)
             else:
                 K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s,
-                                      job.exp_normal)
+                                      job.exp_normal == 1)
         else:
             if floating is float:
                 K32.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, inv_s)

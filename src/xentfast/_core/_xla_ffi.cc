@@ -236,7 +236,7 @@ void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
         } else {
             for (long long b0 = 0; b0 < C; b0 += XF_BLOCK) {
                 const long long blen = std::min(C - b0, static_cast<long long>(XF_BLOCK));
-                K->log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s, job.exp_normal);
+                K->log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s, job.exp_normal == 1);
             }
         }
         const T gi = g[i];

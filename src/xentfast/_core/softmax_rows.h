@@ -27,14 +27,18 @@
 #if XF_COMPENSATED
 #define XF_EXP_MINUS(x, m) xf_exp_minus_f64((double)(x), (m))
 #define XF_EXP_MINUS_NORMAL(x, m) xf_exp_minus_f64_normal((double)(x), (m))
+#define XF_EXP_MINUS_MASKED(x, m) xf_exp_minus_f64_masked((double)(x), (m))
 #else
 #define XF_EXP_MINUS(x, m) xf_exp_minus_f32((float)(x), (m))
 #define XF_EXP_MINUS_NORMAL(x, m) xf_exp_minus_f32_normal((float)(x), (m))
+#define XF_EXP_MINUS_MASKED(x, m) xf_exp_minus_f32_masked((float)(x), (m))
 #endif
-/* `normal` is a literal at every expansion inside the always-inlined bodies below, so each body is
- * compiled twice, once per form, with no per-element test. */
-#define XF_EXP_FORM(normal, x, m) ((normal) ? XF_EXP_MINUS_NORMAL(x, m) : XF_EXP_MINUS(x, m))
-/* the compensated lane step: a normal-form block sums at most XF_BLOCK exponentials <= 1, never inf */
+/* `normal` (job->exp_normal: 0 the clamped form, 1 the normal form, 2 the normal form on a row with -inf
+ * entries) is a literal at every expansion inside the always-inlined bodies below, so each body is
+ * compiled once per form, with no per-element test. */
+#define XF_EXP_FORM(normal, x, m)                                                                          \
+    ((normal) == 1 ? XF_EXP_MINUS_NORMAL(x, m) : (normal) == 2 ? XF_EXP_MINUS_MASKED(x, m) : XF_EXP_MINUS(x, m))
+/* the compensated lane step: a normal-form block (1 or 2) sums at most XF_BLOCK exponentials <= 1, never inf */
 #define XF_ACC_FORM(normal, acc, cmp, v) \
     ((normal) ? xf_acc_add_finite((acc), (cmp), (v)) : xf_acc_add((acc), (cmp), (v)))
 
@@ -417,7 +421,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
     xf_lanes_to_dd(acc, cmp, hi, lo);
 }
 
-/* `normal`: the row qualifies for the unclamped exponentials (job->exp_normal); same bits either way.
+/* `normal`: the row qualifies for the unclamped exponentials (job->exp_normal, 1 or 2); same bits every way.
  * `ahead` (0: none): also prefetch the elements that many positions further on, one cache line per 64
  * bytes of each chunk (a hint: no result depends on it, and a prefetch never faults, even past the
  * array).  The one-thread-per-row driver passes the row length, i.e. the same place in the next row: the sum pass is
@@ -435,19 +439,25 @@ XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m
                                             double *hi, double *lo, XF_T *store, double *keep, long long ahead)
 {
     if (keep) {
-        if (normal) {
+        if (normal == 1) {
             XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead);
+        } else if (normal == 2) {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead);
         } else {
             XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead);
         }
     } else if (store) {
-        if (normal) {
+        if (normal == 1) {
             XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead);
+        } else if (normal == 2) {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead);
         } else {
             XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead);
         }
-    } else if (normal) {
+    } else if (normal == 1) {
         XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead);
+    } else if (normal == 2) {
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 2, 0, ahead);
     } else {
         XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead);
     }
@@ -717,7 +727,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
 }
 
 /* log_softmax / softmax of a block from the row statistics.  finite: every x_j - m of the row is finite
- * (job->exp_normal), so xf_log_prob_finite gives the same bits with ~a quarter fewer operations. */
+ * (job->exp_normal == 1), so xf_log_prob_finite gives the same bits with ~a quarter fewer operations. */
 XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s,
                                            int finite)
 {

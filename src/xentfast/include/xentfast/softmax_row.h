@@ -51,7 +51,8 @@ typedef struct {
     long long n_finite;
     double min_finite;
     double eps_per_class; /* eps / C_eff: smoothing spreads over classes with finite logits */
-    int exp_normal;      /* CPU passes may use the unclamped exponentials (xf_rowjob_set_exp_form) */
+    int exp_normal;      /* CPU passes may use the unclamped exponentials: 1, or 2 with -inf entries
+                            (xf_rowjob_set_exp_form) */
     /* set by the sum pass */
     double s_hi, s_lo;   /* s = sum over j != argmax of exp(x_j - m) */
     double S;            /* 1 + s */
@@ -910,10 +911,30 @@ XF_HD double xf_exp_minus_f32_normal(float x, double m)
     return xf_exp_lite_normal((double)x - m);
 }
 
+/* The normal form on a row whose other entries are -inf (masked classes; a row of status OK has no NaN
+ * and no +inf): each -inf entry is given the max and its result replaced by +0, the general form's value
+ * there, so every entry keeps its bits.  A compare and two selects more per element, where the general
+ * form's clamp and two-step scale cost about twice an ordinary row (benchmarks/README.md, 2026-12-03). */
+XF_HD double xf_exp_minus_f64_masked(double x, double m)
+{
+    int masked = x == -XF_INF;
+    double e = xf_exp_shifted_normal(masked ? m : x, m);
+    return masked ? 0.0 : e;
+}
+
+XF_HD double xf_exp_minus_f32_masked(float x, double m)
+{
+    int masked = x == -XF_INF;
+    double e = xf_exp_lite_normal(masked ? 0.0 : (double)x - m);
+    return masked ? 0.0 : e;
+}
+
+/* 1: every entry finite and within XF_NORMAL_SPREAD of the max; 2: the same of the finite entries, the
+ * others -inf; 0: the general form. */
 XF_HD void xf_rowjob_set_exp_form(xf_rowjob *job, long long C)
 {
-    job->exp_normal = job->status == XF_ROW_OK && job->n_finite == C &&
-                      job->m - job->min_finite <= XF_NORMAL_SPREAD;
+    int spread_ok = job->status == XF_ROW_OK && job->m - job->min_finite <= XF_NORMAL_SPREAD;
+    job->exp_normal = !spread_ok ? 0 : (job->n_finite == C) ? 1 : 2;
 }
 
 /* exp(x_j - m) as kept in a float32 output buffer between passes: scaled by 2^64 so that values down to
