@@ -209,7 +209,8 @@ def test_mean_of_tiny_losses_under_tiny_weights(x, t, w):
                      REDUCED_BOUND, dtype=np.float64)
 
 
-@pytest.mark.parametrize("x", [[0.0, -760.0, -800.0], [-760.0, 0.0, -1100.0], [0.0, -746.0, -746.0]])
+@pytest.mark.parametrize("x", [[0.0, -760.0, -800.0], [-760.0, 0.0, -1100.0], [0.0, -746.0, -746.0],
+                               [0.0, -1119.0, -np.inf]])
 @pytest.mark.parametrize("w", [1e300, 2.0**60])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_huge_weight_lifts_a_loss_whose_exponentials_all_underflow(x, w, smoothing):

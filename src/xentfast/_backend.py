@@ -267,20 +267,27 @@ def plain_call(args, kwargs):
 
 def _holds_masked(a, masked_type):
     """Whether `a` is a masked array or a list or tuple with one somewhere inside (np.asarray of
-    [masked, ...] drops the masks as silently as np.asarray of the array itself)."""
-    if isinstance(a, masked_type):
-        return True
-    if not isinstance(a, (list, tuple)):
-        return False
-    # the element types first, at C speed: a list of Python numbers, the common case, ends here
-    kinds = set(map(type, a))
-    if kinds <= _NUMBER_TYPES:
-        return False
-    return any(_holds_masked(e, masked_type) for e in a
-               if isinstance(e, (masked_type, list, tuple)))
+    [masked, ...] drops the masks as silently as np.asarray of the array itself).  Looks no deeper than
+    NumPy's dimension limit (np.asarray raises beyond it) and without recursion."""
+    pending = [(a, 0)]
+    while pending:
+        v, depth = pending.pop()
+        if isinstance(v, masked_type):
+            return True
+        if not isinstance(v, (list, tuple)) or depth > _MAX_NESTING:
+            continue
+        # the element types first, at C speed: a list of numbers (Python's or NumPy's scalars), the
+        # common case, ends here
+        kinds = set(map(type, v))
+        if all(issubclass(k, _SCALAR_BASES) for k in kinds):
+            continue
+        pending.extend((e, depth + 1) for e in v if isinstance(e, (masked_type, list, tuple)))
+    return False
 
 
-_NUMBER_TYPES = frozenset({int, float, bool, complex})
+# np.generic holds NumPy's scalars (np.float64, ...), never a masked array (np.ma.masked is an ndarray)
+_SCALAR_BASES = (int, float, complex, np.generic)
+_MAX_NESTING = 64
 
 
 def masked_argument(signature, args, kwargs):

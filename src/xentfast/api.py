@@ -558,7 +558,10 @@ class _Problem:
                     # weights and give the kernel 2^s g (exact scalings; its coef_mult keeps products
                     # finite), with s such that the largest folded weight is below 2^1023
                     s = math.frexp(float(self.w.max()))[1] - math.frexp(den)[1] - 1021
-                    g_up = math.ldexp(g, s) if s <= 2000 else math.inf
+                    try:
+                        g_up = math.ldexp(g, s)
+                    except OverflowError:   # math.ldexp raises where NumPy would give inf
+                        g_up = math.inf
                     if math.isfinite(g_up):
                         folded = self.w / math.ldexp(den, s)
                         g = g_up
