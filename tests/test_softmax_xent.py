@@ -171,6 +171,17 @@ def test_smoothed_mean_gradient_beside_a_subnormal_target_weight(w, g):
     assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale)
 
 
+def test_smoothed_mean_fold_beyond_the_double_range_does_not_raise():
+    # w_max / sum(w_y) = 1e300 / 1e-320: the fold's 2^s no longer fits a double (math.ldexp raised
+    # OverflowError); the gradient then overflows as it did before the fold was scaled (README, known
+    # limits), and the loss is the forward call's
+    x = np.array([[0.0, 1.0, 2.0], [0.5, 0.1, 0.3]])
+    y = np.array([0, 0])
+    kw = dict(weight=np.array([1e-320, 1e300, 1.0]), label_smoothing=0.1)
+    loss, grad = xf.cross_entropy_with_grad(x, y, **kw)
+    assert loss == xf.cross_entropy(x, y, **kw) and grad.shape == x.shape
+
+
 @pytest.mark.parametrize("targets", ["index", "probabilities"])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("z_loss", [0.0, 0.01])
