@@ -239,7 +239,23 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk) 
                                                           XF_T *loss_o, XF_T *grad)
 {
     if (unweighted == XF_BIN_PLAIN) {
+#if XF_CUDA
         XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 1, loss_d, loss_o, grad);
+#else
+        /* the unweighted instance with an upstream factor of ones (scale * 1 is scale: the same values;
+         * a plain call has no ignore value either): gcc left the plain instance's mixed loop scalar, 3x
+         * slower (a float32 call with a third of its logits at 90: 97.7 ms, the weighted one 34.8).
+         * len <= XF_BIN_BLOCK: a run lies within one block */
+        double ones[XF_BIN_BLOCK];
+        long long j;
+        if (grad) {
+            for (j = 0; j < len; j++) {
+                ones[j] = 1.0;
+            }
+            c.g = ones;
+        }
+        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 1, loss_d, loss_o, grad);
+#endif
     } else if (unweighted) {
         XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 1, loss_d, loss_o, grad);
     } else {
