@@ -1036,13 +1036,17 @@ typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 
  * of exp(x_j - m) over every class but the argmax, and ok: the row is finite, within max_spread of its max
  * (the unclamped exponentials: XF_NORMAL_SPREAD, or 600 where the row kernel keeps the exponentials for a
  * gradient) and, float64, needs no rescued sum.  With want_kept, each exponential as the sum pass stores
- * it (XF_STORE_SCALE) into kept. */
+ * it (XF_STORE_SCALE) into kept.  allow_masked: rows with -inf entries (masked classes) are ok too, their
+ * spread taken over the finite entries, with the row kernel's masked normal form (exp_normal = 2: each
+ * -inf entry's exponential +0); the group's rows take that form when one of them has a -inf entry (the
+ * same bits as the normal form on finite entries). */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_stats)(
     const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], double *m, double *hi,
-    double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept)
+    double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept, const int allow_masked)
 {
     enum { R = XF_GROUP_ROWS };
     double mn[R];
+    int any_masked = 0;
     double acc[XF_LANES][R], cmp[XF_LANES][R];
     long long j;
     int r, k;
@@ -1092,15 +1096,35 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_stats)(
             mn_t[r] = (v < mn_t[r]) ? v : mn_t[r];
         }
     }
+    if (allow_masked) {
+        for (r = 0; r < R; r++) {
+            any_masked |= (mn_t[r] == (XF_T)-XF_INF);
+        }
+        /* only a group with a -inf entry pays for the min over the finite entries (folded into the loop
+         * above, the test cost ordinary groups 6-13 %) */
+        if (any_masked) {
+            for (r = 0; r < R; r++) {
+                mn_t[r] = (XF_T)XF_INF;
+            }
+            for (j = 0; j < C; j++) {
+#pragma omp simd
+                for (r = 0; r < R; r++) {
+                    const XF_T v = xt[j][r];
+                    mn_t[r] = ((v < mn_t[r]) & (v > (XF_T)-XF_INF)) ? v : mn_t[r];
+                }
+            }
+        }
+    }
     for (r = 0; r < R; r++) {
         m[r] = (double)m_t[r];
         mn[r] = (double)mn_t[r];
     }
-    /* xf_rowjob_set_max and xf_rowjob_set_exp_form: no NaN, a finite max, every entry finite and within
-     * XF_NORMAL_SPREAD of it; with a gradient also xf_rowjob_plan's kept exponentials (600) */
+    /* xf_rowjob_set_max and xf_rowjob_set_exp_form: no NaN, a finite max, every entry finite (or -inf,
+     * allow_masked) and within XF_NORMAL_SPREAD of it; with a gradient also xf_rowjob_plan's kept
+     * exponentials (600) */
 #pragma omp simd
     for (r = 0; r < R; r++) {
-        ok[r] &= (m[r] < XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= max_spread);
+        ok[r] &= (m[r] < XF_INF) & (m[r] > -XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= max_spread);
     }
     /* the first index attaining the max */
     for (j = C - 1; j >= 0; j--) {
@@ -1120,20 +1144,39 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_stats)(
     }
     /* xf_sumexp_block_form: element j into lane j % XF_LANES, in order, the argmax as 0.0.  Rows that are
      * not ok may hold inf or NaN here; their lanes are computed and never read. */
-    for (j = 0; j < C; j++) {
-        k = (int)(j % XF_LANES);
+    if (any_masked) {
+        for (j = 0; j < C; j++) {
+            k = (int)(j % XF_LANES);
 #pragma omp simd
-        for (r = 0; r < R; r++) {
-            double e = XF_EXP_MINUS_NORMAL(xt[j][r], m[r]);
-            if (want_kept) {
-                kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
-            }
-            e = (j == argmax[r]) ? 0.0 : e;
+            for (r = 0; r < R; r++) {
+                double e = XF_EXP_MINUS_MASKED(xt[j][r], m[r]);
+                if (want_kept) {
+                    kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
+                }
+                e = (j == argmax[r]) ? 0.0 : e;
 #if XF_COMPENSATED
-            xf_acc_add_finite(&acc[k][r], &cmp[k][r], e);
+                xf_acc_add_finite(&acc[k][r], &cmp[k][r], e);
 #else
-            acc[k][r] += e;
+                acc[k][r] += e;
 #endif
+            }
+        }
+    } else {
+        for (j = 0; j < C; j++) {
+            k = (int)(j % XF_LANES);
+#pragma omp simd
+            for (r = 0; r < R; r++) {
+                double e = XF_EXP_MINUS_NORMAL(xt[j][r], m[r]);
+                if (want_kept) {
+                    kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
+                }
+                e = (j == argmax[r]) ? 0.0 : e;
+#if XF_COMPENSATED
+                xf_acc_add_finite(&acc[k][r], &cmp[k][r], e);
+#else
+                acc[k][r] += e;
+#endif
+            }
         }
     }
 #pragma omp simd
@@ -1161,13 +1204,15 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     long long j;
     int r;
     XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD,
-                          has_grad);
+                          has_grad, 1);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
         ignored[r] = (y_r == ignore_index);
         target[r] = ignored[r] ? 0 : y_r;
         x_y[r] = (double)xt[target[r]][r];
+        /* a -inf target (loss +inf) is the row kernel's (allow_masked lets -inf entries in) */
+        ok[r] &= ignored[r] | (x_y[r] > -XF_INF);
         w_y[r] = w ? w[target[r]] : 1.0;
         y_is_max[r] = (target[r] == argmax[r]);
         /* the row's upstream factor as _row_job_init forms it (read under a test inside the vector loop,
@@ -1249,7 +1294,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     long long j;
     int r;
     long long j_vec = 0;
-    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD, mode == 2);
+    /* no masked rows here: log_softmax's finite-row form (xf_log_prob_finite) needs every entry finite */
+    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD, mode == 2, 0);
     if (mode == 0) {
         for (r = 0; r < R; r++) {
             const double log_s = xf_row_log_S(hi[r], lo[r]);
