@@ -1039,8 +1039,8 @@ typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 
  * it (XF_STORE_SCALE) into kept.  allow_masked: rows with -inf entries (masked classes) are ok too, their
  * spread taken over the finite entries, with the row kernel's masked normal form (exp_normal = 2: each
  * -inf entry's exponential +0); the group's rows take that form when one of them has a -inf entry (the
- * same bits as the normal form on finite entries). */
-XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_stats)(
+ * same bits as the normal form on finite entries).  Returns whether one has. */
+XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], double *m, double *hi,
     double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept, const int allow_masked)
 {
@@ -1187,6 +1187,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_stats)(
         ok[r] &= !((hi[r] < XF_TINY_SUM) & (hi[r] != 0.0));
 #endif
     }
+    return any_masked;
 }
 
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_form)(
@@ -1294,8 +1295,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     long long j;
     int r;
     long long j_vec = 0;
-    /* no masked rows here: log_softmax's finite-row form (xf_log_prob_finite) needs every entry finite */
-    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD, mode == 2, 0);
+    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
+                                                 mode == 2, 1);
     if (mode == 0) {
         for (r = 0; r < R; r++) {
             const double log_s = xf_row_log_S(hi[r], lo[r]);
@@ -1321,10 +1322,21 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
         /* xf_log_softmax_block's element across the rows, into kept, then written back as softmax's
          * factors are: times 1.0, which changes no value (a float widened, multiplied by one and rounded
          * back is itself) */
-        for (j = 0; j < C; j++) {
+        if (any_masked) {
+            /* xf_log_prob_finite's TwoSum error term is NaN at a -inf entry; the general form zeroes it
+             * (the row path's log_softmax_block for rows with exp_normal != 1), the same bits elsewhere */
+            for (j = 0; j < C; j++) {
 #pragma omp simd
-            for (r = 0; r < R; r++) {
-                kept[j][r] = (XF_T)xf_log_prob_finite((double)xt[j][r], m[r], log_s[r]);
+                for (r = 0; r < R; r++) {
+                    kept[j][r] = (XF_T)xf_log_prob((double)xt[j][r], m[r], log_s[r]);
+                }
+            }
+        } else {
+            for (j = 0; j < C; j++) {
+#pragma omp simd
+                for (r = 0; r < R; r++) {
+                    kept[j][r] = (XF_T)xf_log_prob_finite((double)xt[j][r], m[r], log_s[r]);
+                }
             }
         }
     } else {
