@@ -204,29 +204,37 @@ XF_HD double xf_rowjob_div_S(const xf_rowjob *job, double a)
  * a subnormal loss).  Such rows are re-summed with every term scaled by 2^600 (xf_exp_shifted_pow2) and
  * keep that scaled sum for the loss and the target gradient, which multiply it by weights before the
  * one rounding back.  Rare and per row, so it runs serially and does not slow the common path.
- * s = 0 with every finite logit within XF_RESCUE_SPREAD of the max (745 to 1120 below it: each term
- * underflowed, but once scaled it is a normal number, which it stays up to 708.4 + 600 ln 2 = 1124.3)
- * is rescued too: a weight above ~2^53 lifts such a loss back into the normals (w_y = 1e300 at a gap of
- * 760: 8.6e-31, which came out 0).  Rows with a logit further below (finite masks such as -1e9 or the
- * dtype's minimum) are not, nor rows whose other logits are all -inf (min_finite = m): their s stays 0
- * at no cost.  The loop leaves out entries more than XF_RESCUE_SKIP below the max, whose scaled
+ * s = 0 with every finite logit within XF_RESCUE_SKIP of the max (each term underflowed) is rescued too
+ * where the scaled sum settles it: a weight above ~2^53 lifts such a loss back into the normals (w_y =
+ * 1e300 at a gap of 760: 8.6e-31, which came out 0).  A scaled term stays normal down to 708.4 + 600
+ * ln 2 = 1124.3 below the max; further down it is rounded on the subnormal grid (under 2^-1075 off), so
+ * with n such terms the rescue stands only where the scaled sum is at least n 2^-1020, their errors
+ * then under 2^-55 of it: [0, -760, -1130], [0, -1121] and [0, -1121, -1190] are rescued, [0, -1159.9] (its one term 30 %
+ * off when scaled) is not and stays 0.  Rows with a logit beyond XF_RESCUE_SKIP (finite masks such as -1e9 or
+ * the dtype's minimum) are not tried, nor rows whose other logits are all -inf (min_finite = m): their s
+ * stays 0 at no cost.  The loop leaves out entries more than XF_RESCUE_SKIP below the max, whose scaled
  * exponential is +0 (adding +0 leaves a normalised double-double as it is): evaluated, each cost a
  * microcode assist (64 rows of 200000 -inf entries and one at -800: 353 ms, now ~56). */
 #define XF_TINY_SUM 0x1p-900
-#define XF_RESCUE_SPREAD 1120.0
 #define XF_RESCUE_SKIP 1200.0
 XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
 {
+    const int underflowed = job->s_hi == 0.0;
     if (job->status != XF_ROW_OK || !(job->s_hi < XF_TINY_SUM) ||
-        (job->s_hi == 0.0 && !(job->min_finite < job->m && job->m - job->min_finite <= XF_RESCUE_SPREAD))) {
+        (underflowed && !(job->min_finite < job->m && job->m - job->min_finite <= XF_RESCUE_SKIP))) {
         return;
     }
-    double hi = 0.0, lo = 0.0;
+    double hi = 0.0, lo = 0.0, n_subnormal = 0.0;
     long long j;
     for (j = 0; j < C; j++) {
         if (j != job->argmax && x[j] - job->m >= -XF_RESCUE_SKIP) {
-            xf_dd_add(&hi, &lo, xf_exp_shifted_pow2(x[j], job->m), 0.0);
+            const double e = xf_exp_shifted_pow2(x[j], job->m);
+            xf_dd_add(&hi, &lo, e, 0.0);
+            n_subnormal += (e < 0x1p-1022) ? 1.0 : 0.0;
         }
+    }
+    if (underflowed && !(hi >= n_subnormal * 0x1p-1020)) {
+        return;
     }
     xf_rowjob_set_sum(job, (hi + lo) * XF_POW2_UNSCALE, 0.0);
     job->rescued = 1;
