@@ -1031,6 +1031,35 @@ XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_co
 typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 : -1];
 #endif
 
+/* The group's sums of exp(x_j - m) in the exponential form `form` (a literal: 1 normal, 2 masked, see
+ * XF_EXP_FORM), as xf_sumexp_block_form adds them: element j into lane j % XF_LANES, in order, the argmax
+ * as 0.0; with want_kept each exponential also as the sum pass stores it. */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
+    XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], const double *m, const long long *argmax,
+    double (*acc)[XF_GROUP_ROWS], double (*cmp)[XF_GROUP_ROWS], long long C, const int want_kept,
+    const int form)
+{
+    enum { R = XF_GROUP_ROWS };
+    long long j;
+    int r, k;
+    for (j = 0; j < C; j++) {
+        k = (int)(j % XF_LANES);
+#pragma omp simd
+        for (r = 0; r < R; r++) {
+            double e = XF_EXP_FORM(form, xt[j][r], m[r]);
+            if (want_kept) {
+                kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
+            }
+            e = (j == argmax[r]) ? 0.0 : e;
+#if XF_COMPENSATED
+            xf_acc_add_finite(&acc[k][r], &cmp[k][r], e);
+#else
+            acc[k][r] += e;
+#endif
+        }
+    }
+}
+
 /* What every group needs of its rows, by the row kernel's steps (see above): the rows transposed into xt
  * (xt[j][r] = row r's entry j), each row's max m (as double), first argmax and double-double sum hi + lo
  * of exp(x_j - m) over every class but the argmax, and ok: the row is finite, within max_spread of its max
@@ -1145,39 +1174,9 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     /* xf_sumexp_block_form: element j into lane j % XF_LANES, in order, the argmax as 0.0.  Rows that are
      * not ok may hold inf or NaN here; their lanes are computed and never read. */
     if (any_masked) {
-        for (j = 0; j < C; j++) {
-            k = (int)(j % XF_LANES);
-#pragma omp simd
-            for (r = 0; r < R; r++) {
-                double e = XF_EXP_MINUS_MASKED(xt[j][r], m[r]);
-                if (want_kept) {
-                    kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
-                }
-                e = (j == argmax[r]) ? 0.0 : e;
-#if XF_COMPENSATED
-                xf_acc_add_finite(&acc[k][r], &cmp[k][r], e);
-#else
-                acc[k][r] += e;
-#endif
-            }
-        }
+        XF_FN(xf_group_sum_form)(xt, kept, m, argmax, acc, cmp, C, want_kept, 2);
     } else {
-        for (j = 0; j < C; j++) {
-            k = (int)(j % XF_LANES);
-#pragma omp simd
-            for (r = 0; r < R; r++) {
-                double e = XF_EXP_MINUS_NORMAL(xt[j][r], m[r]);
-                if (want_kept) {
-                    kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
-                }
-                e = (j == argmax[r]) ? 0.0 : e;
-#if XF_COMPENSATED
-                xf_acc_add_finite(&acc[k][r], &cmp[k][r], e);
-#else
-                acc[k][r] += e;
-#endif
-            }
-        }
+        XF_FN(xf_group_sum_form)(xt, kept, m, argmax, acc, cmp, C, want_kept, 1);
     }
 #pragma omp simd
     for (r = 0; r < R; r++) {
