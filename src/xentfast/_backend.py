@@ -291,9 +291,8 @@ _MAX_NESTING = 64
 
 
 def masked_argument(signature, args, kwargs):
-    """(name, is a sequence) of the first argument that is a NumPy masked array or a list holding one (None
-    if none):
-    reading it as an array would silently use the values under its mask.  Nothing to look for until
+    """(name, is a sequence) of the first argument that is a NumPy masked array or a list holding one, or
+    None: reading it as an array would silently use the values under its mask.  Nothing to look for until
     numpy.ma has been imported (no masked array can exist before)."""
     ma = sys.modules.get("numpy.ma")
     if ma is None or not any(_holds_masked(a, ma.MaskedArray) for a in (*args, *kwargs.values())):

@@ -244,7 +244,7 @@ XF_HD xf_bin_logit xf_bin_logit_pieces(double x)
     xf_two_sum(-a, XF_BIN_SCALE_K * XF_MATH_LN2_HI, &h, &lo);
     lo = (h - h == 0.0) ? lo : 0.0; /* a = inf: the EFT's inf - inf */
     r.a = a;
-    int zero = h < -745.2;
+    int zero = h < XF_EXP_CLAMP_LO;
     r.e_s = xf_exp_kernel_hilo(zero ? 0.0 : h, zero ? 0.0 : lo + XF_BIN_SCALE_K * XF_MATH_LN2_LO, &r.e_s_lo);
     r.e_s = zero ? 0.0 : r.e_s;
     r.e_s_lo = (!zero & (r.e_s_lo - r.e_s_lo == 0.0)) ? r.e_s_lo : 0.0;

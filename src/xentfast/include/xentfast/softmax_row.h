@@ -886,16 +886,15 @@ XF_HD void xf_rowjob_z_lse_row(xf_rowjob *job, const float *xf, const double *xd
 /* exp(x_j - m) per storage type: exact shift and the 0.62-ULP exponential for double; for float the
  * double difference (error 2^-53 |x - m|, far below float32's grain) and the 2^-32 exponential, since
  * every use rounds to float32 or lands in a double sum of float32-accurate terms.
- * Below XF_EXP_ZERO_BELOW both exponentials clamp their argument there and return +0 (e^-745.2 is under
+ * Below XF_EXP_CLAMP_LO (xf_math.h) both exponentials clamp their argument there and return +0 (e^-745.2 is under
  * half the smallest subnormal).  They are given 0 instead and their result replaced by +0, the same
  * bits: evaluated, the clamped argument's scaling products underflow, and each such product costs a
  * microcode assist on x86 CPUs (subnormals are never flushed here), about a hundred cycles: rows with
  * masked classes (-inf, or a finite mask such as -1e9) ran 4-12x slower than rows without. */
-#define XF_EXP_ZERO_BELOW -745.2
 XF_HD double xf_exp_minus_f64(double x, double m)
 {
     /* x - m rounded is what the exponential's clamp tests too (xf_exp_kernel) */
-    int zero = (x - m) < XF_EXP_ZERO_BELOW;
+    int zero = (x - m) < XF_EXP_CLAMP_LO;
     double e = xf_exp_shifted(zero ? m : x, m);
     return zero ? 0.0 : e;
 }
@@ -903,7 +902,7 @@ XF_HD double xf_exp_minus_f64(double x, double m)
 XF_HD double xf_exp_minus_f32(float x, double m)
 {
     double d = (double)x - m;
-    int zero = d < XF_EXP_ZERO_BELOW;
+    int zero = d < XF_EXP_CLAMP_LO;
     double e = xf_exp_lite(zero ? 0.0 : d);
     return zero ? 0.0 : e;
 }

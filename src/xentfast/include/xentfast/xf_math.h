@@ -31,6 +31,9 @@
 /* Adding 1.5 * 2^52 to |v| < 2^51 rounds v to the nearest integer and leaves that integer, offset by
  * 0x4338000000000000, in the low bits of the sum's encoding. */
 #define XF_MATH_SHIFTER 0x1.8p52
+/* the exponentials' lower clamp: exp of anything below it is +0 (exp(-745.2) is under half the smallest
+ * subnormal); callers that skip evaluating such arguments (softmax_row.h, binary.h) test against it */
+#define XF_EXP_CLAMP_LO -745.2
 
 /* a * b + c rounded once, emulated with the operations above (no fma instruction): Dekker's exact
  * product, TwoSum, and Boldo and Melquiond's rounding to odd ("Emulation of FMA and correctly rounded
@@ -206,7 +209,7 @@ XF_HD double xf_exp_scale_normal(double y, double t)
 XF_HD double xf_exp_kernel_hilo(double hi, double lo, double *out_lo)
 {
     double xc = hi > 709.8 ? 709.8 : hi;
-    xc = xc < -745.2 ? -745.2 : xc;
+    xc = xc < XF_EXP_CLAMP_LO ? XF_EXP_CLAMP_LO : xc;
     lo = xc == hi ? lo : 0.0;
     double t, y_lo;
     double y = xf_exp_reduced(xc, lo, &t, &y_lo);
@@ -277,7 +280,7 @@ XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
 XF_HD double xf_exp_lite(double x)
 {
     double xc = x > 709.8 ? 709.8 : x;
-    xc = xc < -745.2 ? -745.2 : xc;
+    xc = xc < XF_EXP_CLAMP_LO ? XF_EXP_CLAMP_LO : xc;
     double t;
     double y = xf_exp_lite_reduced(xc, &t);
     return xf_exp_scale_split(y, t);
