@@ -542,11 +542,37 @@ def test_masked_arrays_inside_lists_are_refused(call, name):
     (lambda: xf.softmax(X, axis=True), ["axis", "an int"]),
     (lambda: xf.binary_cross_entropy_with_logits(X, X * 0, ignore_index=True), ["ignore_index", "True"]),
     (lambda: xf.sigmoid_focal_loss(X, X * 0, gamma=True), ["gamma", "real number"]),
+    # float(False) is 0.0, a clamp of 0: every loss and gradient came out 0
+    (lambda: xf.binary_cross_entropy(np.full((3, 4), 0.4), np.ones((3, 4)), log_clamp=False),
+     ["log_clamp", "real number", "False"]),
+    (lambda: xf.binary_cross_entropy(np.full((3, 4), 0.4), np.ones((3, 4)), log_clamp=np.False_),
+     ["log_clamp", "real number"]),
+    (lambda: xf.binary_cross_entropy_with_grad(np.full((3, 4), 0.4), np.ones((3, 4)), log_clamp="-1"),
+     ["log_clamp", "real number", "'-1'"]),
+    (lambda: xf.binary_cross_entropy(np.full((3, 4), 0.4), np.ones((3, 4)), log_clamp=b"-5"),
+     ["log_clamp", "real number"]),
 ])
 def test_booleans_and_strings_are_not_numbers(call, words):
     # float("0.1") and operator.index(True) would otherwise let them through as 0.1 and 1
     with raises(TypeError, *words):
         call()
+
+
+P_BCE, T_BCE = np.full((3, 4), 0.4), np.ones((3, 4))
+
+
+@pytest.mark.parametrize("name, call", [
+    ("label_smoothing", lambda v: xf.cross_entropy(X, Y, label_smoothing=v)),
+    ("z_loss", lambda v: xf.cross_entropy(X, Y, z_loss=v)),
+    ("alpha", lambda v: xf.sigmoid_focal_loss(X, X * 0, alpha=v)),
+    ("gamma", lambda v: xf.sigmoid_focal_loss(X, X * 0, gamma=v)),
+    ("eps", lambda v: xf.binary_cross_entropy(P_BCE, T_BCE, eps=v)),
+    ("log_clamp", lambda v: xf.binary_cross_entropy(P_BCE, T_BCE, log_clamp=-v)),
+])
+def test_ints_beyond_float64_name_their_argument(name, call):
+    # float(10**400) raises a bare OverflowError
+    with raises(ValueError, name, "finite"):
+        call(10**400)
 
 
 def test_focal_gamma_beyond_the_kernels_range():

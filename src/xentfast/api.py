@@ -96,16 +96,20 @@ def _check_choice(value, choices, name):
 
 
 def _check_real(value, name, lo=None, hi=None):
-    if type(value) is float or type(value) is int:
-        v = float(value)
-    else:
-        try:
-            # float() would read "0.1", True and their 0-d arrays as numbers
-            if isinstance(value, (str, bytes, bool, np.bool_)) or _kind_of(value) not in "iuf":
-                raise TypeError
+    try:
+        if type(value) is float or type(value) is int:
             v = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"{name}: expected a real number, got {value!r}") from None
+        else:
+            try:
+                # float() would read "0.1", True and their 0-d arrays as numbers
+                if isinstance(value, (str, bytes, bool, np.bool_)) or _kind_of(value) not in "iuf":
+                    raise TypeError
+                v = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"{name}: expected a real number, got {value!r}") from None
+    except OverflowError:
+        # an int beyond float64 (10**400): as far outside any bound as an infinity
+        v = math.inf
     if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
         if lo is None and hi is None:
             raise ValueError(f"{name}: must be finite; got {value!r}")

@@ -245,10 +245,11 @@ def _check_eps(eps):
 def _check_log_clamp(log_clamp):
     if log_clamp is None:
         return None
+    # _check_real refuses bool and str: float(False) was a clamp of 0, which zeroed every loss and gradient
     try:
-        v = float(log_clamp)
-    except (TypeError, ValueError):
-        raise TypeError(f"log_clamp: expected None or a real number, got {log_clamp!r}") from None
+        v = _check_real(log_clamp, "log_clamp")
+    except ValueError:
+        v = math.nan  # not finite: the message below, with torch's value
     if not (math.isfinite(v) and v <= 0):
         raise ValueError(f"log_clamp: must be finite and <= 0 (torch's BCELoss uses -100.0); got {log_clamp!r}")
     return v
