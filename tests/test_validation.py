@@ -451,13 +451,23 @@ class TestSmallerOptions:
             with raises(ValueError, "ignore_index", str(2**70)):
                 f(np.full((3, 4), 0.25), Y, ignore_index=2**70)
 
-    @pytest.mark.parametrize("bad", ["no", 0.5, None])
-    def test_inplace_must_be_a_bool(self, bad):
+    @pytest.mark.parametrize("bad", ["no", 0.5, None, np.array([True, True])])
+    @pytest.mark.parametrize("writeable", [True, False])
+    def test_inplace_must_be_a_bool(self, bad, writeable):
+        # checked before anything else: an array failed in an `if` with NumPy's ambiguity message, and
+        # "no" on a read-only input reported the read-only input
         x = X.copy()
+        x.flags.writeable = writeable
         with raises(TypeError, "inplace", repr(bad)):
             xf.cross_entropy_with_grad(x, Y, inplace=bad)
-        with raises(TypeError, "inplace"):
+        with raises(TypeError, "inplace", repr(bad)):
+            xf.cross_entropy_from_probs_with_grad(np.full((3, 4), 0.25), Y, inplace=bad)
+        with raises(TypeError, "inplace", repr(bad)):
             xf.binary_cross_entropy_with_logits_with_grad(x, np.full((3, 4), 0.5), inplace=bad)
+        with raises(TypeError, "inplace", repr(bad)):
+            xf.sigmoid_focal_loss_with_grad(x, np.full((3, 4), 0.5), inplace=bad)
+        with raises(TypeError, "inplace", repr(bad)):
+            xf.binary_cross_entropy_with_grad(np.full((3, 4), 0.5), np.full((3, 4), 0.5), inplace=bad)
         assert np.array_equal(x, X)
 
     @pytest.mark.parametrize("alpha", [np.nan, np.inf])

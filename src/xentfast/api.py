@@ -392,7 +392,7 @@ class _Problem:
         set nothing, for any other call.  Saves ~3.5 us a call (an (8, 100) call takes ~13 us in all)."""
         dt = input.dtype
         if not ((dt is _F32 or dt is _F64) and input.ndim == 2 and input.shape[1] > 0
-                and input.flags.c_contiguous and (not inplace or input.flags.writeable)
+                and input.flags.c_contiguous and (inplace is False or (inplace is True and input.flags.writeable))
                 and type(axis) is int and (axis == -1 or axis == 1)
                 and target.dtype is _I64 and target.shape == input.shape[:1]
                 and type(ignore_index) is int and ignore_index in _INT64_RANGE
@@ -1100,8 +1100,9 @@ def _as_float_input(input, name="input", what="logits", writeable=False, backend
 
     `given` is the caller's array (it receives an in-place gradient); `x` is what the kernels read:
     `given` itself for float32/float64, a float64 copy for half precision (exact, and 4x the memory of
-    `given`: xentfast._dtypes (a)).  Messages call the values `what`."""
-    if writeable:
+    `given`: xentfast._dtypes (a)).  Messages call the values `what`.  `writeable` is the caller's
+    `inplace`, checked here first: an array there would fail in `if` with NumPy's ambiguity message."""
+    if _check_flag(writeable, "inplace"):
         if not backend.owns(input):
             raise TypeError(f"{name}: inplace=True needs a NumPy or CuPy array to write into, "
                             f"got {type(input).__name__}")
