@@ -719,6 +719,25 @@ def test_out_and_inplace(axis):
     assert g_in is x_in and np.array_equal(x_in, grad) and loss_in == loss
 
 
+class _Subclass(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: xf.cross_entropy_with_grad(x, np.arange(3), inplace=True),
+    lambda x: xf.cross_entropy_from_probs_with_grad(x, np.arange(3), inplace=True),
+    lambda x: xf.binary_cross_entropy_with_logits_with_grad(x, np.full(x.shape, 0.5), inplace=True),
+    lambda x: xf.sigmoid_focal_loss_with_grad(x, np.full(x.shape, 0.5), inplace=True),
+    lambda x: xf.binary_cross_entropy_with_grad(x, np.full(x.shape, 0.5), inplace=True),
+], ids=["ce", "ce-probs", "bce", "focal", "bce-probs"])
+def test_inplace_returns_the_callers_object(call):
+    # an ndarray subclass (np.memmap, np.matrix) as well: the softmax family returned a base-class view
+    x = np.full((3, 4), 0.25).view(_Subclass)
+    expected = call(np.full((3, 4), 0.25))[1]
+    g = call(x)[1]
+    assert g is x and np.array_equal(np.asarray(x), expected)
+
+
 def test_inplace_keeps_zero_copy_on_the_fast_path():
     x = np.random.default_rng(7).standard_normal((8, 9)).astype(np.float32)
     y = np.arange(8)

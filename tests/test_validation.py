@@ -600,6 +600,10 @@ def test_focal_gamma_beyond_the_kernels_range():
      ["pos_weight", "shape (1,)", "input's shape ()"]),
     (lambda: xf.binary_cross_entropy_with_logits_with_grad(np.array(0.5), np.array(1.0), out=np.zeros(1)),
      ["out", "expected shape ()", "got shape (1,)"]),
+    # the dtype too, with the caller's shapes (the message showed the internal (1,) for both)
+    (lambda: xf.binary_cross_entropy_with_logits_with_grad(np.array(0.5), np.array(1.0),
+                                                           out=np.zeros((), np.float32)),
+     ["out", "expected shape () and dtype float64", "got shape (), dtype float32"]),
 ])
 def test_a_0d_binary_input_takes_only_0d_companions(call, words):
     # the problem runs as shape (1,) inside; its arguments still broadcast against () as torch's do

@@ -985,7 +985,10 @@ def cross_entropy_with_grad(input, target, weight=None, ignore_index=-100, reduc
                  nan_policy, n_threads, inplace=inplace, grad_output=grad_output, out=out)
     buf, dest = _grad_target(p, out, inplace, grad_output)
     loss = _loss_and_grad(p, buf, grad_output)
-    return loss, _finish_grad(p, buf, dest)
+    g = _finish_grad(p, buf, dest)
+    # the caller's object itself, as the binary family returns it (dest is a base-class view of an
+    # ndarray subclass: np.memmap, np.matrix)
+    return loss, (input if inplace else g)
 
 
 _document(

@@ -494,8 +494,8 @@ class _Elementwise:
 
     def with_grad(self, input, grad_output, out, inplace):
         # a 0-d problem runs as shape (1,): a 0-d out= buffer is viewed the same way, and no other is taken
-        if self.scalar and self.backend.owns(out) and out.shape != ():
-            raise ValueError(f"out: expected shape () and dtype {self.grad_dtype}; got shape {out.shape}, "
+        if self.scalar and self.backend.owns(out) and (out.shape != () or out.dtype != self.x_given.dtype):
+            raise ValueError(f"out: expected shape () and dtype {self.x_given.dtype}; got shape {out.shape}, "
                              f"dtype {out.dtype}")
         out1 = out.reshape(1) if (self.scalar and self.backend.owns(out)) else out
         buf, dest = _grad_target(self, out1, inplace, grad_output)
@@ -1017,7 +1017,8 @@ def cross_entropy_from_probs_with_grad(input, target, weight=None, ignore_index=
                       inplace=inplace)
     buf, dest = _grad_target(p, out, inplace, grad_output)
     loss = _loss_and_grad(p, buf, grad_output)
-    return loss, _finish_grad(p, buf, dest)
+    g = _finish_grad(p, buf, dest)
+    return loss, (input if inplace else g)  # the caller's object, as cross_entropy_with_grad
 
 
 _document(
