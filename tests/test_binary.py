@@ -216,6 +216,33 @@ def test_focal_special_values(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("backward", [
+    lambda g, x, y, **k: xf.binary_cross_entropy_with_logits_backward(g, x, y, **k),
+    lambda g, x, y, **k: xf.binary_cross_entropy_with_logits_with_grad(x, y, grad_output=g, **k)[1],
+    lambda g, x, y, **k: xf.binary_cross_entropy_backward(g, 1 / (1 + np.exp(-x)), y, **k),
+    lambda g, x, y, **k: xf.sigmoid_focal_loss_backward(g, x, y, **k),
+], ids=["bce", "bce-fused", "bce-probs", "focal"])
+def test_an_infinite_upstream_factor_gives_signed_infinities(dtype, backward):
+    # the gradient is linear in the upstream factor: s = +-inf gives +-inf times the sign of the gradient
+    # for s = 1 wherever that is not 0, as the softmax family does; soft targets gave inf - inf = NaN
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.normal(0, 3, 40), [-30.0, 30.0, 0.0]]).astype(dtype)
+    y = np.concatenate([rng.random(40), [0.5, 0.5, 1.0]]).astype(dtype)
+    with np.errstate(over="ignore"):
+        unit = backward(np.float64(1.0), x, y, reduction="sum")
+        g = np.where(rng.random(x.size) < 0.5, np.inf, -np.inf)
+        g[::7] = 2.0
+        for grad_output, kw in ((np.inf, {"reduction": "sum"}), (-np.inf, {"reduction": "mean"}),
+                                (g, {"reduction": "none"})):
+            got = backward(grad_output, x, y, **kw)
+            factor = np.broadcast_to(grad_output, x.shape)
+            infinite = np.isinf(factor) & (unit != 0)
+            assert np.array_equal(got[infinite], (unit * factor)[infinite])
+            finite = np.isfinite(factor)
+            assert np.array_equal(got[finite], backward(np.where(finite, g, 0.0), x, y, reduction="none")[finite])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_gradient_is_exactly_zero_at_the_balanced_point(dtype):
     # x = 0, y = 1/2: every logit loss's gradient is 0, which only an exact e = exp(-0) gives (the
     # 2^600-scaled exponential must come out exactly 2^600 there; xf_math.h's range reduction keeps it
