@@ -638,3 +638,13 @@ def test_nan_policy_raise_passes_over_ignored_rows_and_elements():
 def test_a_ragged_list_is_named(call, name):
     with raises(ValueError, f"{name}: ", "inhomogeneous"):
         call()
+
+
+def test_a_list_nested_beyond_numpys_dimensions_is_named():
+    too_deep = 1.0
+    for _ in range(65):
+        too_deep = [too_deep]
+    with raises(ValueError, "input: ", "maximum number of dimension"):
+        xf.softmax(too_deep)
+    with raises(ValueError, "target: ", "maximum number of dimension"):
+        xf.binary_cross_entropy_with_logits([[0.5]], too_deep)

@@ -795,9 +795,11 @@ def _on_input_device(fn=None, *, plain_lane=None):
         try:
             return run(args, kwargs)
         except ValueError as exc:
-            # NumPy's message for a ragged list names no argument: find the one it came from
-            ragged = _backend.ragged_argument(signature, args, kwargs) if "inhomogeneous" in str(exc) else None
-            if ragged is None:
+            # NumPy's message for a ragged list, or one nested deeper than 64 levels, names no argument:
+            # find the one it came from
+            numpy_says = "inhomogeneous" in str(exc) or "setting an array element with a sequence" in str(exc)
+            ragged = _backend.ragged_argument(signature, args, kwargs) if numpy_says else None
+            if ragged is None or str(exc).startswith(f"{ragged}:"):
                 raise
             raise ValueError(f"{ragged}: {exc}") from None
         finally:
