@@ -557,6 +557,9 @@ def test_refusals_of_arguments_the_op_and_the_denominator_would_read_differently
     for f in (xt.cross_entropy, xt.cross_entropy_from_probs):
         with pytest.raises(TypeError, match="ignore_index: expected an int, got 1.5"):
             f(x.softmax(1), y, ignore_index=1.5)
+        # beyond int64 the op's schema refused it naming no argument ("Expected a value of type 'int'")
+        with pytest.raises(ValueError, match=f"ignore_index: {2**70} is outside int64"):
+            f(x.softmax(1), y, ignore_index=2**70)
     # a meta tensor among CPU ones would send the call to the shape-only fake kernels (garbage values)
     meta = dict(device="meta")
     with pytest.raises(ValueError, match="target: on device meta, expected the input's device cpu"):
@@ -838,3 +841,19 @@ def test_numpy_api_refuses_a_tensor_that_requires_grad():
         xf.cross_entropy(x, torch.tensor([0, 1, 2]))
     with pytest.raises(TypeError, match="xentfast.torch"):
         xf.binary_cross_entropy_with_logits(x, torch.rand(3, 4))
+
+
+def test_logits_changed_in_place_before_backward_raise():
+    # README: the op saves its inputs, not the log-softmax, so autograd's version check refuses a
+    # backward through logits changed in place after the forward (F.cross_entropy lets it pass)
+    leaf = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 1, 2])
+    x = leaf * 1
+    loss = F.cross_entropy(x, y)
+    x.add_(1)
+    loss.backward()
+    x = leaf * 1
+    loss = xt.cross_entropy(x, y)
+    x.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

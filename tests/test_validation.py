@@ -493,6 +493,41 @@ class TestDocumentedDifferencesFromTorch:
         x = np.array([[0.3, -2.0], [4.0, 1.5]])
         assert xf.binary_cross_entropy_with_logits(x, t) == xf.binary_cross_entropy_with_logits(x, t.astype(float))
 
+    def test_a_term_with_zero_mass_is_zero_where_torch_gives_nan(self):
+        inf = np.inf
+        x = np.array([[1.0, -inf, 0.5]])
+        loss_p, grad_p = xf.cross_entropy_with_grad(x, np.array([[0.7, 0.0, 0.3]]), reduction="none")
+        loss_w, grad_w = xf.cross_entropy_with_grad(x, np.array([1]), weight=np.array([1.0, 0.0, 1.0]),
+                                                    reduction="none")
+        assert np.isfinite(loss_p).all() and loss_w[0] == 0 and not grad_w.any()
+        ignored = np.array([[-inf, -inf], [np.nan, 1.0], [0.5, 1.0]])
+        _, grad_i = xf.cross_entropy_with_grad(ignored, np.array([-100, -100, 1]))
+        assert not grad_i[:2].any()
+        loss_b, grad_b = xf.binary_cross_entropy_with_logits_with_grad(
+            np.array([inf, -inf, inf, -inf]), np.array([1.0, 0.0, 0.0, 1.0]), reduction="none")
+        assert list(loss_b) == [0.0, 0.0, inf, inf] and np.isfinite(grad_b).all()
+        torch = pytest.importorskip("torch")
+        F = torch.nn.functional
+
+        def t(v, **kw):
+            return torch.tensor(v, dtype=torch.float64 if np.asarray(v).dtype.kind == "f" else None, **kw)
+
+        assert torch.isnan(F.cross_entropy(t(x), t([[0.7, 0.0, 0.3]]), reduction="none")).all()
+        assert torch.isnan(F.cross_entropy(t(x), t([1]), weight=t([1.0, 0.0, 1.0]), reduction="none")).all()
+        xt = t(ignored, requires_grad=True)
+        F.cross_entropy(xt, t([-100, -100, 1])).backward()
+        assert torch.isnan(xt.grad[0]).all() and torch.isnan(xt.grad[1]).all()
+        assert torch.isnan(F.binary_cross_entropy_with_logits(t([inf, -inf, inf, -inf]), t([1.0, 0.0, 0.0, 1.0]),
+                                                              reduction="none")[[0, 1, 3]]).all()
+
+    @pytest.mark.parametrize("smoothing", [-0.1, np.nan])
+    def test_label_smoothing_torch_takes_is_refused(self, smoothing):
+        with raises(ValueError, "label_smoothing"):
+            xf.cross_entropy(X, Y, label_smoothing=smoothing)
+        torch = pytest.importorskip("torch")
+        # torch 2.13 computes with it
+        torch.nn.functional.cross_entropy(torch.tensor(X), torch.tensor(Y), label_smoothing=smoothing)
+
 
 def test_main_on_small_shapes():
     from xentfast.__main__ import main

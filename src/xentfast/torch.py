@@ -340,12 +340,6 @@ def _check_float(value, name):
     return float(value)
 
 
-def _check_int(value, name):
-    """An integer argument, as torch takes it (ignore_index=1.5 would be truncated for the op and not
-    for the mean's denominator)."""
-    return _api._index_argument(value, name)
-
-
 def _as_tensor(value, like):
     """Array-like weights as tensors on the input's device (None stays None)."""
     if value is None or isinstance(value, torch.Tensor):
@@ -429,7 +423,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
-    ignore_index = _check_int(ignore_index, "ignore_index")
+    # an int, as torch takes it (1.5 would be truncated for the op and not for the mean's denominator),
+    # within int64 (the op's schema would refuse it with a message naming no argument)
+    ignore_index = _api._check_ignore_index(ignore_index)
     fwd, _ = _OPS["cross_entropy"]
     rows = fwd(input, target, weight, ignore_index, _check_float(label_smoothing, "label_smoothing"),
                _check_float(z_loss, "z_loss"), nan_policy)
@@ -458,7 +454,9 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
-    ignore_index = _check_int(ignore_index, "ignore_index")
+    # an int, as torch takes it (1.5 would be truncated for the op and not for the mean's denominator),
+    # within int64 (the op's schema would refuse it with a message naming no argument)
+    ignore_index = _api._check_ignore_index(ignore_index)
     fwd, _ = _OPS["cross_entropy_from_probs"]
     rows = fwd(input, target, weight, ignore_index, None if eps is None else float(eps), nan_policy)
     if reduction != "mean":
