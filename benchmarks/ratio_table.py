@@ -1,7 +1,7 @@
 """Print the issue's ratio table for this machine in one run, with the memory floor and a targets checklist.
 
 For every target row: the median seconds of each implementation (xentfast, PyTorch, JAX, NumPy, all on the
-same thread count, timed round by round in rotating order so that they share the machine's load), the
+same thread count, timed round by round in varying order so that they share the machine's load), the
 memory floor (bytes that must move / copy bandwidth measured in this run), xentfast's time as a multiple
 of it, each peer's time over xentfast's, and xentfast's 1-thread time over its N-thread time.  Then tiny
 problems in microseconds per call against the NumPy expression, and the checklist of the issue's targets.
@@ -72,8 +72,24 @@ class Stat:
         self.cpu_per_wall = cpu / sum(times)
 
 
+def round_orders(n):
+    """Orders of n callables, one per round, in which each callable follows each other one about equally
+    often (the rows of a Williams design: for even n each ordered pair is adjacent exactly once in n rounds,
+    for odd n twice in 2n).  A plain rotation keeps the cyclic order, so every callable would always follow
+    the same one: xentfast's N-thread call always came right after NumPy's single-thread one, which had left
+    the other cores idle, and an idle core of these VMs takes milliseconds to run a thread again
+    (benchmarks/README.md, "the order of the calls")."""
+    base = [0]
+    for j in range(1, n):
+        base.append((j + 1) // 2 if j % 2 else n - j // 2)
+    rows = [[(b + i) % n for b in base] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows
+
+
 def run_interleaved(fns, repeats, slow_repeats, slow_s, per_call=None, row_s=0.0, max_repeats=None):
-    """Median of each callable's timed runs, timed round by round in rotating order after one warm-up each.
+    """Median of each callable's timed runs, timed round by round in varying order after one warm-up each.
 
     A peer whose first timed run takes more than ``slow_s`` stops after ``slow_repeats`` runs, so that the
     slow peers at the large shapes do not dominate the run time; xentfast itself always gets ``repeats``.
@@ -90,12 +106,12 @@ def run_interleaved(fns, repeats, slow_repeats, slow_s, per_call=None, row_s=0.0
     times = {name: [] for name in names}
     cpu = {name: 0.0 for name in names}
     wanted = dict.fromkeys(names, max_repeats)
+    orders = round_orders(len(names))
     start = time.perf_counter()
     for r in range(max_repeats):
         if r >= repeats and time.perf_counter() - start >= row_s:
             break
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        for name in (names[i] for i in orders[r % len(orders)]):
             if len(times[name]) >= wanted[name]:
                 continue
             c0 = time.process_time()
