@@ -383,10 +383,16 @@ class _Elementwise:
         return unit.reshape(-1)
 
     def _fill_cancelled(self, gflat, unit, g_rows, scale):
-        factor = scale if g_rows is None else g_rows * scale
-        cancelled = self.xp.isinf(factor) & self.xp.isnan(gflat)
+        xp = self.xp
         with np.errstate(invalid="ignore"):
-            gflat[cancelled] = (unit * factor)[cancelled]
+            if g_rows is None:  # one infinite factor for every element (no ufunc on a Python float)
+                cancelled = xp.isnan(gflat)
+                product = unit * scale
+            else:
+                factor = g_rows * scale
+                cancelled = xp.isinf(factor) & xp.isnan(gflat)
+                product = unit * factor
+            gflat[cancelled] = product[cancelled]
 
     def reduce(self, losses):
         if self.reduction == "none":
