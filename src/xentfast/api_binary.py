@@ -334,8 +334,6 @@ class _Elementwise:
         losses themselves in its rare cases (CPU, the whole input, the gradient not written over it)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         xp = self.xp
-        # before the gradient may overwrite the logits (inplace=True): see _fill_cancelled
-        unit = self._unit_upstream_gradient(grad, grad_output, g_rows, scale)
         empty = _placeholder(xp, 1, np.float64)
         x, t, n = (self.flat, self.t, self.n) if count is None else (self.flat[:count], self.t[:count], count)
         keep_double = self.reduction != "none"
@@ -360,39 +358,9 @@ class _Elementwise:
             self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads if count is None else 1,
             w is not None, pw is not None, g_rows is not None, want_loss and keep_double,
             want_loss and not keep_double, grad is not None, loss_k, part)
-        if unit is not None:
-            self._fill_cancelled(gflat, unit, g_rows, scale)
         if summed:
             return _KernelSum(sums)
         return loss_d if keep_double else loss_o
-
-    def _unit_upstream_gradient(self, grad, grad_output, g_rows, scale):
-        """With an infinite upstream factor somewhere: the gradient for an upstream factor of 1, else None.
-
-        Soft targets make the gradient a difference of two terms, each taken times the upstream factor
-        inside its normalised product: an infinite factor made it inf - inf = NaN, where the exact value
-        (the factor times the gradient for 1) is +-inf, as the softmax family gives.  Such an element gets
-        that product instead (_fill_cancelled): +-inf, or NaN where the unit gradient is 0 (inf * 0)."""
-        xp = self.xp
-        if grad is None or (g_rows is None and math.isfinite(scale)) or (
-                g_rows is not None and not bool(xp.isinf(g_rows).any())):
-            return None
-        # an upstream factor of 1 everywhere (a positive one for a mean); the sign comes with the factor
-        unit = xp.empty_like(grad)
-        self.run(grad=unit, grad_output=1.0 if g_rows is None else xp.ones(self.shape), want_loss=False)
-        return unit.reshape(-1)
-
-    def _fill_cancelled(self, gflat, unit, g_rows, scale):
-        xp = self.xp
-        with np.errstate(invalid="ignore"):
-            if g_rows is None:  # one infinite factor for every element (no ufunc on a Python float)
-                cancelled = xp.isnan(gflat)
-                product = unit * scale
-            else:
-                factor = g_rows * scale
-                cancelled = xp.isinf(factor) & xp.isnan(gflat)
-                product = unit * factor
-            gflat[cancelled] = product[cancelled]
 
     def reduce(self, losses):
         if self.reduction == "none":
