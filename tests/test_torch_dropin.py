@@ -857,3 +857,28 @@ def test_logits_changed_in_place_before_backward_raise():
     x.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    # float(False) was a clamp of 0: every loss and gradient 0
+    (lambda p, t, x, y: xt.binary_cross_entropy(p, t, log_clamp=False), TypeError, "log_clamp: expected a real"),
+    (lambda p, t, x, y: xt.binary_cross_entropy(p, t, log_clamp=np.False_), TypeError, "log_clamp: expected a real"),
+    (lambda p, t, x, y: xt.binary_cross_entropy(p, t, log_clamp="-1"), TypeError, "log_clamp: expected a real"),
+    (lambda p, t, x, y: xt.binary_cross_entropy(p, t, eps=True), TypeError, "eps: expected a real"),
+    # float(10**400) raised a bare OverflowError
+    (lambda p, t, x, y: xt.cross_entropy(x, y, label_smoothing=10**400), ValueError, "label_smoothing: must be finite"),
+    (lambda p, t, x, y: xt.cross_entropy(x, y, z_loss=10**400), ValueError, "z_loss: must be finite"),
+    (lambda p, t, x, y: xt.sigmoid_focal_loss(x, t[:3], gamma=10**400), ValueError, "gamma: must be finite"),
+])
+def test_real_options_refuse_bools_strings_and_huge_ints(call, exc, words):
+    p = torch.full((3, 4), 0.4, dtype=torch.float64)
+    t = torch.ones(3, 4, dtype=torch.float64)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(exc, match=words):
+        call(p, t, x, torch.tensor([0, 1, 2]))
+
+
+def test_a_tensor_input_with_a_non_bool_inplace_names_the_flag():
+    # the foreign-array import tested `if inplace` first: NumPy's ambiguity message for an array
+    with pytest.raises(TypeError, match="inplace: expected True or False"):
+        xf.cross_entropy_with_grad(torch.randn(3, 4), torch.tensor([0, 1, 2]), inplace=np.array([True, True]))

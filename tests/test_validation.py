@@ -525,8 +525,11 @@ class TestDocumentedDifferencesFromTorch:
         with raises(ValueError, "label_smoothing"):
             xf.cross_entropy(X, Y, label_smoothing=smoothing)
         torch = pytest.importorskip("torch")
-        # torch 2.13 computes with it
-        torch.nn.functional.cross_entropy(torch.tensor(X), torch.tensor(Y), label_smoothing=smoothing)
+        # torch 2.13 takes it silently as 0, for index and probability targets
+        F, x = torch.nn.functional, torch.tensor(X)
+        for target in (torch.tensor(Y), torch.softmax(x.flip(0), 1)):
+            assert torch.equal(F.cross_entropy(x, target, label_smoothing=smoothing),
+                               F.cross_entropy(x, target, label_smoothing=0.0))
 
 
 def test_main_on_small_shapes():

@@ -446,7 +446,9 @@ def call_foreign(fn, signature, args, kwargs):
             bound.arguments[name] = local
     original = bound.arguments.get("input")
     original = imported.get(id(original), (None, original))[1]
-    if bound.arguments.get("inplace") and is_foreign(original):
+    inplace = bound.arguments.get("inplace", False)
+    # a non-bool inplace goes on to the function's own check, which names it (`if` of an array would not)
+    if isinstance(inplace, (bool, np.bool_)) and inplace and is_foreign(original):
         local = bound.arguments["input"]
         if not getattr(local.flags, "writeable", True):
             raise ValueError(f"input: inplace=True, but the {_kind(original)} can only be read (JAX arrays are "

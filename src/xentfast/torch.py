@@ -335,9 +335,12 @@ def _check_float(value, name):
     float(), which torch.compile traces (a symbolic float specializes); the range and finiteness checks
     are the NumPy API's, inside the op, where Dynamo does not trace (math.isfinite of a symbolic float
     breaks the graph)."""
-    if isinstance(value, (str, bytes, bool)):
+    if isinstance(value, (str, bytes, bool, np.bool_)):
         raise TypeError(f"{name}: expected a real number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf  # an int beyond float64: the op's check then says it must be finite, naming it
 
 
 def _as_tensor(value, like):
@@ -458,7 +461,7 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     # within int64 (the op's schema would refuse it with a message naming no argument)
     ignore_index = _api._check_ignore_index(ignore_index)
     fwd, _ = _OPS["cross_entropy_from_probs"]
-    rows = fwd(input, target, weight, ignore_index, None if eps is None else float(eps), nan_policy)
+    rows = fwd(input, target, weight, ignore_index, None if eps is None else _check_float(eps, "eps"), nan_policy)
     if reduction != "mean":
         return _reduce(rows, reduction, None, empty_mean)
     return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
@@ -535,8 +538,9 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
     fwd, _ = _OPS["binary_cross_entropy"]
-    rows = fwd(input, target, weight, None if eps is None else float(eps),
-               None if log_clamp is None else float(log_clamp), nan_policy)
+    # float(False) would be a clamp of 0 (every loss and gradient 0)
+    rows = fwd(input, target, weight, None if eps is None else _check_float(eps, "eps"),
+               None if log_clamp is None else _check_float(log_clamp, "log_clamp"), nan_policy)
     return _reduce(rows, reduction, input.numel(), empty_mean)
 
 
