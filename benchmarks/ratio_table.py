@@ -95,21 +95,24 @@ def run_interleaved(fns, repeats, slow_repeats, slow_s, per_call=None, row_s=0.0
     slow peers at the large shapes do not dominate the run time; xentfast itself always gets ``repeats``.
     After ``repeats`` rounds, more rounds follow while the row has taken less than ``row_s`` seconds, up to
     ``max_repeats``: the short rows' medians then rest on 15-25 runs instead of 5, where one slow run
-    (a busy core) moved a median far enough to flip a verdict.  ``per_call``: how many calls each
+    (a busy core) moved a median far enough to flip a verdict.  Rounds stop only at the end of a whole
+    cycle of round_orders (10 rounds for 5 callables), so that each callable followed each other one
+    equally often; ``max_repeats`` is rounded up to a whole cycle.  ``per_call``: how many calls each
     callable makes (tiny problems are timed in batches), to report the time of one.
     """
     names = list(fns)
     per_call = per_call or {}
-    max_repeats = max(repeats, max_repeats or repeats)
+    orders = round_orders(len(names))
+    cycle = len(orders)
+    max_repeats = -(-max(repeats, max_repeats or repeats) // cycle) * cycle
     for name in names:
         fns[name]()  # warm-up: page faults, thread pools, JAX's compilation
     times = {name: [] for name in names}
     cpu = {name: 0.0 for name in names}
     wanted = dict.fromkeys(names, max_repeats)
-    orders = round_orders(len(names))
     start = time.perf_counter()
     for r in range(max_repeats):
-        if r >= repeats and time.perf_counter() - start >= row_s:
+        if r >= repeats and r % cycle == 0 and time.perf_counter() - start >= row_s:
             break
         for name in (names[i] for i in orders[r % len(orders)]):
             if len(times[name]) >= wanted[name]:
@@ -220,7 +223,8 @@ def main(argv=None):
     ap.add_argument("--slow-s", type=float, default=2.0, help="see --slow-repeats (default 2.0 s)")
     ap.add_argument("--row-s", type=float, default=3.0,
                     help="after --repeats rounds, keep timing a row while it has taken less (default 3.0 s)")
-    ap.add_argument("--max-repeats", type=int, default=25, help="rounds per row at most (default 25)")
+    ap.add_argument("--max-repeats", type=int, default=25,
+                    help="rounds per row at most, rounded up to whole cycles of the order design (default 25)")
     ap.add_argument("--quick", action="store_true", help=f"only shapes of at most {QUICK_MAX_ELEMENTS:.0e} elements")
     ap.add_argument("--only", metavar="SUBSTRING", help="only rows whose label contains it (e.g. 'binary', "
                     "'128256', 'float64', 'tiny')")
@@ -332,7 +336,7 @@ def main(argv=None):
             "is faster):\n")
         table(headers, lines, args.markdown)
         if slow_note:
-            say(f"\n* median of {args.slow_repeats} runs, not {args.repeats}: this peer took more than "
+            say(f"\n* median of {args.slow_repeats} runs, not the row's full count: this peer took more than "
                 f"{args.slow_s} s per call.")
 
     if tiny_results:
