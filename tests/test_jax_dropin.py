@@ -728,3 +728,16 @@ def test_unsigned_labels_beyond_int32_classes_need_x64():
         jax.eval_shape(xfj.softmax_cross_entropy_with_integer_labels, x, y)
     out = jax.eval_shape(xfj.softmax_cross_entropy_with_integer_labels, x, jax.ShapeDtypeStruct((1,), jnp.int32))
     assert out.shape == (1,)
+
+
+def test_zero_mass_on_minus_inf_and_plus_inf_logits_differ_from_optax_as_documented():
+    # xentfast.jax's docstring, "Deliberate differences": 0 * inf = 0, and a +inf logit has no softmax
+    x = jnp.array([[0.0, -jnp.inf, 1.0]])
+    t = jnp.array([[0.5, 0.0, 0.5]])
+    loss, grad = jax.value_and_grad(lambda a: xfj.softmax_cross_entropy(a, t).sum())(x)
+    assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all()
+    assert float(loss) == float(xf.cross_entropy(np.asarray(x), np.asarray(t), reduction="sum"))
+    assert np.isnan(float(optax.softmax_cross_entropy(x, t)[0]))
+    up = jnp.array([[0.0, jnp.inf, 1.0]])
+    assert np.isnan(float(xfj.softmax_cross_entropy_with_integer_labels(up, jnp.array([0]))[0]))
+    assert float(optax.softmax_cross_entropy_with_integer_labels(up, jnp.array([0]))[0]) == np.inf

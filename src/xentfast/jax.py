@@ -13,8 +13,10 @@ request: xentfast builds and imports without JAX.
 Limits (optax has none of them): no second derivative (``grad`` of ``grad``, ``hessian``: the backward
 is a kernel call without a derivative of its own, and JAX says so) and no forward mode (``jvp``,
 ``jacfwd``: a ``custom_vjp`` has none).  Under ``shard_map`` the backward's output is not marked as
-varying over the mesh axis, so ``grad`` inside it fails unless ``check_vma=False``; under ``jit`` with
-sharded inputs the gradient comes back replicated.  ``jax.export`` refuses the FFI custom calls, which
+varying over the mesh axis, so a gradient through it fails unless ``check_vma=False``, whether ``grad``
+is taken inside the ``shard_map`` or around it (the data-parallel pattern); ``pmap`` works.  Under
+``jit`` with sharded inputs the gradient comes back replicated.  With x64 off, int64 NumPy labels are
+truncated to int32 by JAX before any check sees them (as for optax): ``2**32 + 1`` is class 1.  ``jax.export`` refuses the FFI custom calls, which
 carry no compatibility guarantee (the callback paths export neither).  A ``where`` mask must broadcast
 against the batch shape from the left, as NumPy broadcasts; optax also inserts a missing class axis.
 
@@ -64,7 +66,11 @@ Design
     row, or a binary label outside ``[0, 1]`` (or NaN), makes that loss NaN and its gradient 0.
 (f) Half precision.  float16 and bfloat16 logits are widened to float32 (exact) and the loss is
     returned in float32: the bound then holds for the half-precision values as given, where a bfloat16
-    loss near 10 would carry a quantum of 0.0625.  The gradient comes back in the logits' dtype.
+    loss near 10 would carry a quantum of 0.0625.  The gradient comes back in the logits' dtype, rounded
+    from the float32 kernel's result: so the bits are those of the NumPy functions on the widened
+    float32 array, not of the NumPy functions on the half array (which widen to float64 and round once):
+    a bfloat16 gradient entry may differ from those by one bfloat16 ULP (1 in 32000 measured), a loss
+    by one float32 ULP.
 (g) Label gradients.  ``softmax_cross_entropy`` and ``sigmoid_binary_cross_entropy`` are differentiable
     in their labels, as optax's are: ``-g * log_softmax(x)`` (xentfast's log_softmax) and ``-g * x`` (the
     exact derivative of the binary loss in ``y``), each product rounded once, next to the kernels (see
@@ -90,7 +96,11 @@ Deliberate differences from optax 0.2.8 (everything else is optax's semantics):
 * labels of ``softmax_cross_entropy`` are cast to the logits' dtype and must broadcast to the logits'
   shape (optax lets ``labels * log_probs`` promote and broadcast both ways);
 * ``where`` must be boolean; half-precision logits give a float32 loss ((f));
-* ``z_loss`` is an extra (PaLM's auxiliary loss, as in xentfast.cross_entropy).
+* ``z_loss`` is an extra (PaLM's auxiliary loss, as in xentfast.cross_entropy);
+* a label mass of 0 on a ``-inf`` logit contributes 0 (``0 * inf = 0``): ``softmax_cross_entropy`` of
+  ``[[0, -inf, 1]]`` against ``[[.5, 0, .5]]`` is 0.8133 with a finite gradient (optax: NaN);
+* a ``+inf`` logit makes its row NaN (no softmax exists), also with integer labels on another class
+  (optax: ``+inf``), as torch and ``xentfast.cross_entropy``.
 """
 
 import functools
