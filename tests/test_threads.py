@@ -81,6 +81,39 @@ def test_phased_split_equals_row_path(dtype, prob):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_rows_with_finite_masks_take_the_masked_form_with_the_general_forms_bits(dtype, weighted):
+    # the row path gives rows whose far entries are a finite mask the masked normal form
+    # (xf_row_mask_form); the phased split keeps the general form: the two must agree bit for bit, also
+    # next to the band (708-746 below the max) where the row keeps the general form, and at 727, the test
+    rng = np.random.default_rng(9)
+    n, c = 12, _xent.BLOCK + 333
+    x = (rng.standard_normal((n, c)) * 3).astype(dtype)
+    masks = [-1e9, -1e4, np.finfo(dtype).min, -np.inf, -746.5, -760.0, -720.0, -709.0, -727.0, -2000.0]
+    for i, mv in enumerate(masks):
+        x[i, rng.random(c) < 0.3] = dtype(x[i].max() + mv) if np.isfinite(mv) and mv > -1e4 else dtype(mv)
+    x[10, :] = dtype(-1e9)
+    x[10, 3] = 1.5                      # one kept class, the target below
+    x[11, rng.random(c) < 0.3] = dtype(-1e9)
+    x[11, 9] = dtype(x[11].max() - 740.0)   # one entry in the band: the general form
+    y = rng.integers(0, c, n)
+    y[10] = 3
+    y[0] = int(np.argmin(x[0]))         # a masked target: loss ~1e9
+    w = np.linspace(0.5, 2.0, c)
+    outs = []
+    for force in (False, True):
+        loss = np.empty(n)
+        grad = np.empty_like(x)
+        with np.errstate(all="ignore"):
+            _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), w if weighted else np.empty(0), -100, 0.0,
+                               0.0, np.empty(0), 0.5, loss, grad, 2, True, False, weighted, False, True, force)
+        outs.append((loss, grad))
+    assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True)
+    assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
+    assert outs[0][0][0] > 1e8 and np.isfinite(outs[0][0]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_phased_split_equals_row_path_for_z_loss_rows_read_again(dtype):
     # rows whose z-loss logsumexp is recomputed from the row (xentfast/softmax_row.h, "logsumexp for the
     # z-loss"): where m + log S cancels (lse ~ 0) and where A + 2 z lse does (lse ~ -1, z = 0.5)

@@ -708,10 +708,20 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         const int has_y = (y >= 0 && y < n);
         /* read before the loop: with inplace=True the loop overwrites x[y] */
         const double g_y = has_y ? xf_target_grad(job, XF_EXP_MINUS(x[y], m)) : 0.0;
+        if (job->exp_normal == 2) {
+            /* masked classes beyond the stored rows' spread (a finite mask, xf_row_mask_form): the sum
+             * pass's form, the same bits as the general one */
 #pragma omp simd
-        for (j = 0; j < n; j++) {
-            double e = XF_EXP_MINUS(x[j], m);
-            out[j] = (XF_T)((e * coef_per_S) * mult);
+            for (j = 0; j < n; j++) {
+                double e = XF_EXP_FORM(2, x[j], m);
+                out[j] = (XF_T)((e * coef_per_S) * mult);
+            }
+        } else {
+#pragma omp simd
+            for (j = 0; j < n; j++) {
+                double e = XF_EXP_MINUS(x[j], m);
+                out[j] = (XF_T)((e * coef_per_S) * mult);
+            }
         }
         if (has_y) {
             out[y] = (XF_T)g_y;
@@ -766,6 +776,31 @@ XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, do
 #endif
 }
 
+/* A row beyond the normal form's spread (xf_rowjob_set_exp_form gave 0) whose far entries are a finite
+ * mask: every finite entry either within XF_NORMAL_SPREAD of the max or at least XF_MASK_FAR below it
+ * (none in the band between, where the exponential is subnormal) takes the masked normal form
+ * (exp_normal = 2, xf_exp_minus_*_masked), the same bits as the general form.  One more pass over such
+ * rows only (from the cache the max pass left them in): the smallest entry not far below the max. */
+XF_HD void XF_FN(xf_row_mask_form)(const XF_T *x, long long C, xf_rowjob *job)
+{
+    const double m = job->m;
+    if (job->status != XF_ROW_OK || job->exp_normal != 0 || !(m - m == 0.0)) {
+        return;
+    }
+    const double far = m - XF_MASK_FAR;
+    double near_min = m;
+    long long j;
+#pragma omp simd reduction(min : near_min)
+    for (j = 0; j < C; j++) {
+        const double v = (double)x[j];
+        const double kept = (v >= far) ? v : m;
+        near_min = (kept < near_min) ? kept : near_min;
+    }
+    if (m - near_min <= XF_NORMAL_SPREAD) {
+        job->exp_normal = 2;
+    }
+}
+
 /* Row statistics of a whole row, block by block (the one-thread-per-row path): the max pass, then the
  * sum pass (optionally storing the exponentials).  The phased path in _xent.pyx calls the same block
  * functions and the same merges in the same order. */
@@ -781,6 +816,7 @@ XF_KERNEL void XF_FN(xf_row_max)(const XF_T *x, long long C, xf_rowjob *job)
     }
     xf_rowjob_set_max(job, &st);
     xf_rowjob_set_exp_form(job, C);
+    XF_FN(xf_row_mask_form)(x, C, job);
 }
 
 XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep)

@@ -922,26 +922,33 @@ XF_HD double xf_exp_minus_f32_normal(float x, double m)
     return xf_exp_lite_normal((double)x - m);
 }
 
-/* The normal form on a row whose other entries are -inf (masked classes; a row of status OK has no NaN
- * and no +inf): each -inf entry is given the max and its result replaced by +0, the general form's value
- * there, so every entry keeps its bits.  A compare and two selects more per element, where the general
- * form's clamp and two-step scale cost about twice an ordinary row (benchmarks/README.md, 2026-12-03). */
+/* The normal form on a row with masked classes (a row of status OK has no NaN and no +inf): entries
+ * that are -inf, or finite and at least XF_MASK_FAR below the max (a finite mask such as -1e9 or the
+ * dtype's minimum), while every other entry lies within XF_NORMAL_SPREAD of the max.  A masked entry is
+ * given the max and its result replaced by +0, the general form's value there (its argument is below
+ * the clamp, XF_EXP_CLAMP_LO), so every entry keeps its bits.  The test sits halfway (XF_MASK_TEST)
+ * between the two groups, 19 apart, so the roundings of x - m cannot move an entry across it.  A compare
+ * and two selects more per element, where the general form's clamp and two-step scale cost about twice
+ * an ordinary row (benchmarks/README.md, 2026-12-03). */
+#define XF_MASK_FAR 746.0
+#define XF_MASK_TEST (-727.0)
 XF_HD double xf_exp_minus_f64_masked(double x, double m)
 {
-    int masked = x == -XF_INF;
+    int masked = x - m < XF_MASK_TEST;
     double e = xf_exp_shifted_normal(masked ? m : x, m);
     return masked ? 0.0 : e;
 }
 
 XF_HD double xf_exp_minus_f32_masked(float x, double m)
 {
-    int masked = x == -XF_INF;
-    double e = xf_exp_lite_normal(masked ? 0.0 : (double)x - m);
+    double d = (double)x - m;
+    int masked = d < XF_MASK_TEST;
+    double e = xf_exp_lite_normal(masked ? 0.0 : d);
     return masked ? 0.0 : e;
 }
 
 /* 1: every entry finite and within XF_NORMAL_SPREAD of the max; 2: the same of the finite entries, the
- * others -inf; 0: the general form. */
+ * others -inf (rows with finite masks: xf_row_mask_form, on the CPU's row path); 0: the general form. */
 XF_HD void xf_rowjob_set_exp_form(xf_rowjob *job, long long C)
 {
     int spread_ok = job->status == XF_ROW_OK && job->m - job->min_finite <= XF_NORMAL_SPREAD;
