@@ -175,13 +175,14 @@ def test_mean_equals_mean_of_none():
 def _short_rows(dtype, n, c, seed, ignore):
     """Rows of every kind the short-row groups meet: ordinary, ties (+0 and -0 among them), a NaN, +-inf,
     a spread beyond the unclamped exponentials, near-overflow logits, subnormal sums (float64's rescue),
-    confident rows, and labels ignored or pointing at the max."""
+    confident rows, finite masks (with an entry in the subnormal band), and labels ignored or pointing
+    at the max."""
     rng = np.random.default_rng(seed)
     fmax = np.finfo(dtype).max
     x = (rng.standard_normal((n, c)) * 3).astype(dtype)
     y = rng.integers(0, c, n)
     for i in range(n):
-        kind, j = rng.integers(0, 15), rng.integers(0, c)
+        kind, j = rng.integers(0, 18), rng.integers(0, c)
         row = x[i]
         if kind == 0:
             row[j] = np.nan
@@ -209,6 +210,13 @@ def _short_rows(dtype, n, c, seed, ignore):
             y[i] = j
         elif kind == 11:
             row[y[i]] = -700.0
+        elif kind == 12:
+            row[rng.random(c) < 0.3] = dtype(-1e9)   # a finite mask (the float32 groups take it masked)
+        elif kind == 13:
+            row[j] = row.max() - 760.0            # far below, within the float64 rescue's 1200
+        elif kind == 14:
+            row[rng.random(c) < 0.3] = np.finfo(dtype).min
+            row[j] = row.max() - 740.0            # and one in the band 708-746 below: the general form
     return x, y
 
 

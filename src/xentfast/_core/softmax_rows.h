@@ -1101,10 +1101,11 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
  * of exp(x_j - m) over every class but the argmax, and ok: the row is finite, within max_spread of its max
  * (the unclamped exponentials: XF_NORMAL_SPREAD, or 600 where the row kernel keeps the exponentials for a
  * gradient) and, float64, needs no rescued sum.  With want_kept, each exponential as the sum pass stores
- * it (XF_STORE_SCALE) into kept.  allow_masked: rows with -inf entries (masked classes) are ok too, their
- * spread taken over the finite entries, with the row kernel's masked normal form (exp_normal = 2: each
- * -inf entry's exponential +0); the group's rows take that form when one of them has a -inf entry (the
- * same bits as the normal form on finite entries).  Returns whether one has. */
+ * it (XF_STORE_SCALE) into kept.  allow_masked: rows with -inf entries (masked classes; with 2, float32
+ * also finite entries at least XF_MASK_FAR below the max, finite masks) are ok too, their spread taken over
+ * the other entries, with the row kernel's masked normal form (exp_normal = 2: each masked entry's
+ * exponential +0); the group's rows take that form when one of them has a masked entry (the same bits as
+ * the normal form on the others).  Returns whether one has. */
 XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], double *m, double *hi,
     double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept, const int allow_masked)
@@ -1161,7 +1162,7 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
             mn_t[r] = (v < mn_t[r]) ? v : mn_t[r];
         }
     }
-    if (allow_masked) {
+    if (allow_masked == 1 || (allow_masked && XF_COMPENSATED)) {
         for (r = 0; r < R; r++) {
             any_masked |= (mn_t[r] == (XF_T)-XF_INF);
         }
@@ -1176,6 +1177,29 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
                 for (r = 0; r < R; r++) {
                     const XF_T v = xt[j][r];
                     mn_t[r] = ((v < mn_t[r]) & (v > (XF_T)-XF_INF)) ? v : mn_t[r];
+                }
+            }
+        }
+    } else if (allow_masked == 2) {
+        /* float32, allow_masked = 2: an entry XF_MASK_FAR or more below its row's max, -inf or a finite
+         * mask (-1e9, the dtype's minimum), is masked, as in xf_row_mask_form; the spread is taken over
+         * the others, so an entry in the band between (708-746 below) keeps the row out.  float64 rows
+         * keep -inf alone: a finite far entry within 1200 may call for the rescue of an underflowed sum,
+         * and a row beyond 700 for the scaled gradient, which the groups do not do. */
+        double far[R];
+        for (r = 0; r < R; r++) {
+            far[r] = (double)m_t[r] - XF_MASK_FAR;
+            any_masked |= ((double)mn_t[r] < far[r]);
+        }
+        if (any_masked) {
+            for (r = 0; r < R; r++) {
+                mn_t[r] = m_t[r];
+            }
+            for (j = 0; j < C; j++) {
+#pragma omp simd
+                for (r = 0; r < R; r++) {
+                    const XF_T v = xt[j][r];
+                    mn_t[r] = ((v < mn_t[r]) & ((double)v >= far[r])) ? v : mn_t[r];
                 }
             }
         }
@@ -1239,8 +1263,11 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     unsigned done = 0;
     long long j;
     int r;
+    /* finite masks only without a gradient: with one, the group's kept-exponential gradient is the row
+     * kernel's `stored` form, which a row with a finite mask does not take (xf_rowjob_plan: the spread
+     * over every finite entry), and the two forms' roundings differ */
     XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD,
-                          has_grad, 1);
+                          has_grad, has_grad ? 1 : 2);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
@@ -1331,7 +1358,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     int r;
     long long j_vec = 0;
     const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
-                                                 mode == 2, 1);
+                                                 mode == 2, 2);
     if (mode == 0) {
         for (r = 0; r < R; r++) {
             const double log_s = xf_row_log_S(hi[r], lo[r]);
