@@ -33,8 +33,8 @@
 #define XF_EXP_MINUS_NORMAL(x, m) xf_exp_minus_f32_normal((float)(x), (m))
 #define XF_EXP_MINUS_MASKED(x, m) xf_exp_minus_f32_masked((float)(x), (m))
 #endif
-/* `normal` (job->exp_normal: 0 the clamped form, 1 the normal form, 2 the normal form on a row with -inf
- * entries) is a literal at every expansion inside the always-inlined bodies below, so each body is
+/* `normal` (job->exp_normal: 0 the clamped form, 1 the normal form, 2 the normal form on a row with
+ * masked entries, -inf or a finite mask) is a literal at every expansion inside the always-inlined bodies below, so each body is
  * compiled once per form, with no per-element test. */
 #define XF_EXP_FORM(normal, x, m)                                                                          \
     ((normal) == 1 ? XF_EXP_MINUS_NORMAL(x, m) : (normal) == 2 ? XF_EXP_MINUS_MASKED(x, m) : XF_EXP_MINUS(x, m))
@@ -777,8 +777,9 @@ XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, do
 }
 
 /* A row beyond the normal form's spread (xf_rowjob_set_exp_form gave 0) whose far entries are a finite
- * mask: every finite entry either within XF_NORMAL_SPREAD of the max or at least XF_MASK_FAR below it
- * (none in the band between, where the exponential is subnormal) takes the masked normal form
+ * mask: every finite entry either within XF_NORMAL_SPREAD of the max or below fl(m - XF_MASK_FAR) (none
+ * in the band between, where the exponential is subnormal; one exactly 746 below keeps the row on the
+ * general form) takes the masked normal form
  * (exp_normal = 2, xf_exp_minus_*_masked), the same bits as the general form.  One more pass over such
  * rows only (from the cache the max pass left them in): the smallest entry not far below the max. */
 XF_HD void XF_FN(xf_row_mask_form)(const XF_T *x, long long C, xf_rowjob *job)
@@ -1102,7 +1103,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
  * (the unclamped exponentials: XF_NORMAL_SPREAD, or 600 where the row kernel keeps the exponentials for a
  * gradient) and, float64, needs no rescued sum.  With want_kept, each exponential as the sum pass stores
  * it (XF_STORE_SCALE) into kept.  allow_masked: rows with -inf entries (masked classes; with 2, float32
- * also finite entries at least XF_MASK_FAR below the max, finite masks) are ok too, their spread taken over
+ * also finite entries below fl(max - XF_MASK_FAR), finite masks) are ok too, their spread taken over
  * the other entries, with the row kernel's masked normal form (exp_normal = 2: each masked entry's
  * exponential +0); the group's rows take that form when one of them has a masked entry (the same bits as
  * the normal form on the others).  Returns whether one has. */
@@ -1181,8 +1182,8 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
             }
         }
     } else if (allow_masked == 2) {
-        /* float32, allow_masked = 2: an entry XF_MASK_FAR or more below its row's max, -inf or a finite
-         * mask (-1e9, the dtype's minimum), is masked, as in xf_row_mask_form; the spread is taken over
+        /* float32, allow_masked = 2: an entry below fl(max - XF_MASK_FAR), -inf or a finite mask (-1e9,
+         * the dtype's minimum), is masked, as in xf_row_mask_form (the same double arithmetic); the spread is taken over
          * the others, so an entry in the band between (708-746 below) keeps the row out.  float64 rows
          * keep -inf alone: a finite far entry within 1200 may call for the rescue of an underflowed sum,
          * and a row beyond 700 for the scaled gradient, which the groups do not do. */

@@ -51,8 +51,8 @@ typedef struct {
     long long n_finite;
     double min_finite;
     double eps_per_class; /* eps / C_eff: smoothing spreads over classes with finite logits */
-    int exp_normal;      /* CPU passes may use the unclamped exponentials: 1, or 2 with -inf entries
-                            (xf_rowjob_set_exp_form) */
+    int exp_normal;      /* CPU passes may use the unclamped exponentials: 1, or 2 with masked entries,
+                            -inf or a finite mask (xf_rowjob_set_exp_form, xf_row_mask_form) */
     /* set by the sum pass */
     double s_hi, s_lo;   /* s = sum over j != argmax of exp(x_j - m) */
     double S;            /* 1 + s */
@@ -923,13 +923,15 @@ XF_HD double xf_exp_minus_f32_normal(float x, double m)
 }
 
 /* The normal form on a row with masked classes (a row of status OK has no NaN and no +inf): entries
- * that are -inf, or finite and at least XF_MASK_FAR below the max (a finite mask such as -1e9 or the
- * dtype's minimum), while every other entry lies within XF_NORMAL_SPREAD of the max.  A masked entry is
- * given the max and its result replaced by +0, the general form's value there (its argument is below
- * the clamp, XF_EXP_CLAMP_LO), so every entry keeps its bits.  The test sits halfway (XF_MASK_TEST)
- * between the two groups, 19 apart, so the roundings of x - m cannot move an entry across it.  A compare
- * and two selects more per element, where the general form's clamp and two-step scale cost about twice
- * an ordinary row (benchmarks/README.md, 2026-12-03). */
+ * that are -inf, or finite and below fl(m - XF_MASK_FAR) (a finite mask such as -1e9 or the dtype's
+ * minimum), while every other entry lies within XF_NORMAL_SPREAD of the max.  Whether a row qualifies is
+ * decided before (xf_rowjob_set_exp_form, xf_row_mask_form, xf_group_stats): an entry it leaves out has
+ * fl(x - m) <= -746 (the subtraction of values within a factor 2 is exact, and a lower binade only
+ * halves the spacing), below the general form's clamp XF_EXP_CLAMP_LO, where that form gives +0.  A
+ * masked entry is given the max and its result replaced by that +0, so every entry keeps its bits; the
+ * test (XF_MASK_TEST) only has to lie between the two groups.  A compare and two selects more per
+ * element, where the general form's clamp and two-step scale cost about twice an ordinary row
+ * (benchmarks/README.md, 2026-12-03). */
 #define XF_MASK_FAR 746.0
 #define XF_MASK_TEST (-727.0)
 XF_HD double xf_exp_minus_f64_masked(double x, double m)
