@@ -217,8 +217,7 @@ def test_focal_special_values(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_an_infinite_upstream_factor_with_hard_targets_gives_signed_infinities(dtype):
-    # README, "Known limits": one term times the factor, so +-inf with the sign of the gradient for 1
-    # (soft targets, a difference of two such terms, give NaN there: inf - inf)
+    # one term times the factor: +-inf with the sign of the gradient for 1
     x = np.array([0.3, -1.0, 2.0, -30.0], dtype=dtype)
     y = np.array([0.0, 0.0, 1.0, 1.0], dtype=dtype)
     unit = xf.binary_cross_entropy_with_logits_backward(1.0, x, y, reduction="sum")
@@ -228,6 +227,78 @@ def test_an_infinite_upstream_factor_with_hard_targets_gives_signed_infinities(d
     logits = x.reshape(1, 4)
     unit = xf.cross_entropy_backward(1.0, logits, np.array([2]), reduction="sum")
     assert np.array_equal(xf.cross_entropy_backward(np.inf, logits, np.array([2]), reduction="sum"), unit * np.inf)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_an_infinite_upstream_factor_at_the_special_values(dtype):
+    inf, nan = np.inf, np.nan
+    x = np.array([inf, inf, -inf, -inf, inf, -inf, nan, 3.0, -2000.0, 2000.0, 0.0], dtype=dtype)
+    y = np.array([1.0, 0.0, 0.0, 1.0, 0.25, 0.25, 0.5, 0.5, 0.0, 1.0, 0.5], dtype=dtype)
+    w = np.ones(x.size)
+    w[7] = 0.0
+    got = xf.binary_cross_entropy_with_logits_backward(inf, x, y, weight=w, reduction="sum")
+    # exactly 0 times inf; the one term s(x) - y; NaN in, NaN out; a zero weight gives 0 (README, special
+    # values); beyond the clamp of the scaled tail (|x| > 1161) the exact gradient, e^-2000, is not 0
+    want = [nan, inf, nan, -inf, inf, -inf, nan, 0.0, inf, -inf, nan]
+    np.testing.assert_array_equal(got, np.array(want, dtype=dtype))
+
+
+def _soft_binary_problem(dtype, n=2500, seed=11):
+    """Soft and hard targets, deep tails, the balanced point, and an upstream array where about a third of
+    the entries are +-inf, over several blocks of the kernel (1024 elements)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 4).astype(dtype)
+    y = rng.random(n).astype(dtype)
+    y[::7] = 1.0
+    y[3::7] = 0.0
+    x[5::50], y[5::50] = -800.0, 0.0            # hard targets in the deep tails: gradients of ~e^-800
+    x[6::50], y[6::50] = 800.0, 1.0
+    x[7::50], y[7::50] = 0.0, 0.5               # the balanced point: an exact 0
+    g = (rng.standard_normal(n) + 2.0).astype(dtype)
+    g[rng.random(n) < 0.35] = np.inf
+    g[rng.random(n) < 0.15] = -np.inf
+    return x, y, g
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("loss", ["logits", "logits weighted", "probabilities"])
+def test_an_infinite_upstream_factor_takes_the_sign_of_the_difference(dtype, loss):
+    # binary.h xf_bin_bce_logits_grad_inf: torch subtracts the two terms before multiplying by the factor,
+    # so a soft target's gradient under an infinite factor is +-inf (NaN only where it is exactly 0), not
+    # the inf - inf of two terms multiplied apart
+    x, y, g = _soft_binary_problem(dtype)
+    kw = {}
+    if loss == "probabilities":
+        x = (1.0 / (1.0 + np.exp(-x.astype(np.float64).clip(-50, 50)))).clip(1e-6, 1 - 1e-6).astype(dtype)
+        x[7::50] = 0.5
+        backward = xf.binary_cross_entropy_backward
+    else:
+        backward = xf.binary_cross_entropy_with_logits_backward
+        if loss == "logits weighted":
+            kw = dict(weight=np.linspace(1e-3, 3.0, x.size), pos_weight=np.linspace(2.0, 0.5, x.size))
+    inf = np.isinf(g)
+    got = backward(g, x, y, reduction="none", **kw)
+    finite_part = backward(np.where(inf, 1.0, g).astype(dtype), x, y, reduction="none", **kw)
+    assert np.array_equal(got[~inf], finite_part[~inf])
+    unit = backward(np.sign(g).astype(dtype), x, y, reduction="none", **kw)
+    # the exact gradient's sign times the infinity; NaN at the exact 0 of the balanced point
+    with np.errstate(invalid="ignore"):
+        want = np.where(unit != 0, unit * np.inf, np.nan)
+    if loss != "probabilities":
+        # the deep tails' unit gradients underflow (even as float64), their exact values do not
+        tail = np.zeros(x.size, bool)
+        tail[5::50] = tail[6::50] = True
+        want[tail] = np.where(x[tail] < 0, 1.0, -1.0) * g[tail]
+    np.testing.assert_array_equal(got[inf], want[inf])
+    assert np.isinf(got[inf & (unit != 0)]).all()
+    if loss != "logits weighted":            # (a pos_weight moves the zero away from x = 0)
+        assert np.isnan(got[7::50][inf[7::50]]).all()
+    # a scalar factor (sum, mean): the same elements the same way, the plain instances included
+    sign_for_one = np.sign(want) * np.sign(g)
+    for go in (np.inf, -np.inf):
+        for reduction in ("sum", "mean"):
+            whole = backward(go, x, y, reduction=reduction, **kw)
+            np.testing.assert_array_equal(whole, sign_for_one * go)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
@@ -371,6 +442,29 @@ def test_bce_logits_agrees_with_torch(reduction, weights, targets):
     loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction, **kw)
     np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_an_infinite_upstream_factor_agrees_with_torch(dtype):
+    # torch's backward is grad * (sigmoid(x) - y) and grad * (p - y) / (p (1 - p)): one factor times the
+    # difference.  Deliberate difference: the deep tails, where torch's sigmoid(x) - y is 0 and its
+    # inf * 0 NaN, while the exact gradient (~e^-800) and so xentfast's result is the signed infinity
+    torch = _torch()
+    x, y, g = _soft_binary_problem(dtype)
+    tail = np.zeros(x.size, bool)
+    tail[5::50] = tail[6::50] = True
+    xt = torch.tensor(x, requires_grad=True)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(xt, torch.tensor(y), reduction="none")
+    (want,) = torch.autograd.grad(loss, xt, torch.tensor(g))
+    got = xf.binary_cross_entropy_with_logits_backward(g, x, y, reduction="none")
+    np.testing.assert_array_equal(got[np.isinf(g) & ~tail], want.numpy()[np.isinf(g) & ~tail])
+    assert np.isnan(want.numpy()[np.isinf(g) & tail]).all() and np.isinf(got[np.isinf(g) & tail]).all()
+    p = np.linspace(0.01, 0.99, x.size).astype(dtype)
+    pt = torch.tensor(p, requires_grad=True)
+    loss = torch.nn.functional.binary_cross_entropy(pt, torch.tensor(y), reduction="none")
+    (want,) = torch.autograd.grad(loss, pt, torch.tensor(g))
+    got = xf.binary_cross_entropy_backward(g, p, y, reduction="none")
+    np.testing.assert_array_equal(got[np.isinf(g)], want.numpy()[np.isinf(g)])
 
 
 def _torchvision_formula(torch, x, t, alpha, gamma, reduction):

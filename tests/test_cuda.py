@@ -792,10 +792,13 @@ def _draw_bin_args(data, dtype, op):
     g = None
     if data.draw(st.booleans(), label="upstream array"):
         g = np.random.default_rng(n + 1).standard_normal(n) * np.exp(np.random.default_rng(n).uniform(-30, 30, n))
+        if n and data.draw(st.booleans(), label="infinite upstream entries"):
+            # binary.h xf_bin_bce_logits_grad_inf: the CPU takes such elements out of its loops
+            g[np.random.default_rng(n + 2).random(n) < 0.3] *= np.inf
     return BinArgs(
         op, np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(t, dtype=x.dtype).reshape(-1), w, w_div, w_mod,
         pw, pw_div, pw_mod, g,
-        data.draw(st.sampled_from([1.0, 0.25, 1.0 / 3.0, -2.0, 1e-300]), label="scale"),
+        data.draw(st.sampled_from([1.0, 0.25, 1.0 / 3.0, -2.0, 1e-300, -np.inf]), label="scale"),
         None if ignore is None else float(ignore),
         data.draw(st.sampled_from([0.25, 0.0, 1.0, 0.5, -1.0]), label="alpha"),
         data.draw(st.sampled_from([2.0, 0.0, 1.0, 0.5, 3.7]), label="gamma"),
@@ -985,8 +988,11 @@ def test_model_elementwise_long_broadcasts(binary_model, dtype, op):
         pw, pw_div, pw_mod = _bcast(rng.uniform(0, 3, (301,)), shape)
         if BIN_OPS[op] != _binary.OP_BCE_LOGITS:
             pw, pw_div, pw_mod = None, 1, 1
+        g = rng.standard_normal(x.size)
+        g[::5] *= np.inf                      # binary.h xf_bin_bce_logits_grad_inf, in some blocks only
+        g[2048:4096] = rng.standard_normal(2048)
         a = BinArgs(BIN_OPS[op], x.reshape(-1), t.reshape(-1), w, w_div, w_mod, pw, pw_div, pw_mod,
-                    rng.standard_normal(x.size), 0.5, -1.0, 0.25, 2.0, 1e-7, None, 0.0)
+                    g, 0.5, -1.0, 0.25, 2.0, 1e-7, None, 0.0)
         _assert_outputs(binary_model.elementwise(a, True, True, True, order=1),
                         cpu_elementwise(a, True, True, True), f"{op}, weight {wshape}")
 

@@ -131,6 +131,18 @@ def test_sigmoid_same_bits_as_numpy(path, dtype):
     assert_same_bits(dy, -(g * x))                        # the exact derivative in y is -x
 
 
+def test_sigmoid_infinite_cotangent_same_bits_as_numpy(path, dtype):
+    # the kernels, not a front end, handle an infinite upstream factor (binary.h
+    # xf_bin_bce_logits_grad_inf), so every call mode gives NumPy's signed infinities for soft targets
+    x, _, t, _, _ = _data(dtype)
+    g = np.where(np.random.default_rng(2).random(x.shape) < 0.5, np.inf, -np.inf).astype(dtype)
+    g[0, 0] = 1.5
+    _, (dx, _) = _vjp(xfj.sigmoid_binary_cross_entropy, jnp.asarray(x), jnp.asarray(t), ct=g)
+    want = xf.binary_cross_entropy_with_logits_backward(g, x, t, reduction="none")
+    assert_same_bits(dx, want)
+    assert np.isinf(want.reshape(-1)[1:]).all()
+
+
 @pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
 def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path, monkeypatch):
     """The handlers call _xent's and _binary's kernels through their capsules, on the code path

@@ -793,6 +793,26 @@ def test_agrees_with_torch(reduction, weighted, eps, targets, layout):
     np.testing.assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-15)
 
 
+def test_an_infinite_upstream_factor_against_torch():
+    # README, "Known limits": probability targets and smoothing give NaN (inf - inf) as in torch; index
+    # targets give the signed infinities, where torch's target entry is NaN (inf p - inf)
+    torch = pytest.importorskip("torch")
+    x = np.array([[1.0, 2.0, 3.0], [-1.0, 0.5, 4.0]])
+    y = np.array([2, 0])
+    t = np.array([[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]])
+    for target, kw in ((y, {}), (y, {"label_smoothing": 0.1}), (t, {})):
+        xt = torch.tensor(x, requires_grad=True)
+        loss = torch.nn.functional.cross_entropy(xt, torch.tensor(target), reduction="sum", **kw)
+        (want,) = torch.autograd.grad(loss, xt, torch.tensor(np.inf, dtype=torch.float64))
+        got = xf.cross_entropy_backward(np.inf, x, target, reduction="sum", **kw)
+        if kw or target.ndim == 2:
+            assert np.isnan(want.numpy()).all() and np.isnan(got).all()
+        else:
+            target_entry = np.eye(3, dtype=bool)[y]
+            np.testing.assert_array_equal(got[~target_entry], want.numpy()[~target_entry])
+            assert np.isnan(want.numpy()[target_entry]).all() and (got[target_entry] == -np.inf).all()
+
+
 # ---- the common call's short validation path ---------------------------------------------------------
 
 

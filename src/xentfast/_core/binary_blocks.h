@@ -114,6 +114,106 @@ XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_from)(XF_BIN_FN(xf_bin_blk) b, 
     return b;
 }
 
+/* ---- elements under an infinite upstream factor (binary.h: xf_bin_bce_logits_grad_inf) ------------------
+ * Rare, so kept out of the vector loops: a run of elements asks whether any upstream factor in it is
+ * infinite, and the gradients of those elements are evaluated again and stored over the loops' values.
+ * Where the loops overwrite x (in place) that happens before them (into a buffer, stored after); else
+ * after them, when the factors are in cache: asking first, the block's first read of its factors, cost
+ * float32 BCE with an upstream array 17 % (a stall the loops otherwise overlap with arithmetic).  The GPU
+ * picks the same elements with the same test (binary.cu), so both give the same bits. */
+XF_HD double XF_BIN_FN(xf_bin_upstream_at)(XF_BIN_FN(xf_bin_blk) b, const xf_bin_args *a, long long j)
+{
+    return b.g ? a->scale * b.g[j] : a->scale;
+}
+
+/* Whether the run may hold one: s * 0 is NaN exactly where s is infinite or NaN, and a sum with a NaN
+ * term is NaN in any order.  A NaN factor sends its run to the per-element test too, which then finds
+ * nothing to do. */
+XF_HD int XF_BIN_FN(xf_bin_any_inf_upstream)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a)
+{
+    const double scale = a->scale;
+    double nan_if_any = scale * 0.0;
+    long long j;
+    if (b.g) {
+#pragma omp simd reduction(+ : nan_if_any)
+        for (j = 0; j < n; j++) {
+            nan_if_any += scale * b.g[j] * 0.0;
+        }
+    }
+    return nan_if_any != nan_if_any;
+}
+
+/* op: 0 BCE with logits, 1 BCE from probabilities.  Into `rescued` (before the loops), or straight into the
+ * gradient when rescued is 0 (after them, x intact). */
+XF_HD_COLD void XF_BIN_FN(xf_bin_inf_upstream_grads)(XF_BIN_FN(xf_bin_blk) b, long long n,
+                                                     const xf_bin_args *a, int unweighted, int op,
+                                                     double *rescued)
+{
+    long long j;
+    for (j = 0; j < n; j++) {
+        const double s = XF_BIN_FN(xf_bin_upstream_at)(b, a, j);
+        if (xf_bin_upstream_is_inf(s)) {
+            const double xv = (double)b.x[j], y = (double)b.t[j];
+            const double w = unweighted ? 1.0 : b.w[j];
+            const int ign = a->has_ignore & (y == a->ignore);
+            double gv;
+            if (op == 0) {
+                gv = xf_bin_bce_logits_grad_inf(xf_bin_logit_pieces(xv), y, w, unweighted ? 1.0 : b.q[j], s);
+            } else {
+                gv = xf_bin_bce_prob_grad_inf(xv, y, w, s, &a->mode);
+            }
+            gv = ign ? 0.0 : gv;
+            if (rescued) {
+                rescued[j] = gv;
+            } else {
+                b.gr[j] = (XF_T)gv;
+            }
+        }
+    }
+}
+
+/* Those gradients where xf_bin_any_inf_upstream finds a candidate; returns whether it did. */
+XF_HD int XF_BIN_FN(xf_bin_inf_upstream_scan)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                               int unweighted, int op, double *rescued)
+{
+    if (!XF_BIN_FN(xf_bin_any_inf_upstream)(b, n, a)) {
+        return 0;
+    }
+    XF_BIN_FN(xf_bin_inf_upstream_grads)(b, n, a, unweighted, op, rescued);
+    return 1;
+}
+
+XF_HD_COLD void XF_BIN_FN(xf_bin_inf_upstream_store)(XF_BIN_FN(xf_bin_blk) b, long long n,
+                                                     const xf_bin_args *a, const double *rescued)
+{
+    long long j;
+    for (j = 0; j < n; j++) {
+        if (xf_bin_upstream_is_inf(XF_BIN_FN(xf_bin_upstream_at)(b, a, j))) {
+            b.gr[j] = (XF_T)rescued[j];
+        }
+    }
+}
+
+/* Before a block's loops when they write over x; returns whether the block must store `rescued` after
+ * them (else xf_bin_inf_upstream_after does the work). */
+XF_HD int XF_BIN_FN(xf_bin_inf_upstream_before)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                                 int unweighted, int op, double *rescued)
+{
+    const int in_place = b.gr && (const void *)b.gr == (const void *)b.x;
+    return in_place && XF_BIN_FN(xf_bin_inf_upstream_scan)(b, n, a, unweighted, op, rescued);
+}
+
+XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                                 int unweighted, int op, int stored_before,
+                                                 const double *rescued)
+{
+    if (stored_before) {
+        XF_BIN_FN(xf_bin_inf_upstream_store)(b, n, a, rescued);
+    } else if (b.gr && (const void *)b.gr != (const void *)b.x) {
+        XF_BIN_FN(xf_bin_inf_upstream_scan)(b, n, a, unweighted, op, 0);
+    }
+}
+
 /* elements per exponential loop of the fast form (xf_bce_logits_chunk) */
 #ifndef XF_BIN_STAGE
 #define XF_BIN_STAGE 64
@@ -313,7 +413,13 @@ XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, l
     if (fast) {
         XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
     } else {
+        /* an infinite upstream factor is never fast, and the chunk decision has just read these factors */
+        double rescued[XF_BIN_BLOCK];
+        const int inf_upstream = grad && XF_BIN_FN(xf_bin_inf_upstream_scan)(c, c1 - c0, a, unweighted, 0, rescued);
         XF_BIN_FN(xf_bce_logits_mixed_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
+        if (inf_upstream) {
+            XF_BIN_FN(xf_bin_inf_upstream_store)(c, c1 - c0, a, rescued);
+        }
     }
 }
 
@@ -372,11 +478,14 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     }
     XF_BIN_CONVERT_LOSS();
 #else
+    double rescued[XF_BIN_BLOCK];
+    const int stored_before = XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, 0, rescued);
     if (unweighted) {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0, 0);
     } else {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0, 0);
     }
+    XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, 0, stored_before, rescued);
 #endif
     XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
 }
@@ -491,11 +600,15 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     loss_d = b.ld; /* from here on only tested for presence: which outputs the instances write */
     b.w = a->w ? xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf) : wbuf; /* as above */
     b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
-    if (a->w == 0) {
+    double rescued[XF_BIN_BLOCK];
+    const int unweighted = (a->w == 0);
+    const int stored_before = XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, 1, rescued);
+    if (unweighted) {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1);
     } else {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0);
     }
+    XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, 1, stored_before, rescued);
     XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
 }
 

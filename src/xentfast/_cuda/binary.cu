@@ -101,7 +101,10 @@ XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args
             xf_cu_bin_store(v, ign, i, loss_d, loss_o);
         }
         if (grad) {
-            double g = fast_g ? xf_bin_bce_fast_grad(f, y, w, q, s) : xf_bin_bce_logits_grad(p, y, w, q, s);
+            /* an infinite upstream factor is never fast_g (|s| lies within [2^-60, 2^60] there) */
+            double g = xf_bin_upstream_is_inf(s) ? xf_bin_bce_logits_grad_inf(p, y, w, q, s)
+                       : fast_g                   ? xf_bin_bce_fast_grad(f, y, w, q, s)
+                                                  : xf_bin_bce_logits_grad(p, y, w, q, s);
             grad[i] = (T)(ign ? 0.0 : g);
         }
     } else if (OP == XF_CU_OP_FOCAL) {
@@ -122,7 +125,9 @@ XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args
             xf_cu_bin_store(xf_bin_bce_prob_loss(xv, y, w, &a->mode, a->loss_k), ign, i, loss_d, loss_o);
         }
         if (grad) {
-            double g = xf_bin_bce_prob_grad(xv, y, w, xf_cu_bin_upstream(a, i), &a->mode);
+            const double s = xf_cu_bin_upstream(a, i);
+            double g = xf_bin_upstream_is_inf(s) ? xf_bin_bce_prob_grad_inf(xv, y, w, s, &a->mode)
+                                                  : xf_bin_bce_prob_grad(xv, y, w, s, &a->mode);
             grad[i] = (T)(ign ? 0.0 : g);
         }
     }

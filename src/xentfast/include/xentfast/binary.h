@@ -306,6 +306,42 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
     return p.nan ? p.a : r;
 }
 
+/* An infinite upstream factor s times a gradient of two terms.  The general form multiplies s into each
+ * term before subtracting them, so a soft target gives inf - inf = NaN, where torch, which subtracts
+ * first, gives the infinity with the sign of the difference.  Here: the gradient under unit factors of the
+ * signs of s and of the (finite) weight w, so that a tiny w cannot underflow it, then times inf: +-inf,
+ * NaN where that gradient is exactly 0 with both terms present (inf * 0, as torch), NaN for a NaN input.
+ * Where it is 0 with one term present (a hard target whose tail underflowed, |x| > ~745) that term's
+ * signed infinity, the exact value's limit; NaN where the one term is the tail of x = +-inf, exactly 0
+ * (inf * 0); 0 with none (a zero weight or mass: the zero-mass terms of the special values, README).
+ * Every device calls it for the elements that xf_bin_upstream_is_inf picks, so they give the same bits. */
+XF_HD double xf_bin_unit(double v)
+{
+    return (v > 0.0) ? 1.0 : (v < 0.0) ? -1.0 : v;
+}
+
+XF_HD int xf_bin_upstream_is_inf(double s)
+{
+    return xf_fabs(s) == XF_INF;
+}
+
+XF_HD double xf_bin_bce_logits_grad_inf(xf_bin_logit p, double y, double w, double q, double s)
+{
+    const double unit = xf_bin_bce_logits_grad(p, y, xf_bin_unit(w), q, xf_bin_unit(s));
+    /* the terms of xf_bin_bce_logits_grad: the own side's (mass 1 - y for x >= 0, q y below) enters with
+     * the sign + for x >= 0, the tail's (the other mass) with the opposite sign */
+    const double sign = p.pos ? xf_bin_unit(s) * xf_bin_unit(w) : -(xf_bin_unit(s) * xf_bin_unit(w));
+    const double omy = 1.0 - y;
+    const double omy_sign = xf_bin_unit(omy), qy_sign = xf_bin_unit(q) * xf_bin_unit(y);
+    const int own = (w != 0.0) & ((p.pos ? omy_sign : qy_sign) != 0.0);
+    const int tail_mass = (w != 0.0) & ((p.pos ? qy_sign : omy_sign) != 0.0);
+    const int tail = tail_mass & (p.a != XF_INF);
+    const double lone = own ? sign * (p.pos ? omy_sign : qy_sign) : -sign * (p.pos ? qy_sign : omy_sign);
+    /* x = +-inf: the tail is exactly 0 and s times it inf * 0 */
+    const double fallback = ((own & tail) | (tail_mass & !tail)) ? XF_NAN : (own | tail) ? lone * XF_INF : 0.0;
+    return (unit != 0.0) ? unit * XF_INF : fallback;
+}
+
 /* ---- BCE with logits for float32 storage: the ordinary element in plain double ------------------------
  * The machinery above (tails scaled by 2^600, normalised products, double-double exp and log) exists for
  * results near the edges of double's range and for the float64 bound.  A float32 result only needs its
@@ -663,6 +699,19 @@ XF_HD double xf_bin_bce_prob_grad(double pr, double y, double w, double s, const
     double q0 = (dp & (y != 0.0)) ? xf_bin_mul_div(s, w, y, pr) : 0.0;
     double r = q1 - q0;
     return (pr != pr) ? pr : r;
+}
+
+/* The same under an infinite upstream factor (see xf_bin_bce_logits_grad_inf): torch's (p - y)/(p(1 - p))
+ * times it.  Neither term underflows under unit factors, so 0 there is a zero weight, a probability
+ * clipped or clamped on both terms (0, as the general form), or an exact cancellation, p = y (NaN). */
+XF_HD double xf_bin_bce_prob_grad_inf(double pr, double y, double w, double s, const xf_bin_prob_mode *m)
+{
+    const double unit = xf_bin_bce_prob_grad(pr, y, xf_bin_unit(w), xf_bin_unit(s), m);
+    double lp, l1p;
+    int dp, d1p;
+    xf_bin_prob_logs(pr, m, &lp, &l1p, &dp, &d1p);
+    const int both = (w != 0.0) & dp & d1p & (y != 0.0) & (y != 1.0);
+    return (unit != 0.0) ? unit * XF_INF : both ? XF_NAN : unit;
 }
 
 /* One class term of CE from probabilities: w q (-log p_c) with the categorical clip of Keras (p clipped to
