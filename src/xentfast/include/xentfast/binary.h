@@ -701,17 +701,20 @@ XF_HD double xf_bin_bce_prob_grad(double pr, double y, double w, double s, const
     return (pr != pr) ? pr : r;
 }
 
-/* The same under an infinite upstream factor (see xf_bin_bce_logits_grad_inf): torch's (p - y)/(p(1 - p))
- * times it.  Neither term underflows under unit factors, so 0 there is a zero weight, a probability
- * clipped or clamped on both terms (0, as the general form), or an exact cancellation, p = y (NaN). */
+/* The same under an infinite upstream factor (see xf_bin_bce_logits_grad_inf), torch's (p - y)/(p(1 - p))
+ * times it.  With both terms in (neither log clipped nor clamped, 0 < y < 1, w != 0) their difference has
+ * exactly the sign of p - y, so that sign decides (NaN at p = y, inf * 0, as torch; the rounded terms
+ * would give +-inf there about one time in seven).  With one term it is that term's infinity; with none
+ * (a zero weight, a probability clipped or clamped where the other term has no target mass) 0. */
 XF_HD double xf_bin_bce_prob_grad_inf(double pr, double y, double w, double s, const xf_bin_prob_mode *m)
 {
     const double unit = xf_bin_bce_prob_grad(pr, y, xf_bin_unit(w), xf_bin_unit(s), m);
     double lp, l1p;
     int dp, d1p;
     xf_bin_prob_logs(pr, m, &lp, &l1p, &dp, &d1p);
-    const int both = (w != 0.0) & dp & d1p & (y != 0.0) & (y != 1.0);
-    return (unit != 0.0) ? unit * XF_INF : both ? XF_NAN : unit;
+    const int both = (w != 0.0) & dp & d1p & (y > 0.0) & (y < 1.0);
+    const double sign = xf_bin_unit(s) * xf_bin_unit(w) * xf_bin_unit(pr - y);
+    return (pr != pr) ? pr : both ? sign * XF_INF : (unit != 0.0) ? unit * XF_INF : unit;
 }
 
 /* One class term of CE from probabilities: w q (-log p_c) with the categorical clip of Keras (p clipped to
