@@ -19,6 +19,7 @@ With a GPU (marker ``gpu``; conftest skips them visibly without a device)
 """
 import contextlib
 import ctypes
+import inspect
 import math
 import os
 import re
@@ -940,6 +941,19 @@ def binary_model(tmp_path_factory):
 
 
 BIN_OPS = {"bce_logits": _binary.OP_BCE_LOGITS, "focal": _binary.OP_FOCAL, "bce_prob": _binary.OP_BCE_PROB}
+
+
+@pytest.mark.parametrize("cpu_module, name", [
+    (_xent, "softmax_xent"), (_xent, "softmax_family"), (_xent, "dd_sum"), (_xent, "target_weight_sum"),
+    (_binary, "elementwise"), (_binary, "ce_probs")], ids=lambda v: getattr(v, "__name__", v))
+def test_launch_functions_take_the_cpu_modules_parameters(cpu_module, name):
+    """The front end calls backend.softmax.<f> and backend.binary.<f> by position with the CPU modules'
+    parameters, so each launch function must take the same ones in the same order: binary elementwise's
+    in-kernel sum (`part`) once reached only the CPU's, and every device call of the binary family then
+    raised a TypeError.  Left out: the CPU's trailing parameters that the front end never passes."""
+    cpu_only = {"softmax_xent": ["row_groups"], "softmax_family": ["row_groups"], "dd_sum": ["n_threads"]}
+    cpu = [p for p in inspect.signature(getattr(cpu_module, name)).parameters if p not in cpu_only.get(name, [])]
+    assert list(inspect.signature(getattr(_cuda, name)).parameters) == cpu
 
 
 def test_op_constants_match_the_cpu_module():
