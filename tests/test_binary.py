@@ -525,6 +525,56 @@ def _big_problem(dtype, n=200_004, seed=4):
     return x.reshape(-1, 7), t.reshape(-1, 7)
 
 
+def assert_same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+    as_int = np.uint32 if a.dtype == np.float32 else np.uint64
+    np.testing.assert_array_equal(a.view(as_int), b.view(as_int))
+
+
+@pytest.mark.parametrize("loss", ["bce", "bce weighted", "focal", "probabilities"])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_float32_upstream_factors_give_the_bits_of_their_float64_copy(loss, n_threads, monkeypatch):
+    # a float32 grad_output goes to the kernels as float32, each block widening its own (exactly); the
+    # result must be that of the float64 copy the front end made before, in place or not, strided or not
+    from xentfast._core import _binary
+    kernel, handed_over = _binary.elementwise, []
+
+    def spy(*args):
+        handed_over.append(None if args[-1] is None else args[-1].dtype)
+        return kernel(*args)
+
+    monkeypatch.setattr(_binary, "elementwise", spy)
+    x, t = _big_problem(np.float32)
+    rng = np.random.default_rng(5)
+    g = (rng.standard_normal(x.shape) * np.exp(rng.uniform(-20, 20, x.shape))).astype(np.float32)
+    g.reshape(-1)[::11] = np.finfo(np.float32).smallest_subnormal * 3   # subnormal factors stay nonzero
+    g.reshape(-1)[5::17] = np.inf
+    g.reshape(-1)[6::17] = -np.inf
+    kw = dict(reduction="none", ignore_index=-1.0, n_threads=n_threads)
+    if loss == "probabilities":
+        x = np.clip(np.abs(x) / 10, 0, 1).astype(np.float32)
+        t = np.abs(t)                                     # (no ignore value in torch's BCELoss)
+        del kw["ignore_index"]
+        f = xf.binary_cross_entropy_with_grad
+    elif loss == "focal":
+        f = xf.sigmoid_focal_loss_with_grad
+    else:
+        f = xf.binary_cross_entropy_with_logits_with_grad
+        if loss == "bce weighted":
+            kw.update(weight=np.linspace(0.5, 2, x.shape[-1]), pos_weight=np.linspace(3, 0.25, x.shape[-1]))
+    want_loss, want_grad = f(x, t, grad_output=g.astype(np.float64), **kw)
+    for go in (g, np.asfortranarray(g), np.repeat(g, 2, axis=1)[:, ::2]):
+        loss_, grad = f(x, t, grad_output=go, **kw)
+        assert_same_bits(grad, want_grad)
+        assert_same_bits(loss_, want_loss)
+        xc = x.copy()
+        _, grad = f(xc, t, grad_output=go, inplace=True, **kw)
+        assert grad is xc
+        assert_same_bits(grad, want_grad)
+    assert handed_over == [None] + [np.float32] * 6
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("which", ["bce", "focal"])
 def test_thread_count_does_not_change_bits(dtype, which):

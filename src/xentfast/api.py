@@ -263,9 +263,10 @@ def _class_weights(weight, C, backend=_backend.CPU, checks=None):
     return w
 
 
-def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
+def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU, keep_float32=False):
     """Validated grad_output: (flat float64 array for reduction='none' or None, scalar factor).
 
+    keep_float32: a float32 array stays float32 (flat, contiguous), for kernels that widen it themselves.
     A scalar grad_output held in a 0-d device array is read back to the host (one transfer)."""
     if grad_output is None:
         return None, 1.0
@@ -281,7 +282,8 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU):
         if g.shape != loss_shape:
             raise ValueError(f"grad_output: expected the loss's shape {loss_shape} (reduction='none'); "
                              f"got {g.shape}")
-        return backend.xp.ascontiguousarray(g.reshape(-1), dtype=np.float64), 1.0
+        kept = np.float32 if keep_float32 and g.dtype == np.float32 else np.float64
+        return backend.xp.ascontiguousarray(g.reshape(-1), dtype=kept), 1.0
     if grad_output is None:
         return None, 1.0
     ga = backend.xp.asarray(grad_output)

@@ -315,7 +315,11 @@ class _Elementwise:
 
     def upstream(self, grad_output):
         """(per-element factor array or None, scalar factor) for the gradient of (loss * grad_output).sum()."""
-        rows, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
+        # float32 upstream factors of float32 inputs go to the CPU kernels as they are: each block widens
+        # its own (a float64 copy made first cost a serial pass and a fresh array per call, ~20 % of a
+        # one-thread call at 4096x1000; benchmarks/README.md)
+        keep_float32 = self.backend.is_cpu and self.dtype == np.float32
+        rows, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend, keep_float32)
         if self.reduction != "mean":
             return rows, g
         # nothing averaged: the mean is a constant (NaN or 0 by empty_mean), its gradient 0
@@ -333,6 +337,9 @@ class _Elementwise:
         whenever that is possible and the logits stay readable, so that reduce() can still ask for the
         losses themselves in its rare cases (CPU, the whole input, the gradient not written over it)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
+        g32 = None
+        if g_rows is not None and g_rows.dtype == np.float32:
+            g32, g_rows = g_rows, None
         xp = self.xp
         empty = _placeholder(xp, 1, np.float64)
         x, t, n = (self.flat, self.t, self.n) if count is None else (self.flat[:count], self.t[:count], count)
@@ -357,7 +364,7 @@ class _Elementwise:
             float(self.alpha), float(self.gamma), clip, self.eps if clip else 0.0, clamp,
             self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads if count is None else 1,
             w is not None, pw is not None, g_rows is not None, want_loss and keep_double,
-            want_loss and not keep_double, grad is not None, loss_k, part)
+            want_loss and not keep_double, grad is not None, loss_k, part, g32)
         if summed:
             return _KernelSum(sums)
         return loss_d if keep_double else loss_o

@@ -47,6 +47,7 @@ cdef extern from "binary_kernels.h" nogil:
         long long pw_mod
         int pw_full
         const double *g
+        const float *g_f32
         double scale
         int has_ignore
         double ignore
@@ -144,12 +145,15 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
                 double alpha, double gamma, bint clip, double eps, bint clamp, double log_clamp,
                 double[::1] loss_d, floating[::1] loss_o, floating[::1] grad, int n_threads,
                 bint has_w, bint has_pw, bint has_g, bint has_loss_d, bint has_loss_o, bint has_grad,
-                double loss_k=0.0, double[::1] part=None):
+                double loss_k=0.0, double[::1] part=None, const float[::1] g32=None):
     """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB).
 
     Arrays flagged absent may be empty placeholders; weights are addressed as w[(i // div) % mod].
     `grad` may be `x` itself; losses are written times 2**loss_k.  All checks happened in
     xentfast.api_binary.
+
+    `g32`: the per-element upstream factors held as float32 (has_g False): each block widens its own,
+    exactly, so the caller need not make a float64 copy of the whole array first.
 
     `part` (2 * ceil(n / BLOCK) doubles; with has_loss_d, instead of loss_d): the losses are not stored,
     each block sums its own into its dd_sum partial, and the call returns the double-double sum (hi, lo),
@@ -177,6 +181,9 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     a.pw_mod = pw_mod
     a.pw_full = has_pw and pw_div == 1 and pw_mod == n
     a.g = &g[0] if has_g else NULL
+    if g32 is not None and g32.shape[0] != n:
+        raise ValueError(f"g32: expected {n} entries, got {g32.shape[0]}")
+    a.g_f32 = &g32[0] if g32 is not None else NULL
     a.scale = scale
     a.has_ignore = has_ignore
     a.ignore = ignore
@@ -399,6 +406,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     a.pw_mod = 1
     a.pw_full = False
     a.g = NULL
+    a.g_f32 = NULL
     a.scale = (1.0 / n) if red == 1 else 1.0
     a.has_ignore = False
     a.ignore = 0.0

@@ -40,6 +40,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #ifdef _OPENMP
@@ -247,9 +248,10 @@ void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
 }
 
 // _binary.pyx's elementwise(OP_BCE_LOGITS) with no weights, no ignore value, scale 1; the upstream
-// factor per element in double, as the NumPy API hands it over
+// factor per element in x's dtype, which the kernel reads as the NumPy API hands it over (float64 as it
+// is, float32 widened block by block)
 template <typename T>
-void bce_elements(const T *x, const T *y, const double *g, long long n, T *loss, T *grad)
+void bce_elements(const T *x, const T *y, const T *g, long long n, T *loss, T *grad)
 {
     const auto *K = Tables<T>::binary();
     xf_bin_args a;
@@ -261,7 +263,13 @@ void bce_elements(const T *x, const T *y, const double *g, long long n, T *loss,
     a.pw_div = 1;
     a.pw_mod = 1;
     a.pw_full = 0;
-    a.g = g;
+    if constexpr (std::is_same<T, float>::value) {
+        a.g = nullptr;
+        a.g_f32 = g;
+    } else {
+        a.g = g;
+        a.g_f32 = nullptr;
+    }
     a.scale = 1.0;
     a.has_ignore = 0;
     a.ignore = 0.0;
@@ -382,12 +390,7 @@ ffi::Error bce(const T *g, ffi::AnyBuffer x, ffi::AnyBuffer y, T *loss, T *grad)
     if (n == 0) {
         return ffi::Error::Success();
     }
-    IeeeDenormals ieee;  // the widening of a subnormal cotangent included
-    std::vector<double> g64;
-    if (g != nullptr) {
-        g64.assign(g, g + n);  // exact; the kernel takes the upstream factor in double
-    }
-    bce_elements<T>(data<const T>(x), data<const T>(y), g != nullptr ? g64.data() : nullptr, n, loss, grad);
+    bce_elements<T>(data<const T>(x), data<const T>(y), g, n, loss, grad);
     return ffi::Error::Success();
 }
 

@@ -100,6 +100,23 @@ XF_HD void XF_BIN_FN(xf_bin_block_partial)(const xf_bin_args *a, long long off, 
     }
 }
 
+/* The block's per-element upstream factors in double: a->g itself, a float32 array widened into buf (the
+ * same values a float64 copy would hold), or 0 where there are none. */
+XF_HD const double *XF_BIN_FN(xf_bin_upstream_block)(const xf_bin_args *a, long long off, long long n,
+                                                      double *buf)
+{
+    long long j;
+    if (a->g_f32) {
+        const float *g = a->g_f32 + off;
+#pragma omp simd
+        for (j = 0; j < n; j++) {
+            buf[j] = (double)g[j];
+        }
+        return buf;
+    }
+    return xf_bin_gather(a->g, 1, 0, 1, off, n, buf);
+}
+
 /* The block's inputs and outputs from element c0 on. */
 XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_from)(XF_BIN_FN(xf_bin_blk) b, long long c0)
 {
@@ -379,7 +396,7 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
     const XF_T max_abs = (XF_T)XF_BIN_FAST_MAX_ABS_X, zero = (XF_T)0.0, one = (XF_T)1.0;
     int all_ok = 1;
     long long j;
-    if (unweighted && a->g == 0) {
+    if (unweighted && a->g == 0 && a->g_f32 == 0) {
         all_ok = (loss_k == 0.0) && (!grad || xf_bin_bce_fast_grad_ok(1, scale));
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
@@ -459,7 +476,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     const int unweighted = (a->w == 0 && a->pw == 0);
 #if XF_BIN_FAST
     /* no upstream array and no ignore value either: the instances read no g and test no target */
-    const int plain = unweighted && a->g == 0 && !a->has_ignore;
+    const int plain = unweighted && a->g == 0 && a->g_f32 == 0 && !a->has_ignore;
 #else
     const int plain = 0;
 #endif
@@ -467,7 +484,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
      * (two 8 KiB stores per block, ~5 % of a float32 element's time) */
     b.w = unweighted ? wbuf : xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
     b.q = unweighted ? pwbuf : xf_bin_gather(a->pw, a->pw_div, a->pw_mod, a->pw_full, off, n, pwbuf);
-    b.g = (grad && !plain) ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
+    b.g = (grad && !plain) ? XF_BIN_FN(xf_bin_upstream_block)(a, off, n, gbuf) : 0;
 #if XF_BIN_FAST
     if (plain) {
         XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, XF_BIN_PLAIN, loss_d, loss_o, grad);
@@ -535,7 +552,7 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
     double sum_scratch[XF_BIN_BLOCK];
     XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, a, loss_d, loss_o, grad, sum_scratch);
     loss_d = b.ld; /* from here on only tested for presence: which outputs the instances write */
-    b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
+    b.g = grad ? XF_BIN_FN(xf_bin_upstream_block)(a, off, n, gbuf) : 0;
     /* unswitched on the loop-invariant tests of binary.h (gamma = 0, alpha < 0): inside each branch the
      * compiler knows their outcome, and gcc does not vectorize a select on an invariant condition */
     if (a->gamma == 0.0) {
@@ -599,7 +616,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, a, loss_d, loss_o, grad, sum_scratch);
     loss_d = b.ld; /* from here on only tested for presence: which outputs the instances write */
     b.w = a->w ? xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf) : wbuf; /* as above */
-    b.g = grad ? xf_bin_gather(a->g, 1, 0, 1, off, n, gbuf) : 0;
+    b.g = grad ? XF_BIN_FN(xf_bin_upstream_block)(a, off, n, gbuf) : 0;
     double rescued[XF_BIN_BLOCK];
     const int unweighted = (a->w == 0);
     const int stored_before = XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, 1, rescued);

@@ -48,6 +48,8 @@ typedef struct {
     long long pw_div, pw_mod;
     int pw_full;
     const double *g;     /* per-element upstream gradient (reduction="none"), NULL: none */
+    const float *g_f32;  /* the same held as float32 (CPU only: widened block by block, exactly, instead of a
+                            float64 copy of the whole array made beforehand); NULL: none */
     double scale;        /* scalar upstream factor (grad_output / denominator) */
     int has_ignore;
     double ignore;       /* targets equal to it are ignored */

@@ -470,17 +470,18 @@ def softmax_family(x, out, lse, mode, n_threads, has_lse):
 
 def elementwise(op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore, alpha, gamma, clip,
                 eps, clamp, log_clamp, loss_d, loss_o, grad, n_threads, has_w, has_pw, has_g, has_loss_d, has_loss_o,
-                has_grad, loss_k=0.0, part=None):
+                has_grad, loss_k=0.0, part=None, g32=None):
     """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB), as
     ``_binary.elementwise`` for CuPy arrays on the current device and stream, with its parameters (the
     front end passes them by position).
 
     x, t: 1-D, float32 or float64; weights (float64) are addressed as w[(i // div) % mod]; arrays flagged
     absent may be placeholders and are passed as NULL; `grad` may be `x` (inplace); losses are written
-    times 2**loss_k.  `n_threads` is ignored.  `part` (the CPU's in-kernel sum) must be None here: the
-    front end never asks for it on a device (reduce.cu sums loss_d)."""
-    if part is not None:
-        raise ValueError("part: a CPU-only argument (the front end passes None for device arrays)")
+    times 2**loss_k.  `n_threads` is ignored.  `part` (the CPU's in-kernel sum) and `g32` (float32 upstream
+    factors) must be None here: the front end asks for neither on a device (reduce.cu sums loss_d, and
+    the upstream factors come in float64)."""
+    if part is not None or g32 is not None:
+        raise ValueError("part, g32: CPU-only arguments (the front end passes None for device arrays)")
     if op not in _OPS:
         raise ValueError(f"op: expected one of {_OPS}, got {op!r}")
     _check(x, "x", ndim=1)

@@ -148,6 +148,7 @@ XF_HD void xf_cu_bin_args_init(xf_bin_args *a, long long n, const double *w, lon
     a->pw_mod = pw_mod;
     a->pw_full = (pw != 0) && pw_div == 1 && pw_mod == n;
     a->g = g;
+    a->g_f32 = 0; /* the device front end hands its upstream factors over in double */
     a->scale = scale;
     a->has_ignore = has_ignore;
     a->ignore = ignore;
