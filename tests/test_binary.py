@@ -549,6 +549,11 @@ def test_float32_upstream_factors_give_the_bits_of_their_float64_copy(loss, n_th
     rng = np.random.default_rng(5)
     g = (rng.standard_normal(x.shape) * np.exp(rng.uniform(-20, 20, x.shape))).astype(np.float32)
     g.reshape(-1)[::11] = np.finfo(np.float32).smallest_subnormal * 3   # subnormal factors stay nonzero
+    # the edges of the plain-double form's |s| in [2^-60, 2^60], which a float32 array's chunks test in
+    # float (binary_blocks.h xf_bce_logits_chunk_fast), one per chunk of 64
+    edges = np.array([2.0**-60, 2.0**60], np.float32)
+    edges = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf), [0.0]])
+    g.reshape(-1)[3::64] = np.resize(np.concatenate([edges, -edges]), g.reshape(-1)[3::64].size)
     g.reshape(-1)[5::17] = np.inf
     g.reshape(-1)[6::17] = -np.inf
     kw = dict(reduction="none", ignore_index=-1.0, n_threads=n_threads)
@@ -573,6 +578,28 @@ def test_float32_upstream_factors_give_the_bits_of_their_float64_copy(loss, n_th
         assert grad is xc
         assert_same_bits(grad, want_grad)
     assert handed_over == [None] + [np.float32] * 6
+
+
+def test_float32_factors_beyond_the_plain_form_take_the_general_form():
+    """A float32 grad_output's chunks test |s| in [2^-60, 2^60] in float (binary_blocks.h
+    xf_bce_logits_chunk_fast): just beyond either edge an element must take the general form, as it does
+    when the same factors come in float64.  The elements used are those where the two forms round the
+    gradient differently (soft targets near the bracket's zero), so a wrong choice shows."""
+    rng = np.random.default_rng(1)
+    n = 1 << 16
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    y = rng.random(n).astype(np.float32)
+    backward = xf.binary_cross_entropy_with_logits_backward
+    plain = backward(np.full(n, 2.0**60, np.float32), x, y, reduction="none")    # (the last plain factor)
+    general = backward(np.full(n, 2.0**61, np.float32), x, y, reduction="none")  # exactly twice, if exact
+    differ = plain.astype(np.float64) * 2 != general
+    assert differ.sum() > 50
+    beyond = np.array([2.0**60, 2.0**-60], np.float32)
+    beyond = np.concatenate([np.nextafter(beyond, [np.inf, 0]), [2.0**61, 2.0**-61]]).astype(np.float32)
+    for edge in np.concatenate([beyond, -beyond]):
+        g = np.ones(n, np.float32)
+        g[differ] = edge
+        assert_same_bits(backward(g, x, y, reduction="none"), backward(g.astype(np.float64), x, y, reduction="none"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)

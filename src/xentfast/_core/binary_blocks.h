@@ -70,6 +70,7 @@
 typedef struct {
     const XF_T *x, *t;
     const double *w, *q, *g;
+    const float *g32; /* the upstream factors as the caller holds them when float32 (a->g_f32), else 0 */
     double *ld;
     XF_T *lo, *gr;
 } XF_BIN_FN(xf_bin_blk);
@@ -82,6 +83,7 @@ XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_make)(const XF_T *x, const XF_T
     b.x = x + off;
     b.t = t + off;
     b.w = b.q = b.g = 0;
+    b.g32 = a->g_f32 ? a->g_f32 + off : 0;
     /* in-kernel reduction (a->part): the block's double losses go to the caller's scratch */
     b.ld = a->part ? sum_scratch : (loss_d ? loss_d + off : 0);
     b.lo = loss_o ? loss_o + off : 0;
@@ -125,6 +127,7 @@ XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_from)(XF_BIN_FN(xf_bin_blk) b, 
     b.w += c0;
     b.q += c0;
     b.g = b.g ? b.g + c0 : 0;
+    b.g32 = b.g32 ? b.g32 + c0 : 0;
     b.ld = b.ld ? b.ld + c0 : 0;
     b.lo = b.lo ? b.lo + c0 : 0;
     b.gr = b.gr ? b.gr + c0 : 0;
@@ -402,6 +405,18 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
         for (j = 0; j < len; j++) {
             const XF_T xv = c.x[j], yv = c.t[j];
             all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one);
+        }
+    } else if (grad && unweighted && c.g32 && scale == 1.0 && loss_k == 0.0) {
+        /* float32 upstream factors under a scale of 1 (reduction="none"): s = g exactly, and 2^-60 and
+         * 2^60 are floats, so the whole test stays in float as above (in double it cost a float32 call
+         * with grad_output ~15 %) */
+        const float g_lo = (float)XF_BIN_FAST_LO, g_hi = (float)XF_BIN_FAST_HI;
+#pragma omp simd reduction(& : all_ok)
+        for (j = 0; j < len; j++) {
+            const XF_T xv = c.x[j], yv = c.t[j];
+            const float gv = c.g32[j];
+            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one) &
+                      (((gv >= g_lo) & (gv <= g_hi)) | ((gv <= -g_lo) & (gv >= -g_hi)));
         }
     } else if (grad) {
 #pragma omp simd reduction(& : all_ok)
