@@ -323,6 +323,33 @@ class TestGradientBufferApart:
         with raises(ValueError, "out", "grad_output"):
             xf.cross_entropy_with_grad(X, Y, reduction="none", grad_output=out[1, :3], out=out)
 
+    @pytest.mark.parametrize("wrap", ["memoryview", "array_interface", "ctypes"])
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    @pytest.mark.parametrize("inplace", [False, True])
+    def test_grad_output_as_a_buffer_object(self, wrap, dtype, inplace):
+        # a buffer object reaches the kernels without a copy (float32 factors of float32 inputs are not
+        # even widened first): an overlap with the gradient must be seen through it
+        n = 2048
+        buf = np.linspace(0.5, 1.5, n + 1).astype(dtype)
+        g = buf[:n]
+        if wrap == "memoryview":
+            g = memoryview(g)
+        elif wrap == "array_interface":
+            g = type("Holder", (), {"__array_interface__": g.__array_interface__, "keep": g})()
+        else:
+            g = np.ctypeslib.as_ctypes(g)
+        x = np.linspace(-3, 3, n).astype(dtype)
+        t = np.full(n, 0.25, dtype=dtype)
+        if inplace:
+            buf[1:] = x
+            with raises(ValueError, "inplace", "grad_output"):
+                xf.binary_cross_entropy_with_logits_with_grad(buf[1:], t, reduction="none", grad_output=g,
+                                                              inplace=True)
+        else:
+            with raises(ValueError, "out", "grad_output"):
+                xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction="none", grad_output=g,
+                                                              out=buf[1:])
+
     def test_inplace_input_is_the_target(self):
         t = np.full((3, 4), 0.25)
         with raises(ValueError, "inplace", "target"):

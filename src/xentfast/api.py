@@ -699,6 +699,13 @@ def _check_apart(problem, dest, what, grad_output):
     if backend.has_internal_overlap(dest):
         raise ValueError(f"{what}: some of its elements share memory (a broadcast or stride-0 view); the "
                          f"gradient needs a place of its own for every element")
+    if backend.is_cpu and grad_output is not None and not isinstance(grad_output, np.ndarray):
+        # a buffer object (memoryview, ctypes array, __array_interface__) reaches the kernels without a
+        # copy: its memory is what they read (a list gives a fresh array, which overlaps nothing)
+        try:
+            grad_output = np.asarray(grad_output)
+        except (TypeError, ValueError, RuntimeError):
+            grad_output = None                          # _upstream_factor reports what is wrong with it
     named = problem.read_arrays() + (("grad_output", grad_output if backend.owns(grad_output) else None),)
     for name, a in named:
         if a is not None and backend.owns(a) and backend.overlaps(dest, a):
