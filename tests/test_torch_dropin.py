@@ -882,3 +882,27 @@ def test_a_tensor_input_with_a_non_bool_inplace_names_the_flag():
     # the foreign-array import tested `if inplace` first: NumPy's ambiguity message for an array
     with pytest.raises(TypeError, match="inplace: expected True or False"):
         xf.cross_entropy_with_grad(torch.randn(3, 4), torch.tensor([0, 1, 2]), inplace=np.array([True, True]))
+
+
+@pytest.mark.parametrize("fn", ["binary_cross_entropy_with_logits", "sigmoid_focal_loss"])
+@pytest.mark.parametrize("dtypes", [(torch.float64, torch.float32), (torch.float16, torch.float16)],
+                         ids=["f64-f32", "f16-f16"])
+def test_mean_counts_the_elements_the_op_keeps(fn, dtypes):
+    # ignore_index=0.1 is not a float32 or float16 value: float32(0.1) != 0.1 in the op's float64
+    # comparison, so the element is a kept soft target, and the mean divides by all three (torch compares
+    # a Python float in the tensor's own dtype, where the element would match and drop out of the count)
+    x_dtype, t_dtype = dtypes
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=x_dtype)
+    t = torch.tensor([0.1, 1.0, 0.0], dtype=t_dtype)
+    tol = 1e-12 if x_dtype == torch.float64 else 2e-3   # the float16 results' rounding; the defect was x1.5
+    op = getattr(xt, fn)
+    rows = op(x, t, ignore_index=0.1, reduction="none")
+    assert bool((rows != 0).all())            # nothing ignored
+    loss, grad = _grad_of(op, x, t, ignore_index=0.1, reduction="mean")
+    _, grad_sum = _grad_of(op, x, t, ignore_index=0.1, reduction="sum")
+    want = rows.to(torch.float64).sum() / 3
+    assert abs(loss.to(torch.float64).item() - want.item()) <= tol * abs(want.item())
+    torch.testing.assert_close(grad.to(torch.float64), grad_sum.to(torch.float64) / 3, rtol=tol, atol=0)
+    flat = getattr(xf, fn)(x.to(torch.float64).numpy() if x_dtype == torch.float16 else x.numpy(),
+                           t.to(torch.float64).numpy(), ignore_index=0.1, reduction="mean")
+    assert abs(loss.to(torch.float64).item() - float(flat)) <= tol * abs(float(flat))

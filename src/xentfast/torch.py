@@ -399,7 +399,10 @@ def _class_mean_denominator(input, target, weight, ignore_index):
 def _elementwise_denominator(input, target, ignore_index):
     if ignore_index is None:
         return input.numel()
-    return (target != ignore_index).sum(dtype=torch.float64)
+    # compared as the op compares them (xentfast.api_binary._unit_targets): the caller's values against
+    # ignore_index, both in float64.  torch would compare a Python float in float32 targets' own dtype,
+    # where 0.1 is float32(0.1): the op keeps such an element, and the mean would not count it.
+    return (target.to(torch.float64) != ignore_index).sum(dtype=torch.float64)
 
 
 # ---------------------------------------------------------------------------------------------------
