@@ -283,7 +283,7 @@ class TestEdgeShapes:
 class TestByteOrder:
     """A byte-swapped array has the type number of the native one: every lane must see the swap."""
 
-    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
     @pytest.mark.parametrize("n", [3, 3000])          # the plain-call lane (small) and the general path
     def test_swapped_logits_give_the_native_results(self, dtype, n):
         rng = np.random.default_rng(3)

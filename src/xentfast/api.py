@@ -1124,7 +1124,7 @@ def _as_float_input(input, name="input", what="logits", writeable=False, backend
             raise ValueError(f"{name}: inplace=True on a read-only array; pass a writeable copy or use out=")
     given = backend.xp.asarray(input)
     dt = given.dtype
-    if not dt.isnative and dt.newbyteorder("=") in _FLOAT_DTYPES:
+    if not dt.isnative and (dt.newbyteorder("=") in _FLOAT_DTYPES or _dtypes.is_half(dt.newbyteorder("="))):
         # the kernels read native numbers: a byte-swapped array is read through a native copy, as NumPy's
         # own functions do, and the results come back in native byte order
         if writeable:
