@@ -7,6 +7,7 @@ targets in {0, 1} and in ulps of the sum of the magnitudes of the cancelling ter
 reference's `scale`, which equals |gradient| when one term is 0, so it is used throughout); mean/sum
 <= 4 ULP; gradients of reductions or with a grad_output array one more ULP.
 """
+import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, note
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 
 import xentfast as xf
 from xentfast import reference as ref
-from xentfast.testing import assert_ulp_close, binary_logits, binary_targets, binary_xent_cases
+from xentfast.testing import (assert_ulp_close, binary_logits, binary_targets, binary_xent_cases,
+                              upstream_scalars)
 
 DTYPES = [np.float32, np.float64]
 BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
@@ -51,7 +53,7 @@ def test_bce_logits_elements_within_bound(dtype, data):
 def test_bce_logits_reductions_within_bound(dtype, reduction, data):
     case = data.draw(binary_xent_cases(dtype, max_size=24))
     x, t, kw = case.logits, case.target, _kw(case)
-    g = data.draw(st.sampled_from([1.0, 0.5, 3.0]))
+    g = data.draw(upstream_scalars())
     empty_mean = data.draw(st.sampled_from(["nan", "zero"]))
     loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction, grad_output=g,
                                                                 empty_mean=empty_mean, **kw)
@@ -103,10 +105,11 @@ def test_focal_reductions_within_bound(dtype, reduction, data):
     x = data.draw(binary_logits(dtype, max_size=24))
     t = data.draw(binary_targets(x.shape, dtype))
     alpha, gamma = data.draw(FOCAL_PARAMS)
-    loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, alpha, gamma, reduction=reduction, grad_output=3.0)
+    g = data.draw(upstream_scalars())
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, alpha, gamma, reduction=reduction, grad_output=g)
     assert_ulp_close(np.asarray(loss), ref.sigmoid_focal_loss(x, t, alpha, gamma, reduction=reduction),
                      REDUCED_BOUND, dtype=dtype, inputs={"x": x, "target": t})
-    exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, reduction=reduction, grad_output=3.0,
+    exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, reduction=reduction, grad_output=g,
                                                return_scale=True)
     assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"x": x, "target": t})
 
@@ -942,3 +945,46 @@ def test_bce_loss_bits_do_not_depend_on_the_upstream_factor():
         for g in (0.0, 1e-300, 1e300):
             loss, _ = xf.binary_cross_entropy_with_logits_with_grad(x, y, reduction=reduction, grad_output=g)
             assert loss.tobytes() == xf.binary_cross_entropy_with_logits(x, y, reduction=reduction).tobytes()
+
+
+@pytest.mark.parametrize("loss", ["logits-weight", "logits-pos_weight", "probs-weight", "probs-unweighted"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("g", [5e-324, -3e-320, 1.1e-310])
+def test_a_mean_of_a_subnormal_upstream_factor_keeps_its_bits(loss, dtype, g):
+    # g / n rounds to a subnormal with a few bits; weights of 2^60, a pos_weight of 1e15 or 1/p = 1e300 lift
+    # the product back to normal numbers, where that rounding was an error of up to 1 (all zeros at 5e-324)
+    rng = np.random.default_rng(7)
+    n = 3000                                        # several blocks, so two threads split them
+    kind, option = loss.split("-")
+    heavy = 2.0**60 if dtype == np.float64 else 1e300   # a float32 gradient needs more lift to be nonzero
+    if kind == "logits":
+        x = (rng.standard_normal(n) * 3).astype(dtype)
+        fn, backward, reference_grad = (xf.binary_cross_entropy_with_logits_with_grad,
+                                        xf.binary_cross_entropy_with_logits_backward,
+                                        ref.binary_cross_entropy_with_logits_grad)
+        kw = {"weight": dict(weight=np.full(n, heavy)), "pos_weight": dict(pos_weight=np.full(n, heavy))}[option]
+    else:
+        x = rng.uniform(0.01, 0.99, n).astype(dtype)
+        x[:5] = 1e-300 if dtype == np.float64 else 1e-40
+        fn, backward, reference_grad = (xf.binary_cross_entropy_with_grad, xf.binary_cross_entropy_backward,
+                                        ref.binary_cross_entropy_grad)
+        kw = dict(weight=np.full(n, heavy)) if option == "weight" else {}
+    t = (rng.random(n) < 0.5).astype(dtype)
+    t[:5] = 1
+    loss_1, grad_1 = fn(x, t, reduction="mean", grad_output=g, n_threads=1, **kw)
+    loss_2, grad_2 = fn(x, t, reduction="mean", grad_output=g, n_threads=2, **kw)
+    assert loss_1 == loss_2 and grad_1.tobytes() == grad_2.tobytes()
+    assert loss_1 == fn(x, t, reduction="mean", **kw)[0]           # the forward call's loss bits
+    assert backward(g, x, t, reduction="mean", **kw).tobytes() == grad_1.tobytes()
+    xc = x.copy()
+    loss_i, grad_i = fn(xc, t, reduction="mean", grad_output=g, inplace=True, **kw)
+    assert grad_i is xc and loss_i == loss_1 and grad_i.tobytes() == grad_1.tobytes()
+    # the mpmath reference on 80 elements, per element, times the exact g / n of the whole mean
+    sel = np.r_[0:40, n - 40:n]
+    exact, scale = reference_grad(x[sel], t[sel], reduction="none", return_scale=True,
+                                  **{k: v[sel] for k, v in kw.items()})
+    factor = mpmath.mpf(g) / n
+    assert_ulp_close(grad_1[sel], np.array([e * factor for e in exact], dtype=object), BOUND[np.dtype(dtype)] + 1,
+                     scale=np.array([s * abs(factor) for s in scale], dtype=object))
+    if not (dtype == np.float32 and option == "unweighted"):   # 1/p <= 2^149 leaves float32 nothing
+        assert np.any(grad_1[sel] != 0)

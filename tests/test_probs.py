@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import xentfast as xf
 from xentfast import reference as ref
 from xentfast.testing import (assert_ulp_close, binary_targets, class_weights, element_weights, index_targets,
-                              prob_targets, unit_probabilities)
+                              prob_targets, unit_probabilities, upstream_scalars)
 
 DTYPES = [np.float32, np.float64]
 BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
@@ -58,10 +58,11 @@ def test_bce_probs_elements_within_bound(dtype, data):
 @given(data=st.data())
 def test_bce_probs_reductions_within_bound(dtype, reduction, data):
     p, t, w, mode = data.draw(bce_prob_cases(dtype, max_side=6))
-    loss, grad = xf.binary_cross_entropy_with_grad(p, t, w, reduction=reduction, grad_output=0.5, **mode)
+    g = data.draw(upstream_scalars())
+    loss, grad = xf.binary_cross_entropy_with_grad(p, t, w, reduction=reduction, grad_output=g, **mode)
     assert_ulp_close(np.asarray(loss), ref.binary_cross_entropy(p, t, w, reduction=reduction, **mode), 4.0,
                      dtype=dtype, inputs={"p": p, "target": t})
-    exact, scale = ref.binary_cross_entropy_grad(p, t, w, reduction=reduction, grad_output=0.5, return_scale=True,
+    exact, scale = ref.binary_cross_entropy_grad(p, t, w, reduction=reduction, grad_output=g, return_scale=True,
                                                  **mode)
     assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"p": p, "target": t})
 

@@ -21,6 +21,7 @@ from .api import (
     _HALF_BOUND,
     _HALF_NOTES,
     _REDUCTIONS,
+    _SMALLEST_NORMAL,
     _as_float_input,
     _check_choice,
     _check_real,
@@ -337,6 +338,45 @@ class _Elementwise:
         whenever that is possible and the logits stay readable, so that reduce() can still ask for the
         losses themselves in its rare cases (CPU, the whole input, the gradient not written over it)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
+        lifted = self._lifted_mean_scale(grad_output) if grad is not None and count is None else None
+        if lifted is not None:
+            k, scale = lifted
+            if summed is None:
+                summed = (want_loss and self.reduction != "none" and self.n > 0 and self.backend.is_cpu
+                          and grad is not self.rows)
+            # the losses from a pass with the weights as given (a forward call's bits), before an in-place
+            # gradient overwrites the input; then the gradient under 2^k g / kept and weights times 2^-k
+            losses = self.run(want_loss=True, loss_k=loss_k, summed=summed) if want_loss else None
+            saved = self.w
+            self.w = (_Bcast(self.xp.ldexp(saved.base, -k), saved.div, saved.mod) if saved
+                      else _Bcast(self.xp.full(1, math.ldexp(1.0, -k)), 1, 1))
+            try:
+                self._launch(grad, None, scale, False, loss_k, None, False)
+            finally:
+                self.w = saved
+            return losses
+        return self._launch(grad, g_rows, scale, want_loss, loss_k, count, summed)
+
+    def _lifted_mean_scale(self, grad_output):
+        """(k, 2^k g / kept) where a mean's gradient scale g / kept would be subnormal (or 0) for a finite
+        g != 0, else None.  Rounded there, it keeps only the bits above 2^-1074, and the kernel multiplies
+        it by weights, pos_weight or 1/p, which can lift the product back to normal numbers with a
+        relative error of up to 1 (grad_output 5e-324, weights 2^60: all zeros).  Lifted by 2^k it is
+        normal and rounds once, and the weights take the 2^-k; the kernels form s w q (...) as products of
+        normalised mantissas (xentfast/binary.h), so the gradient is that of the exact scale.  k <= 116:
+        weights above 2^-906 stay normal, and a smaller one's gradient was below 2^-2000 anyway.  The
+        focal loss has no weights and a gradient below 2 per unit scale: nothing magnifies the rounding."""
+        if self.reduction != "mean" or not self.kept or self.op == _binary.OP_FOCAL:
+            return None
+        _, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
+        if g == 0 or not math.isfinite(g) or abs(g / self.kept) >= _SMALLEST_NORMAL:
+            return None
+        # g = m 2^eg, kept = n 2^ek with m, n in [1/2, 1): 2^k g / kept >= 2^(k + eg - ek - 1) = 2^-1022
+        k = -1021 - math.frexp(g)[1] + math.frexp(self.kept)[1]
+        return k, math.ldexp(g, k) / self.kept
+
+    def _launch(self, grad, g_rows, scale, want_loss, loss_k, count, summed):
+        """One kernel call for run(), under the upstream factors it settled."""
         g32 = None
         if g_rows is not None and g_rows.dtype == np.float32:
             g32, g_rows = g_rows, None

@@ -53,6 +53,7 @@ __all__ = [
     "index_targets",
     "prob_targets",
     "class_weights",
+    "upstream_scalars",
     "softmax_xent_cases",
     "XentCase",
     "naive_cross_entropy_with_grad",
@@ -584,6 +585,21 @@ def index_targets(n_classes, shape, ignore_index=-100, dtype=np.int64, allow_ign
         return out.reshape(shp)
 
     return build()
+
+
+def upstream_scalars():
+    """Hypothesis strategy for a scalar ``grad_output`` of a ``mean`` or ``sum``.
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Python floats: ordinary factors (1, 0.5, 3) and subnormal ones of either sign.  Divided by a
+        mean's denominator, a subnormal factor keeps only a few bits; weights, ``pos_weight`` or ``1/p``
+        can then multiply that rounding back into normal numbers.
+    """
+    from hypothesis import strategies as st
+
+    return st.sampled_from([1.0, 0.5, 3.0, 5e-324, -3e-320, 1.1e-310])
 
 
 def prob_targets(shape, dtype=np.float64):
