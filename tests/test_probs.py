@@ -128,12 +128,13 @@ def test_ce_probs_rows_within_bound(dtype, data):
 def test_ce_probs_reductions_within_bound(dtype, reduction, data):
     p, t, w, eps = data.draw(ce_prob_cases(dtype))
     empty_mean = data.draw(st.sampled_from(["nan", "zero"]))
-    loss, grad = xf.cross_entropy_from_probs_with_grad(p, t, w, reduction=reduction, eps=eps, grad_output=3.0,
+    g = data.draw(upstream_scalars())
+    loss, grad = xf.cross_entropy_from_probs_with_grad(p, t, w, reduction=reduction, eps=eps, grad_output=g,
                                                        empty_mean=empty_mean)
     assert_ulp_close(np.asarray(loss), ref.cross_entropy_from_probs(p, t, w, reduction=reduction, eps=eps,
                                                                     empty_mean=empty_mean),
                      4.0, dtype=dtype, inputs={"p": p, "target": t})
-    assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, t, w, reduction=reduction, eps=eps, grad_output=3.0,
+    assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, t, w, reduction=reduction, eps=eps, grad_output=g,
                                                              empty_mean=empty_mean),
                      BOUND[np.dtype(dtype)] + 1, inputs={"p": p, "target": t})
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import xentfast as xf
 from xentfast import reference as ref
-from xentfast.testing import XentCase, assert_ulp_close, logits, softmax_xent_cases
+from xentfast.testing import XentCase, assert_ulp_close, logits, softmax_xent_cases, upstream_scalars
 
 BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
 REDUCED_BOUND = 4.0
@@ -130,7 +130,7 @@ def test_reduced_loss_and_gradient_within_bound(dtype, reduction, data):
     case = data.draw(softmax_xent_cases(dtype))
     kw = _kwargs(case)
     x, t = case.logits, case.target
-    g = data.draw(st.sampled_from([1.0, 0.5, 3.0]))
+    g = float(np.asarray(data.draw(upstream_scalars()), dtype))
     loss, grad = xf.cross_entropy_with_grad(x, t, reduction=reduction, grad_output=np.asarray(g, dtype), **kw)
     assert_ulp_close(np.asarray(loss), ref.cross_entropy(x, t, reduction=reduction, **kw), REDUCED_BOUND,
                      dtype=dtype, inputs={"logits": x, "target": t}, err_msg=f"{reduction}, options {kw}")
@@ -888,3 +888,49 @@ def test_more_than_2_to_31_elements():
         want_uniform = mpmath.log(c)
     assert_ulp_close(loss[:4], np.array([want_uniform] * 4, dtype=object), 2)
     assert_ulp_close(loss[4:], np.array([want_last], dtype=object), 2)
+
+
+# ---- a subnormal upstream factor ---------------------------------------------------------------------
+
+_BIG = np.finfo(np.float64).max
+SUBNORMAL_UPSTREAM_CASES = {
+    # class weights of 1e12: w_y / sum(w_y) is ordinary, g / sum(w_y) kept a few bits (804 ULP)
+    "weights": (np.random.default_rng(5).standard_normal((3000, 4)), np.arange(3000) % 4,
+                dict(weight=np.full(4, 1e12)), "mean"),
+    # the z-loss's 2 z lse under logits near DBL_MAX: the kernel's coefficient carries 2^1000 apart, and
+    # the factor times the rest rounded on the subnormal grid (1.8e8 ULP)
+    "z_loss": (np.array([[_BIG, _BIG, _BIG, 0.0]] * 3000), np.zeros(3000, dtype=np.int64), dict(z_loss=1.0),
+               "sum"),
+    # probability targets with weights and smoothing: the mean's denominator is the row count
+    "probabilities": (np.random.default_rng(6).standard_normal((3000, 4)),
+                      np.full((3000, 4), 0.25), dict(weight=np.array([1e15, 1.0, 3e14, 2.0]),
+                                                     label_smoothing=0.1), "mean"),
+}
+
+
+@pytest.mark.parametrize("g", [5e-324, -3e-320, 1.1e-310])
+@pytest.mark.parametrize("case", sorted(SUBNORMAL_UPSTREAM_CASES))
+def test_a_subnormal_upstream_factor_keeps_its_bits(case, g):
+    x, t, kw, reduction = SUBNORMAL_UPSTREAM_CASES[case]
+    loss_1, grad_1 = xf.cross_entropy_with_grad(x, t, reduction=reduction, grad_output=g, n_threads=1, **kw)
+    loss_2, grad_2 = xf.cross_entropy_with_grad(x, t, reduction=reduction, grad_output=g, n_threads=2, **kw)
+    assert loss_1 == loss_2 and grad_1.tobytes() == grad_2.tobytes()
+    assert loss_1 == xf.cross_entropy(x, t, reduction=reduction, **kw)
+    assert xf.cross_entropy_backward(g, x, t, reduction=reduction, **kw).tobytes() == grad_1.tobytes()
+    xc = x.copy()
+    loss_i, grad_i = xf.cross_entropy_with_grad(xc, t, reduction=reduction, grad_output=g, inplace=True, **kw)
+    assert grad_i is xc and loss_i == loss_1 and grad_i.tobytes() == grad_1.tobytes()
+    # the mpmath reference on 12 rows, per row, times the exact factor of the whole reduction
+    sel = np.r_[0:6, len(x) - 6:len(x)]
+    exact, scale = ref.cross_entropy_grad(x[sel], t[sel], reduction="none", return_scale=True, **kw)
+    if reduction == "mean":
+        w = kw.get("weight")
+        den = len(x) if (t.ndim == 2 or w is None) else mpmath.fsum(mpmath.mpf(w[c]) for c in t)
+    else:
+        den = 1
+    factor = mpmath.mpf(g) / den
+    assert_ulp_close(grad_1[sel], np.array([[e * factor for e in row] for row in exact], dtype=object),
+                     BOUND[np.dtype(np.float64)] + 1,
+                     scale=np.array([[s * abs(factor) for s in row] for row in scale], dtype=object))
+    if not (case == "weights" and g == 5e-324):   # there each entry is below g / 3000: 0 is exact
+        assert np.any(grad_1[sel] != 0)

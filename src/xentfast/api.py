@@ -541,6 +541,34 @@ class _Problem:
                 grad.fill(0)
             return loss
         row_scale, scale, g = self.upstream(grad_output) if grad is not None else (None, 1.0, 1.0)
+        lift = self._scale_lift(row_scale, scale, g) if grad is not None else 0
+        if lift:
+            g = math.ldexp(g, lift)
+            scale = g / self.denominator() if self.reduction == "mean" else g
+        self._run_launches(loss, grad, row_scale, scale, g)
+        if lift:
+            xp.ldexp(grad, -lift, out=grad)
+        return loss
+
+    def _scale_lift(self, row_scale, scale, g):
+        """k > 0 where a scalar upstream factor (grad_output, over the mean's denominator) is subnormal, else
+        0.  The kernel would round its products with it on the subnormal grid (or start from the few bits
+        g / denominator kept), and weights, the z-loss's 2 z lse or 1 / p can lift such a product back into
+        the normals with a relative error of up to 1 (grad_output 5e-324 under logits near DBL_MAX with a
+        z-loss: 1.8e8 ULP).  The kernel runs under 2^k times the factor, a normal number that rounds once,
+        and the gradient is scaled back by 2^-k after it: exact, or one rounding where the entry is
+        subnormal.  No entry overflows on the way: the scaled factor is below 2^-1020, and an entry is at
+        most the factor times A + 2 z r lse, or times w q / p for cross_entropy_from_probs (an overflow
+        there needs a weight above 2^970 on a subnormal probability)."""
+        if row_scale is not None or g == 0 or not math.isfinite(g) or abs(scale) >= _SMALLEST_NORMAL:
+            return 0
+        # g = m 2^eg, den = n 2^ed with m, n in [1/2, 1): 2^k g / den >= 2^(k + eg - ed - 1) = 2^-1022
+        ed = math.frexp(self.denominator())[1] if self.reduction == "mean" else 1
+        return -1021 - math.frexp(g)[1] + ed
+
+    def _run_launches(self, loss, grad, row_scale, scale, g):
+        """run()'s kernel launches under the upstream factors it settled."""
+        xp = self.xp
         if (grad is not None and self.reduction == "mean" and self.w is not None and self.y is not None
                 and self._fold_weights(scale)):
             if math.isfinite(g):
@@ -574,9 +602,8 @@ class _Problem:
                 # the forward launch first: an in-place gradient overwrites the logits it reads
                 self._launch(self._w_or_empty(), None, 1.0, loss, None)
                 self._launch(folded, None, g, xp.empty(self.N, dtype=np.float64), grad)
-                return loss
+                return
         self._launch(self._w_or_empty(), row_scale, scale, loss, grad)
-        return loss
 
     def rerun_possible(self):
         """Whether reduce() may launch the kernel on the logits again: the tiny-terms pass, taken when
