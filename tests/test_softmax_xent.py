@@ -934,3 +934,16 @@ def test_a_subnormal_upstream_factor_keeps_its_bits(case, g):
                      scale=np.array([[s * abs(factor) for s in row] for row in scale], dtype=object))
     if not (case == "weights" and g == 5e-324):   # there each entry is below g / 3000: 0 is exact
         assert np.any(grad_1[sel] != 0)
+
+
+@pytest.mark.parametrize("g", [5e-324, 1.1e-310, 1.0])
+def test_a_subnormal_per_row_factor_under_a_z_loss_near_dbl_max(g):
+    # per-row factors are exact, but under logits near DBL_MAX the z-loss's coefficient carries 2^1000
+    # apart, and the factor times the rest rounded on the subnormal grid (1.8e8 ULP at 5e-324)
+    x = np.array([[_BIG, _BIG, _BIG, 0.0], [_BIG / 2, -_BIG, 0.0, 1.0]])
+    y = np.array([0, 1])
+    up = np.array([g, -g])
+    grad = xf.cross_entropy_backward(up, x, y, reduction="none", z_loss=1.0)
+    exact, scale = ref.cross_entropy_grad(x, y, reduction="none", z_loss=1.0, grad_output=up, return_scale=True)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale)
+    assert np.all(grad[0, :3] != 0)

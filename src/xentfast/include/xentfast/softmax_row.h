@@ -520,6 +520,17 @@ XF_HD double xf_rowjob_finish(xf_rowjob *job, const double *terms)
         job->coef = job->scale * (a_eff * 0x1p-1000);
         job->coef_mult *= 0x1p1000;
     }
+    if (job->coef_mult != 1.0 && xf_fabs(job->scale) < 0x1p23) {
+        /* a_eff carries 2^-1000 (the z-loss under logits near DBL_MAX, above), and a small upstream factor
+         * times it rounds on the subnormal grid (grad_output 5e-324: 1.8e8 ULP).  Where the factor's product
+         * with the whole a_eff is finite, the power of two goes back first: the same bits wherever the
+         * split form's intermediates were normal (powers of two scale exactly) */
+        double lifted = (job->scale * job->coef_mult) * a_eff;
+        if (lifted - lifted == 0.0) {
+            job->coef = lifted;
+            job->coef_mult = 1.0;
+        }
+    }
     /* p_j below the normal range only where x_j - m < -708; with |coef| <= 1 its rounding is not
      * magnified, so the scaled evaluation is needed only beyond both */
     job->grad_scaled = (job->m - job->min_finite > 700.0) && (xf_fabs(job->coef) * job->coef_mult > 1.0);
