@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 import xentfast
 import xentfast as xf
-from xentfast import _cuda
+from xentfast import _cuda, api_binary
 from xentfast import reference as ref
 from xentfast._core import _binary, _xent
 from xentfast._cuda import _nvrtc
@@ -72,7 +72,7 @@ BIN_INSTANTIATE = """#include "binary.cu"
 #define XF_BINST(T, OP) \
 template __global__ void xf_bin_elementwise_kernel<T, OP>(const T *, const T *, const double *, long long, \
     long long, const double *, long long, long long, const double *, double, int, double, double, double, int, \
-    double, int, double, double *, T *, T *, long long, double);
+    double, int, double, double, double, double *, T *, T *, long long, double);
 #define XF_CINST(T) \
 template __global__ void xf_ce_probs_kernel<T>(const T *, const long long *, const T *, const double *, \
     long long, const double *, double, int, double, double *, T *, long long, long long, double);
@@ -832,9 +832,15 @@ def _bin_call(a, want_d, want_o, want_grad, inplace, xp, empty):
     return args, (loss_d if want_d else None, loss_o if want_o else None, grad if want_grad else None)
 
 
+def _clamp_thresholds(a):
+    """log_clamp's exact thresholds (xentfast.api_binary._clamp_thresholds), as the front end passes them."""
+    return api_binary._clamp_thresholds(a.log_clamp) if a.log_clamp is not None else (0.0, 1.0)
+
+
 def cpu_elementwise(a, want_d=True, want_o=False, want_grad=True, inplace=False):
     args, outs = _bin_call(a, want_d, want_o, want_grad, inplace, np, lambda dt: np.empty(0, dt))
-    _binary.elementwise(*args, loss_k=a.loss_k)
+    lo, hi = _clamp_thresholds(a)
+    _binary.elementwise(*args, loss_k=a.loss_k, clamp_lo=lo, clamp_hi=hi)
     return outs
 
 
@@ -891,7 +897,7 @@ class BinaryModel:
         for s in ("f32", "f64"):
             f = getattr(lib, f"xf_model_elementwise_{s}")
             f.restype = None
-            f.argtypes = [I, P, P, P, LL, LL, P, LL, LL, P, D, I, D, D, D, I, D, I, D, P, P, P, LL, D, I]
+            f.argtypes = [I, P, P, P, LL, LL, P, LL, LL, P, D, I, D, D, D, I, D, I, D, D, D, P, P, P, LL, D, I]
             f = getattr(lib, f"xf_model_ce_probs_{s}")
             f.restype, f.argtypes = None, [P, P, P, P, LL, P, D, I, D, P, P, LL, LL, D, I, I]
         lib.xf_model_dd_sum.restype, lib.xf_model_dd_sum.argtypes = None, [P, LL, I, I, P]
@@ -904,8 +910,8 @@ class BinaryModel:
          clamp, log_clamp, loss_d, loss_o, grad) = args[:22]
         getattr(self.lib, f"xf_model_elementwise_{_sfx(a.x.dtype)}")(
             op, _ptr(x), _ptr(t), _ptr(a.w), w_div, w_mod, _ptr(a.pw), pw_div, pw_mod, _ptr(a.g), scale,
-            int(has_ignore), ignore, alpha, gamma, int(clip), eps, int(clamp), log_clamp, _ptr(loss_d),
-            _ptr(loss_o), _ptr(grad), a.x.size, a.loss_k, order)
+            int(has_ignore), ignore, alpha, gamma, int(clip), eps, int(clamp), log_clamp, *_clamp_thresholds(a),
+            _ptr(loss_d), _ptr(loss_o), _ptr(grad), a.x.size, a.loss_k, order)
         return outs
 
     def ce_probs(self, a, want_grad=True, inplace=False, order=0, nt=32):
@@ -1407,7 +1413,8 @@ def _check_elementwise_launch(binary_model, cp, rec, dtype, op, data):
     want_d, want_o, want_grad = _draw_outputs(data)
     rec.calls.clear()
     args, outs = _bin_call(a, want_d, want_o, want_grad, False, cp, lambda dt: cp.empty(0, dt))
-    _cuda.elementwise(*args, loss_k=a.loss_k)
+    lo, hi = _clamp_thresholds(a)
+    _cuda.elementwise(*args, loss_k=a.loss_k, clamp_lo=lo, clamp_hi=hi)
     if a.x.size == 0:
         assert not rec.calls
         return
@@ -1704,7 +1711,8 @@ def test_gpu_tree_order_within_one_ulp(dtype, monkeypatch):
 def gpu_elementwise(a, want_d=True, want_o=False, want_grad=True, inplace=False):
     cp = _cp()
     args, outs = _bin_call(a, want_d, want_o, want_grad, inplace, cp, lambda dt: cp.empty(0, dt))
-    _cuda.elementwise(*args, loss_k=a.loss_k)
+    lo, hi = _clamp_thresholds(a)
+    _cuda.elementwise(*args, loss_k=a.loss_k, clamp_lo=lo, clamp_hi=hi)
     return tuple(None if o is None else cp.asnumpy(o) for o in outs)
 
 

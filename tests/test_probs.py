@@ -6,6 +6,7 @@ BCE gradients in ulps of w((1-y)/(1-p) + y/p); reductions <= 4 ULP, their gradie
 """
 import random
 
+import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, note
@@ -462,3 +463,22 @@ def test_the_reference_clips_at_a_tiny_eps_exactly():
     exact = ref.binary_cross_entropy(p, y, eps=1e-300, reduction="none")
     assert all(np.isfinite(float(v)) for v in exact)
     assert_ulp_close(xf.binary_cross_entropy(p, y, eps=1e-300, reduction="none"), exact, BOUND[np.dtype(np.float64)])
+
+
+@pytest.mark.parametrize("c", [-100.0, -0.5, -1e-17, -36.8, -744.0])
+def test_log_clamp_decides_on_the_exact_log(c):
+    # the two doubles on either side of e^c (log p against c) and of 1 - e^c (log(1 - p) against c): the
+    # rounded log can land on the wrong side of c within an ulp of it, where the derivative jumps from
+    # 1/p to 0 (p = e^-100 less an ulp: -2.7e43 where it is 0)
+    from xentfast.api_binary import _clamp_thresholds
+    lo, hi = _clamp_thresholds(c)
+    p = np.array([np.nextafter(lo, 0), lo, np.nextafter(lo, 1), np.nextafter(hi, 0), hi, np.nextafter(hi, 1)])
+    p = np.clip(p, 0.0, 1.0)
+    for y in (np.ones(6), np.zeros(6), np.full(6, 0.25)):
+        loss, grad = xf.binary_cross_entropy_with_grad(p, y, reduction="none", log_clamp=c)
+        assert_ulp_close(loss, ref.binary_cross_entropy(p, y, reduction="none", log_clamp=c), 4.0)
+        exact, scale = ref.binary_cross_entropy_grad(p, y, reduction="none", log_clamp=c, return_scale=True)
+        assert_ulp_close(grad, exact, 4.0, scale=scale, inputs={"p": p, "y": y})
+    with mpmath.workprec(300):   # the thresholds themselves, against the exact logs
+        assert mpmath.log(lo) >= c and (lo == 5e-324 or mpmath.log(np.nextafter(lo, 0)) < c)
+        assert mpmath.log(1 - mpmath.mpf(hi)) >= c and mpmath.log(1 - mpmath.mpf(np.nextafter(hi, 1))) < c

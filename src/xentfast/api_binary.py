@@ -7,9 +7,11 @@ messages, the same ``out=``/``inplace`` logic, the same double-double reduction)
 runs, and every error names the argument and shows the offending value.
 """
 
+import functools
 import math
 import operator
 
+import mpmath
 import numpy as np
 
 from . import _backend, _dtypes
@@ -404,7 +406,8 @@ class _Elementwise:
             float(self.alpha), float(self.gamma), clip, self.eps if clip else 0.0, clamp,
             self.log_clamp if clamp else 0.0, loss_d, loss_o, gflat, self.n_threads if count is None else 1,
             w is not None, pw is not None, g_rows is not None, want_loss and keep_double,
-            want_loss and not keep_double, grad is not None, loss_k, part, g32)
+            want_loss and not keep_double, grad is not None, loss_k, part, g32,
+            **(dict(zip(("clamp_lo", "clamp_hi"), _clamp_thresholds(self.log_clamp))) if clamp else {}))
         if summed:
             return _KernelSum(sums)
         return loss_d if keep_double else loss_o
@@ -826,6 +829,34 @@ _document_trio(
 
 # ---------------------------------------------------------------------------------------------------
 # BCE from probabilities
+
+@functools.lru_cache(maxsize=64)
+def _clamp_thresholds(c):
+    """(lo, hi) for log_clamp c: the least double >= e^c and the greatest double <= 1 - e^c, so that for
+    every double p, log p < c exactly iff p < lo and log(1 - p) < c iff p > hi (xentfast/binary.h
+    xf_bin_prob_logs).  The kernels' rounded logs cannot decide it: within an ulp of c they fall on either
+    side, and the derivative is 0 on one side and up to 1/p on the other.  For c != 0, e^c and 1 - e^c are
+    irrational (Lindemann): never a double, so the precision grows until the double nearest each is
+    seen to lie above or below it (200 bits settle every ordinary c; c = -5e-324 takes ~1100).  c = 0
+    gives exactly 1 and 0."""
+    if c == 0:
+        return 1.0, 0.0
+    prec = 200
+    while True:
+        with mpmath.workprec(prec):
+            e = mpmath.exp(mpmath.mpf(c))
+            one_minus = -mpmath.expm1(mpmath.mpf(c))   # relative precision where e^c is close to 1
+            lo, hi = float(e), float(one_minus)
+            # 1 - e^c within 2^-prec of 1 (e^c underflowed the precision): it lies in (1 - 2^-53, 1)
+            settled = mpmath.mpf(lo) != e and (mpmath.mpf(hi) != one_minus or hi == 1.0)
+            if settled:
+                if mpmath.mpf(lo) < e:
+                    lo = float(np.nextafter(lo, np.inf))
+                if mpmath.mpf(hi) > one_minus or hi == 1.0:
+                    hi = float(np.nextafter(hi, -np.inf))
+                return lo, hi
+        prec *= 2
+
 
 def _prob_modes(eps, log_clamp):
     e = _check_eps(eps)

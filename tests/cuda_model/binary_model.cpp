@@ -39,12 +39,12 @@ template <typename T>
 static void model_elementwise(int op, const T *x, const T *t, const double *w, long long w_div, long long w_mod,
                               const double *pw, long long pw_div, long long pw_mod, const double *g, double scale,
                               int has_ignore, double ignore, double alpha, double gamma, int clip, double eps,
-                              int clamp, double log_clamp, double *loss_d, T *loss_o, T *grad, long long n,
-                              double loss_k, int order)
+                              int clamp, double log_clamp, double clamp_lo, double clamp_hi, double *loss_d,
+                              T *loss_o, T *grad, long long n, double loss_k, int order)
 {
     xf_bin_args a;
     xf_cu_bin_args_init(&a, n, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore, alpha, gamma,
-                        clip, eps, clamp, log_clamp, loss_k);
+                        clip, eps, clamp, log_clamp, clamp_lo, clamp_hi, loss_k);
     for (long long i : model_order(n, order)) {
         if (op == XF_CU_OP_BCE_LOGITS) {
             xf_cu_bin_elem<T, XF_CU_OP_BCE_LOGITS>(x, t, i, &a, loss_d, loss_o, grad);
@@ -62,7 +62,7 @@ static void model_ce_probs(const T *p, const long long *y, const T *t, const dou
                            long long N, long long C, double loss_k, int nt, int order)
 {
     xf_bin_prob_mode m;
-    xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0);
+    xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0, 0.0, 1.0);
     const xf_cu_host_team team = {nt, order};
     xf_cu_ce_scratch sc;
     for (long long i : model_order(N, order)) {
@@ -82,12 +82,12 @@ extern "C" {
                                     long long w_mod, const double *pw, long long pw_div, long long pw_mod,    \
                                     const double *g, double scale, int has_ignore, double ignore,             \
                                     double alpha, double gamma, int clip, double eps, int clamp,              \
-                                    double log_clamp, double *loss_d, T *loss_o, T *grad, long long n,        \
-                                    double loss_k, int order)                                                 \
+                                    double log_clamp, double clamp_lo, double clamp_hi, double *loss_d,       \
+                                    T *loss_o, T *grad, long long n, double loss_k, int order)                \
     {                                                                                                         \
         model_elementwise<T>(op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore,     \
-                             alpha, gamma, clip, eps, clamp, log_clamp, loss_d, loss_o, grad, n, loss_k,      \
-                             order);                                                                          \
+                             alpha, gamma, clip, eps, clamp, log_clamp, clamp_lo, clamp_hi, loss_d, loss_o,   \
+                             grad, n, loss_k, order);                                                         \
     }                                                                                                         \
     void xf_model_ce_probs_##SFX(const T *p, const long long *y, const T *t, const double *w,                 \
                                  long long ignore_index, const double *row_scale, double scale, int clip,     \

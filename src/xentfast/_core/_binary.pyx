@@ -56,7 +56,8 @@ cdef extern from "binary_kernels.h" nogil:
         xf_bin_prob_mode mode
         double loss_k
         double *part
-    void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c)
+    void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c, double clamp_lo,
+                               double clamp_hi)
     ctypedef struct xf_binary_table_f32:
         void (*bce_logits_block)(const float *, const float *, long long, long long, const xf_bin_args *,
                                  double *, float *, float *) noexcept nogil
@@ -145,7 +146,8 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
                 double alpha, double gamma, bint clip, double eps, bint clamp, double log_clamp,
                 double[::1] loss_d, floating[::1] loss_o, floating[::1] grad, int n_threads,
                 bint has_w, bint has_pw, bint has_g, bint has_loss_d, bint has_loss_o, bint has_grad,
-                double loss_k=0.0, double[::1] part=None, const float[::1] g32=None):
+                double loss_k=0.0, double[::1] part=None, const float[::1] g32=None, double clamp_lo=0.0,
+                double clamp_hi=1.0):
     """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB).
 
     Arrays flagged absent may be empty placeholders; weights are addressed as w[(i // div) % mod].
@@ -194,7 +196,10 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
         a.part = &part[0]
     else:
         a.part = NULL
-    xf_bin_prob_mode_init(&a.mode, clip, eps, clamp, log_clamp)
+    if clamp and not (0.0 < clamp_lo <= 1.0 and 0.0 <= clamp_hi < 1.0):
+        raise ValueError(f"clamp_lo, clamp_hi: the thresholds of log_clamp={log_clamp!r} are needed "
+                         f"(xentfast.api_binary._clamp_thresholds); got {clamp_lo!r}, {clamp_hi!r}")
+    xf_bin_prob_mode_init(&a.mode, clip, eps, clamp, log_clamp, clamp_lo, clamp_hi)
     if has_loss_d and part is None:
         ld = &loss_d[0]
     if has_loss_o:
@@ -263,7 +268,7 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
         tp = &t[0, 0]
     if has_grad:
         gp = &grad[0, 0]
-    xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0)
+    xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0, 0.0, 1.0)
     _follow_cpu_path()
     with nogil:
         with parallel(num_threads=n_threads):
@@ -414,7 +419,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     a.gamma = 2.0
     a.loss_k = 0.0
     a.part = NULL
-    xf_bin_prob_mode_init(&a.mode, False, 0.0, False, 0.0)
+    xf_bin_prob_mode_init(&a.mode, False, 0.0, False, 0.0, 0.0, 1.0)
     if with_grad:
         g = out if out is not None else cnp.PyArray_EMPTY(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x),
                                                           cnp.PyArray_TYPE(x), 0)

@@ -90,8 +90,10 @@ XF_HD const double *xf_bin_gather(const double *w, long long div, long long mod,
     return buf;
 }
 
-/* log(eps) and log1p(-eps) once per call, with the header's own functions (same bits on every device) */
-XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c)
+/* log(eps) and log1p(-eps) once per call, with the header's own functions (same bits on every device);
+ * the clamp's thresholds come from the caller (xentfast.api_binary, exact: see xf_bin_prob_logs) */
+XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c, double clamp_lo,
+                                 double clamp_hi)
 {
     m->clip = clip;
     m->eps = eps;
@@ -99,6 +101,8 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
     m->log1m_eps = clip ? xf_log1p(-eps) : 0.0;
     m->clamp = clamp;
     m->c = c;
+    m->clamp_lo = clamp_lo;
+    m->clamp_hi = clamp_hi;
 }
 
 #if !XF_CUDA

@@ -470,7 +470,7 @@ def softmax_family(x, out, lse, mode, n_threads, has_lse):
 
 def elementwise(op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore, alpha, gamma, clip,
                 eps, clamp, log_clamp, loss_d, loss_o, grad, n_threads, has_w, has_pw, has_g, has_loss_d, has_loss_o,
-                has_grad, loss_k=0.0, part=None, g32=None):
+                has_grad, loss_k=0.0, part=None, g32=None, clamp_lo=0.0, clamp_hi=1.0):
     """One pass of an elementwise binary loss (op: OP_BCE_LOGITS, OP_FOCAL, OP_BCE_PROB), as
     ``_binary.elementwise`` for CuPy arrays on the current device and stream, with its parameters (the
     front end passes them by position).
@@ -480,6 +480,9 @@ def elementwise(op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ign
     times 2**loss_k.  `n_threads` is ignored.  `part` (the CPU's in-kernel sum) and `g32` (float32 upstream
     factors) must be None here: the front end asks for neither on a device (reduce.cu sums loss_d, and
     the upstream factors come in float64)."""
+    if clamp and not (0.0 < clamp_lo <= 1.0 and 0.0 <= clamp_hi < 1.0):
+        raise ValueError(f"clamp_lo, clamp_hi: the thresholds of log_clamp={log_clamp!r} are needed "
+                         f"(xentfast.api_binary._clamp_thresholds); got {clamp_lo!r}, {clamp_hi!r}")
     if part is not None or g32 is not None:
         raise ValueError("part, g32: CPU-only arguments (the front end passes None for device arrays)")
     if op not in _OPS:
@@ -512,7 +515,8 @@ def elementwise(op, x, t, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ign
                 pw if has_pw else _NULL, np.int64(pw_div if has_pw else 1), np.int64(pw_mod if has_pw else 1),
                 g if has_g else _NULL, np.float64(scale), np.int32(bool(has_ignore)), np.float64(ignore),
                 np.float64(alpha), np.float64(gamma), np.int32(bool(clip)), np.float64(eps), np.int32(bool(clamp)),
-                np.float64(log_clamp), loss_d if has_loss_d else _NULL, loss_o if has_loss_o else _NULL,
+                np.float64(log_clamp), np.float64(clamp_lo), np.float64(clamp_hi),
+                loss_d if has_loss_d else _NULL, loss_o if has_loss_o else _NULL,
                 grad if has_grad else _NULL, np.int64(n), np.float64(loss_k))
         mod.kernel(expr)((_flat_grid(n, _ELEM_THREADS, dev),), (_ELEM_THREADS,), args)
 

@@ -137,7 +137,7 @@ XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args
 XF_HD void xf_cu_bin_args_init(xf_bin_args *a, long long n, const double *w, long long w_div, long long w_mod,
                                const double *pw, long long pw_div, long long pw_mod, const double *g, double scale,
                                int has_ignore, double ignore, double alpha, double gamma, int clip, double eps,
-                               int clamp, double log_clamp, double loss_k)
+                               int clamp, double log_clamp, double clamp_lo, double clamp_hi, double loss_k)
 {
     a->w = w;
     a->w_div = w_div;
@@ -156,7 +156,7 @@ XF_HD void xf_cu_bin_args_init(xf_bin_args *a, long long n, const double *w, lon
     a->gamma = gamma;
     a->loss_k = loss_k;
     a->part = 0; /* the reduction sums loss_d (reduce.cu); the CPU's in-block partials are not used here */
-    xf_bin_prob_mode_init(&a->mode, clip, eps, clamp, log_clamp);
+    xf_bin_prob_mode_init(&a->mode, clip, eps, clamp, log_clamp, clamp_lo, clamp_hi);
 }
 
 /* ---- cross-entropy from class probabilities ----------------------------------------------------------- */
@@ -296,12 +296,13 @@ template <typename T, int OP>
 __global__ void xf_bin_elementwise_kernel(const T *x, const T *t, const double *w, long long w_div, long long w_mod,
                                           const double *pw, long long pw_div, long long pw_mod, const double *g,
                                           double scale, int has_ignore, double ignore, double alpha, double gamma,
-                                          int clip, double eps, int clamp, double log_clamp, double *loss_d,
-                                          T *loss_o, T *grad, long long n, double loss_k)
+                                          int clip, double eps, int clamp, double log_clamp, double clamp_lo,
+                                          double clamp_hi, double *loss_d, T *loss_o, T *grad, long long n,
+                                          double loss_k)
 {
     xf_bin_args a;
     xf_cu_bin_args_init(&a, n, w, w_div, w_mod, pw, pw_div, pw_mod, g, scale, has_ignore, ignore, alpha, gamma,
-                        clip, eps, clamp, log_clamp, loss_k);
+                        clip, eps, clamp, log_clamp, clamp_lo, clamp_hi, loss_k);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         xf_cu_bin_elem<T, OP>(x, t, i, &a, loss_d, loss_o, grad);
@@ -330,7 +331,7 @@ xf_ce_probs_kernel(const T *p, const long long *y, const T *t, const double *w, 
     const int team_id = (int)threadIdx.x / XF_CU_CE_TEAM;
     const xf_cu_warp_team team = {(int)threadIdx.x % XF_CU_CE_TEAM, XF_CU_CE_TEAM};
     xf_bin_prob_mode m;
-    xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0);
+    xf_bin_prob_mode_init(&m, clip, eps, 0, 0.0, 0.0, 1.0);
     for (long long i = (long long)blockIdx.x * XF_CU_CE_ROWS + team_id; i < N;
          i += (long long)gridDim.x * XF_CU_CE_ROWS) {
         xf_cu_ce_probs_row(team, p, C, i, y, ignore_index, t, w, row_scale, scale, &m, loss_k, loss, grad,

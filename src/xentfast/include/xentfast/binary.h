@@ -641,7 +641,10 @@ XF_HD double xf_bin_focal_grad(xf_bin_logit p, xf_bin_focal_parts f, double y, d
  *   eps clip      p clipped to [eps, 1-eps] as real numbers: log eps where p < eps, log1p(-eps) where
  *                 1 - p < eps (1 - p is exact there: p >= 1/2, Sterbenz); a clipped log has derivative 0
  *   log clamp     max(log p, c), max(log(1-p), c): torch's BCELoss with c = -100; derivative 0 where the
- *                 log is below c
+ *                 log is below c.  Which side of c an exact log lies on is decided on p itself, against the
+ *                 doubles clamp_lo = the least double >= e^c (log p < c iff p < clamp_lo) and clamp_hi = the
+ *                 greatest double <= 1 - e^c (log(1-p) < c iff p > clamp_hi), which the caller computes
+ *                 exactly; the rounded log can sit on the other side of c within an ulp of it
  * Per element: *lp, *l1p are the logs; *dp, *d1p are 1 where the log still depends on p, 0 where clipped. */
 typedef struct {
     int clip;          /* eps mode */
@@ -650,6 +653,8 @@ typedef struct {
     double log1m_eps;  /* log1p(-eps) */
     int clamp;         /* log clamp mode */
     double c;          /* the clamp, <= 0 */
+    double clamp_lo;   /* least double >= e^c */
+    double clamp_hi;   /* greatest double <= 1 - e^c */
 } xf_bin_prob_mode;
 
 XF_HD void xf_bin_prob_logs(double pr, const xf_bin_prob_mode *m, double *lp, double *l1p, int *dp, int *d1p)
@@ -660,10 +665,11 @@ XF_HD void xf_bin_prob_logs(double pr, const xf_bin_prob_mode *m, double *lp, do
     int hi_clip = m->clip & (pr >= 0.5) & ((1.0 - pr) < m->eps);
     a = lo_clip ? m->log_eps : (hi_clip ? m->log1m_eps : a);
     b = hi_clip ? m->log_eps : (lo_clip ? m->log1m_eps : b);
-    int ca = m->clamp & (a < m->c);
-    int cb = m->clamp & (b < m->c);
-    *lp = ca ? m->c : a;
-    *l1p = cb ? m->c : b;
+    int ca = m->clamp & (pr < m->clamp_lo);
+    int cb = m->clamp & (pr > m->clamp_hi);
+    /* an unclamped exact log is >= c, so a rounded one below c is closer to c (max(log, c) either way) */
+    *lp = (ca | (m->clamp & (a < m->c))) ? m->c : a;
+    *l1p = (cb | (m->clamp & (b < m->c))) ? m->c : b;
     *dp = !(lo_clip | hi_clip | ca);
     *d1p = !(lo_clip | hi_clip | cb);
 }
