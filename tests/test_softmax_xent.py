@@ -158,6 +158,20 @@ def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_sm
         assert_ulp_close(computed, exact, BOUND[np.dtype(dtype)] + 1, scale=scale if label_smoothing else None)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("label_smoothing", [0.1, 1e-3, 1.0])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_smoothed_mean_over_subnormal_class_weights(dtype, label_smoothing, rows):
+    # the mean scales row losses by 2^1000 (the denominator is subnormal); smoothing's mass eps/C w_c was
+    # then formed directly, rounded on the subnormal grid before that scale: 190-360 ULP off (4 allowed)
+    x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(dtype)
+    x[0] = [0.0, 1.0, 0.0, 1.0]
+    y = np.arange(rows) % 4
+    kw = dict(weight=np.full(4, 1e-310), label_smoothing=label_smoothing)
+    assert_ulp_close(np.asarray(xf.cross_entropy(x, y, **kw)), ref.cross_entropy(x, y, **kw), REDUCED_BOUND,
+                     dtype=dtype)
+
+
 @pytest.mark.parametrize("w", [[1e-310, 1e-5, 3.0], [5e-324, 1e-300, 1e-300], [1e-310, 1.0, 1.0]])
 @pytest.mark.parametrize("g", [0.25, 1e-10])
 def test_smoothed_mean_gradient_beside_a_subnormal_target_weight(w, g):

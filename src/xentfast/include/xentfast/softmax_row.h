@@ -360,7 +360,9 @@ XF_HD double xf_xent_term_from(const xf_rowjob *job, long long j, double x_j, do
  * most 2^400, half before it otherwise (q_j 2^600 is exact for q_j >= 2^-1622; a smaller mass with
  * -log p_j above 2^400 is not covered).  Of the two steps after the product, the first is exact wherever
  * the result can be above 0, the second rounds once.  Where that form overflows (a mean over a
- * subnormal denominator scales by up to 2^1074) the direct one stands. */
+ * subnormal denominator scales the losses by up to 2^1000), the 2^-1200 goes into that power of two
+ * instead, before the product (loss_scale 2^-1200 is then a normal power of two: exact); subnormal
+ * class weights under smoothing were ~200-360 ULP off through the direct form. */
 XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double w_j, double t_j, double *q_out)
 {
     double finite = (x_j > -XF_INF) ? 1.0 : 0.0;
@@ -375,6 +377,12 @@ XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double 
         double q_term = xf_row_target_q_2p1200(job, j, w_j, finite, t_j) * (huge ? 0x1p-600 : 1.0);
         double scaled = xf_xent_term_from(job, j, x_j, nlp, q_term * job->loss_scale, has_mass);
         scaled = (scaled * (huge ? 1.0 : 0x1p-600)) * 0x1p-600;
+        if (!(scaled - scaled == 0.0) && job->loss_scale >= 0x1p200) {
+            /* 2^-1200 itself is below the subnormals: two steps of 2^-600 */
+            double unscale = (job->loss_scale * 0x1p-600) * 0x1p-600;
+            double q_lifted = xf_row_target_q_2p1200(job, j, w_j, finite, t_j) * unscale;
+            scaled = xf_xent_term_from(job, j, x_j, nlp, q_lifted, has_mass);
+        }
         term = (scaled - scaled == 0.0) ? scaled : term;
     }
     return term;
