@@ -434,6 +434,20 @@ def test_sigmoid_broadcasts_like_optax():
     np.testing.assert_allclose(dx, want, rtol=8 * _eps(np.float32), atol=0)
 
 
+def test_sigmoid_label_range_is_that_of_the_labels_as_given():
+    # float32 logits cast a float64 label of 1 + 1e-9 to 1: the range is checked before the cast, as the
+    # NumPy API checks it (where it is an error; here NaN, as for every label outside [0, 1])
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.array([0.5, -1.0, 2.0], np.float32))
+        y = jnp.asarray(np.array([1 + 1e-9, 1.0, -1e-12]))
+        loss = np.asarray(xfj.sigmoid_binary_cross_entropy(x, y))
+        dx = np.asarray(jax.grad(lambda v: xfj.sigmoid_binary_cross_entropy(v, y).sum())(x))
+    assert np.isnan(loss[0]) and np.isnan(loss[2]) and np.isfinite(loss[1])
+    assert dx[0] == 0 and dx[2] == 0 and dx[1] != 0
+    with pytest.raises(ValueError, match="target"):
+        xf.binary_cross_entropy_with_logits(np.asarray(x), np.asarray(y), reduction="none")
+
+
 def _rows(a, axes):
     """`a` laid out as the kernel sees it: class axes last, in the order given, flattened."""
     moved = np.moveaxis(a, axes, range(a.ndim - len(axes), a.ndim))

@@ -622,13 +622,15 @@ def sigmoid_binary_cross_entropy(logits, labels):
     if not (jnp.issubdtype(y.dtype, jnp.floating) or jnp.issubdtype(y.dtype, jnp.integer)
             or y.dtype == jnp.bool_):
         raise TypeError(f"labels: expected real values in [0, 1], got dtype {y.dtype}")
+    # the labels' own values are checked, not their cast (as xentfast.api_binary does): float32 logits
+    # would turn a float64 label of 1 + 1e-9 into 1
+    ok = (y >= 0) & (y <= 1)     # False for NaN
     y = y.astype(x.dtype)
     try:
         shape = np.broadcast_shapes(x.shape, y.shape)
     except ValueError:
         raise ValueError(f"labels: shape {y.shape} does not broadcast with the logits' shape {x.shape}") from None
-    x, y = jnp.broadcast_to(x, shape), jnp.broadcast_to(y, shape)
-    ok = (y >= 0) & (y <= 1)     # False for NaN
+    x, y, ok = jnp.broadcast_to(x, shape), jnp.broadcast_to(y, shape), jnp.broadcast_to(ok, shape)
     loss = _bce_op()(x, jnp.where(ok, y, jnp.zeros((), y.dtype)))
     return _nan_where(~ok, loss)
 
@@ -657,5 +659,6 @@ sigmoid_binary_cross_entropy.__doc__ = f"""Elementwise sigmoid cross-entropy fro
     Per element ``(1 - y) softplus(x) + y softplus(-x)``, one ``exp(-|x|)`` for both terms: no
     cancellation in either tail (optax's ``-y log_sigmoid(x) - (1 - y) log_sigmoid(-x)`` gives NaN at
     ``x = +inf, y = 1``; xentfast gives 0).  Labels outside ``[0, 1]`` or NaN give NaN and gradient 0
-    (optax evaluates its formula, which can be negative there).
+    (optax evaluates its formula, which can be negative there); the range is that of the labels as given,
+    before their cast (a float64 label of ``1 + 1e-9`` beside float32 logits is outside).
     """
