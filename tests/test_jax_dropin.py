@@ -434,18 +434,27 @@ def test_sigmoid_broadcasts_like_optax():
     np.testing.assert_allclose(dx, want, rtol=8 * _eps(np.float32), atol=0)
 
 
-def test_sigmoid_label_range_is_that_of_the_labels_as_given():
-    # float32 logits cast a float64 label of 1 + 1e-9 to 1: the range is checked before the cast, as the
-    # NumPy API checks it (where it is an error; here NaN, as for every label outside [0, 1])
-    with jax.enable_x64(True):
+@pytest.mark.parametrize("x64", [True, False])
+@pytest.mark.parametrize("as_device_array", [True, False])
+def test_sigmoid_label_range_is_that_of_the_labels_as_given(x64, as_device_array):
+    # float32 logits cast a float64 label of 1 + 1e-9 to 1 (and with x64 off, jnp.asarray rounds a NumPy
+    # float64 label before anything sees it): the range is checked on the labels as given, as the NumPy
+    # API checks it (there an error; here NaN, as for every label outside [0, 1])
+    if as_device_array and not x64:
+        pytest.skip("with x64 off a device array holds no float64 label")
+    host = np.array([1 + 1e-9, 1.0, -1e-12])
+    with jax.enable_x64(x64):
         x = jnp.asarray(np.array([0.5, -1.0, 2.0], np.float32))
-        y = jnp.asarray(np.array([1 + 1e-9, 1.0, -1e-12]))
+        y = jnp.asarray(host) if as_device_array else host
         loss = np.asarray(xfj.sigmoid_binary_cross_entropy(x, y))
         dx = np.asarray(jax.grad(lambda v: xfj.sigmoid_binary_cross_entropy(v, y).sum())(x))
+        jitted = np.asarray(jax.jit(xfj.sigmoid_binary_cross_entropy)(x, y))
     assert np.isnan(loss[0]) and np.isnan(loss[2]) and np.isfinite(loss[1])
     assert dx[0] == 0 and dx[2] == 0 and dx[1] != 0
+    if as_device_array:          # traced under jit: the check runs on the device array's values
+        assert np.array_equal(jitted, loss, equal_nan=True)
     with pytest.raises(ValueError, match="target"):
-        xf.binary_cross_entropy_with_logits(np.asarray(x), np.asarray(y), reduction="none")
+        xf.binary_cross_entropy_with_logits(np.asarray(x), host, reduction="none")
 
 
 def _rows(a, axes):

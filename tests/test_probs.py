@@ -482,3 +482,16 @@ def test_log_clamp_decides_on_the_exact_log(c):
     with mpmath.workprec(300):   # the thresholds themselves, against the exact logs
         assert mpmath.log(lo) >= c and (lo == 5e-324 or mpmath.log(np.nextafter(lo, 0)) < c)
         assert mpmath.log(1 - mpmath.mpf(hi)) >= c and mpmath.log(1 - mpmath.mpf(np.nextafter(hi, 1))) < c
+
+
+def test_the_subnormal_factor_lift_stays_exact_where_it_cannot_apply():
+    # a tiny weight that would lose bits under 2^-k keeps the rounded g / n (exact here: n = 1), and
+    # cross_entropy_from_probs with a weight above 2^969 on a subnormal probability is not lifted (the
+    # lifted entry, 2^-1022 * 1e300 / 5e-324, would overflow)
+    _, g = xf.binary_cross_entropy_with_grad(np.array([5e-324]), np.array([1.0]), weight=np.array([1e-301]),
+                                             grad_output=5e-324)
+    assert g[0] == -1e-301
+    _, g = xf.cross_entropy_from_probs_with_grad(np.array([[5e-324, 1.0]]), np.array([0]),
+                                                 weight=np.array([1e300, 1.0]), reduction="sum",
+                                                 grad_output=5e-324)
+    assert g[0, 0] == -1e300 and g[0, 1] == 0

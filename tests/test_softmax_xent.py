@@ -961,3 +961,12 @@ def test_a_subnormal_per_row_factor_under_a_z_loss_near_dbl_max(g):
     exact, scale = ref.cross_entropy_grad(x, y, reduction="none", z_loss=1.0, grad_output=up, return_scale=True)
     assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale)
     assert np.all(grad[0, :3] != 0)
+
+
+def test_a_float32_gradient_is_not_lifted():
+    # a float32 buffer would hold the entries times 2^k: 3.4e23 * 2^52 is beyond FLT_MAX
+    x = np.zeros((1, 2), np.float32)
+    kw = dict(weight=np.array([1e300, 1e300]), z_loss=1e47, reduction="sum")
+    _, grad = xf.cross_entropy_with_grad(x, np.array([0]), grad_output=5e-324, **kw)
+    exact, scale = ref.cross_entropy_grad(x, np.array([0]), grad_output=5e-324, return_scale=True, **kw)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(np.float32)] + 1, scale=scale)

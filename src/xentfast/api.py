@@ -541,7 +541,7 @@ class _Problem:
                 grad.fill(0)
             return loss
         row_scale, scale, g = self.upstream(grad_output) if grad is not None else (None, 1.0, 1.0)
-        lift = self._scale_lift(row_scale, scale, g) if grad is not None else 0
+        lift = self._scale_lift(row_scale, scale, g, grad.dtype) if grad is not None else 0
         if lift:
             g = math.ldexp(g, lift)
             scale = g / self.denominator() if self.reduction == "mean" else g
@@ -550,21 +550,30 @@ class _Problem:
             xp.ldexp(grad, -lift, out=grad)
         return loss
 
-    def _scale_lift(self, row_scale, scale, g):
+    def _scale_lift(self, row_scale, scale, g, grad_dtype):
         """k > 0 where a scalar upstream factor (grad_output, over the mean's denominator) is subnormal, else
         0.  The kernel would round its products with it on the subnormal grid (or start from the few bits
         g / denominator kept), and weights, the z-loss's 2 z lse or 1 / p can lift such a product back into
         the normals with a relative error of up to 1 (grad_output 5e-324 under logits near DBL_MAX with a
         z-loss: 1.8e8 ULP).  The kernel runs under 2^k times the factor, a normal number that rounds once,
         and the gradient is scaled back by 2^-k after it: exact, or one rounding where the entry is
-        subnormal.  No entry overflows on the way: the scaled factor is below 2^-1020, and an entry is at
-        most the factor times A + 2 z r lse, or times w q / p for cross_entropy_from_probs (an overflow
-        there needs a weight above 2^970 on a subnormal probability)."""
-        if row_scale is not None or g == 0 or not math.isfinite(g) or abs(scale) >= _SMALLEST_NORMAL:
+        subnormal.  Only where no entry can overflow on the way (_lift_fits): the scaled factor is below
+        2^-1020, but an entry is that times A + 2 z r lse (times w q / p for cross_entropy_from_probs).
+        Only into a float64 buffer: a float32 one would hold the entries times 2^k, which can pass
+        FLT_MAX (float32 results need a magnification beyond 2^870 for the rounding to show at all)."""
+        if (row_scale is not None or g == 0 or not math.isfinite(g) or abs(scale) >= _SMALLEST_NORMAL
+                or grad_dtype != np.float64 or not self._lift_fits()):
             return 0
         # g = m 2^eg, den = n 2^ed with m, n in [1/2, 1): 2^k g / den >= 2^(k + eg - ed - 1) = 2^-1022
         ed = math.frexp(self.denominator())[1] if self.reduction == "mean" else 1
         return -1021 - math.frexp(g)[1] + ed
+
+    def _lift_fits(self):
+        """Whether the lifted factor (< 2^-1020) times A + 2 z r lse stays finite: A is a sum of masses
+        (finite, or the kernel's own overflow path), and 2 z r lse is below 2^2044 while z max(1, w) <=
+        2^1000 (|lse| <= 2^1024)."""
+        r = float(self.w.max()) if self.w is not None and self.w.size else 1.0
+        return self.z == 0 or self.z * max(1.0, r) <= 2.0**1000
 
     def _run_launches(self, loss, grad, row_scale, scale, g):
         """run()'s kernel launches under the upstream factors it settled."""

@@ -342,7 +342,7 @@ class _Elementwise:
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
         lifted = self._lifted_mean_scale(grad_output) if grad is not None and count is None else None
         if lifted is not None:
-            k, scale = lifted
+            k, scale, folded = lifted
             if summed is None:
                 summed = (want_loss and self.reduction != "none" and self.n > 0 and self.backend.is_cpu
                           and grad is not self.rows)
@@ -350,8 +350,7 @@ class _Elementwise:
             # gradient overwrites the input; then the gradient under 2^k g / kept and weights times 2^-k
             losses = self.run(want_loss=True, loss_k=loss_k, summed=summed) if want_loss else None
             saved = self.w
-            self.w = (_Bcast(self.xp.ldexp(saved.base, -k), saved.div, saved.mod) if saved
-                      else _Bcast(self.xp.full(1, math.ldexp(1.0, -k)), 1, 1))
+            self.w = folded
             try:
                 self._launch(grad, None, scale, False, loss_k, None, False)
             finally:
@@ -365,9 +364,12 @@ class _Elementwise:
         it by weights, pos_weight or 1/p, which can lift the product back to normal numbers with a
         relative error of up to 1 (grad_output 5e-324, weights 2^60: all zeros).  Lifted by 2^k it is
         normal and rounds once, and the weights take the 2^-k; the kernels form s w q (...) as products of
-        normalised mantissas (xentfast/binary.h), so the gradient is that of the exact scale.  k <= 116:
-        weights above 2^-906 stay normal, and a smaller one's gradient was below 2^-2000 anyway.  The
-        focal loss has no weights and a gradient below 2 per unit scale: nothing magnifies the rounding."""
+        normalised mantissas (xentfast/binary.h), so the gradient is that of the exact scale.  Only where
+        every weight takes the 2^-k exactly (k <= 116: a weight of at least 2^-906 always does): a weight
+        that would lose bits on the subnormal grid could carry its element's gradient back into the
+        normals under 1/p, so such calls keep the rounded g / kept (README, "Known limits").  The focal
+        loss has no weights and a gradient below 2 per unit scale: nothing magnifies the rounding.
+        Returns (k, the lifted scale, the weights times 2^-k)."""
         if self.reduction != "mean" or not self.kept or self.op == _binary.OP_FOCAL:
             return None
         _, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
@@ -375,7 +377,13 @@ class _Elementwise:
             return None
         # g = m 2^eg, kept = n 2^ek with m, n in [1/2, 1): 2^k g / kept >= 2^(k + eg - ek - 1) = 2^-1022
         k = -1021 - math.frexp(g)[1] + math.frexp(self.kept)[1]
-        return k, math.ldexp(g, k) / self.kept
+        xp, w = self.xp, self.w
+        if w is None:
+            return k, math.ldexp(g, k) / self.kept, _Bcast(xp.full(1, math.ldexp(1.0, -k)), 1, 1)
+        base = xp.ldexp(w.base, -k)
+        if not bool((xp.ldexp(base, k) == w.base).all()):
+            return None
+        return k, math.ldexp(g, k) / self.kept, _Bcast(base, w.div, w.mod)
 
     def _launch(self, grad, g_rows, scale, want_loss, loss_k, count, summed):
         """One kernel call for run(), under the upstream factors it settled."""
@@ -991,6 +999,12 @@ class _ProbsProblem(_api._Problem):
         self.N = self.rows.shape[0]
         self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
+
+    def _lift_fits(self):
+        """Whether the lifted factor (< 2^-1020, _Problem._scale_lift) times w q / p stays finite: q <= w
+        (a mass is a weight times a target probability in [0, 1]) and 1/p <= 2^1074, so weights up to
+        2^969."""
+        return self.w is None or not self.w.size or float(self.w.max()) <= 2.0**969
 
     def _fold_weights(self, scale):
         """Only where the scale overflows: this kernel's gradient -s w q / p forms its products on

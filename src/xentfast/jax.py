@@ -623,8 +623,13 @@ def sigmoid_binary_cross_entropy(logits, labels):
             or y.dtype == jnp.bool_):
         raise TypeError(f"labels: expected real values in [0, 1], got dtype {y.dtype}")
     # the labels' own values are checked, not their cast (as xentfast.api_binary does): float32 logits
-    # would turn a float64 label of 1 + 1e-9 into 1
-    ok = (y >= 0) & (y <= 1)     # False for NaN
+    # would turn a float64 label of 1 + 1e-9 into 1.  Host labels (NumPy, Python numbers) are checked as
+    # given: with x64 off, jnp.asarray has already rounded float64 to float32 and wrapped int64 to int32
+    if isinstance(labels, jax.Array):
+        ok = (y >= 0) & (y <= 1)     # False for NaN
+    else:
+        host = np.asarray(labels)
+        ok = jnp.asarray((host >= 0) & (host <= 1))
     y = y.astype(x.dtype)
     try:
         shape = np.broadcast_shapes(x.shape, y.shape)
@@ -660,5 +665,6 @@ sigmoid_binary_cross_entropy.__doc__ = f"""Elementwise sigmoid cross-entropy fro
     cancellation in either tail (optax's ``-y log_sigmoid(x) - (1 - y) log_sigmoid(-x)`` gives NaN at
     ``x = +inf, y = 1``; xentfast gives 0).  Labels outside ``[0, 1]`` or NaN give NaN and gradient 0
     (optax evaluates its formula, which can be negative there); the range is that of the labels as given,
-    before their cast (a float64 label of ``1 + 1e-9`` beside float32 logits is outside).
+    before their cast (a float64 label of ``1 + 1e-9`` beside float32 logits is outside; a NumPy label
+    passed into ``jit`` arrives as JAX's array, in float32 when x64 is off).
     """
