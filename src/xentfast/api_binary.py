@@ -11,7 +11,6 @@ import functools
 import math
 import operator
 
-import mpmath
 import numpy as np
 
 from . import _backend, _dtypes
@@ -849,21 +848,22 @@ def _clamp_thresholds(c):
     gives exactly 1 and 0."""
     if c == 0:
         return 1.0, 0.0
-    prec = 200
+    import mpmath   # here, not at import time (~16 ms); a context of its own leaves the global precision be
+
+    ctx = mpmath.MPContext()
+    ctx.prec = 200
     while True:
-        with mpmath.workprec(prec):
-            e = mpmath.exp(mpmath.mpf(c))
-            one_minus = -mpmath.expm1(mpmath.mpf(c))   # relative precision where e^c is close to 1
-            lo, hi = float(e), float(one_minus)
-            # 1 - e^c within 2^-prec of 1 (e^c underflowed the precision): it lies in (1 - 2^-53, 1)
-            settled = mpmath.mpf(lo) != e and (mpmath.mpf(hi) != one_minus or hi == 1.0)
-            if settled:
-                if mpmath.mpf(lo) < e:
-                    lo = float(np.nextafter(lo, np.inf))
-                if mpmath.mpf(hi) > one_minus or hi == 1.0:
-                    hi = float(np.nextafter(hi, -np.inf))
-                return lo, hi
-        prec *= 2
+        e = ctx.exp(ctx.mpf(c))
+        one_minus = -ctx.expm1(ctx.mpf(c))   # relative precision where e^c is close to 1
+        lo, hi = float(e), float(one_minus)
+        # 1 - e^c within 2^-prec of 1 (e^c underflowed the precision): it lies in (1 - 2^-53, 1)
+        if ctx.mpf(lo) != e and (ctx.mpf(hi) != one_minus or hi == 1.0):
+            if ctx.mpf(lo) < e:
+                lo = float(np.nextafter(lo, np.inf))
+            if ctx.mpf(hi) > one_minus or hi == 1.0:
+                hi = float(np.nextafter(hi, -np.inf))
+            return lo, hi
+        ctx.prec *= 2
 
 
 def _prob_modes(eps, log_clamp):
