@@ -318,6 +318,14 @@ def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_back
                                               None if labels is None else backend.to_host(labels), ignore_index))
 
 
+def _lift_exponent(g, den):
+    """k such that 2^k g / den is a normal number below 2^-1020, for finite g != 0 and den >= 1 whose
+    quotient is subnormal: g = m 2^eg, den = n 2^ed with m, n in [1/2, 1) give 2^k g / den >= 2^(k + eg -
+    ed - 1) = 2^-1022.  The two families' lifts of a subnormal upstream factor (_Problem._scale_lift,
+    api_binary._Elementwise._lifted_mean_scale)."""
+    return -1021 - math.frexp(g)[1] + math.frexp(den)[1]
+
+
 def _ldexp_inf(v, k):
     """v 2^k rounded once, inf where it overflows (math.ldexp raises there)."""
     try:
@@ -564,9 +572,7 @@ class _Problem:
         if (row_scale is not None or g == 0 or not math.isfinite(g) or abs(scale) >= _SMALLEST_NORMAL
                 or grad_dtype != np.float64 or not self._lift_fits()):
             return 0
-        # g = m 2^eg, den = n 2^ed with m, n in [1/2, 1): 2^k g / den >= 2^(k + eg - ed - 1) = 2^-1022
-        ed = math.frexp(self.denominator())[1] if self.reduction == "mean" else 1
-        return -1021 - math.frexp(g)[1] + ed
+        return _lift_exponent(g, self.denominator() if self.reduction == "mean" else 1.0)
 
     def _lift_fits(self):
         """Whether the lifted factor (< 2^-1020) times A + 2 z r lse stays finite: A is a sum of masses

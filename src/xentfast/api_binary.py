@@ -374,8 +374,7 @@ class _Elementwise:
         _, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
         if g == 0 or not math.isfinite(g) or abs(g / self.kept) >= _SMALLEST_NORMAL:
             return None
-        # g = m 2^eg, kept = n 2^ek with m, n in [1/2, 1): 2^k g / kept >= 2^(k + eg - ek - 1) = 2^-1022
-        k = -1021 - math.frexp(g)[1] + math.frexp(self.kept)[1]
+        k = _api._lift_exponent(g, self.kept)
         xp, w = self.xp, self.w
         if w is None:
             return k, math.ldexp(g, k) / self.kept, _Bcast(xp.full(1, math.ldexp(1.0, -k)), 1, 1)
