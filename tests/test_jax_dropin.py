@@ -774,3 +774,16 @@ def test_zero_mass_on_minus_inf_and_plus_inf_logits_differ_from_optax_as_documen
     up = jnp.array([[0.0, jnp.inf, 1.0]])
     assert np.isnan(float(xfj.softmax_cross_entropy_with_integer_labels(up, jnp.array([0]))[0]))
     assert float(optax.softmax_cross_entropy_with_integer_labels(up, jnp.array([0]))[0]) == np.inf
+
+
+def test_sigmoid_labels_as_a_list_of_traced_values():
+    # a list holding tracers cannot be checked on the host: it is checked as JAX holds it
+    x = jnp.asarray(np.array([0.5, -1.0], np.float32))
+    f = xfj.sigmoid_binary_cross_entropy
+    got = np.asarray(jax.jit(lambda a, b: f(x, [a, b]))(jnp.float32(0.3), jnp.float32(2.0)))
+    assert np.isfinite(got[0]) and np.isnan(got[1])
+    assert got[0] == np.asarray(f(x, np.array([0.3, 1.0], np.float32)))[0]
+    d = jax.grad(lambda a: f(x, [a, 1.0]).sum())(jnp.float32(0.3))
+    assert np.isfinite(d) and d != 0
+    v = np.asarray(jax.vmap(lambda a: f(x, [a, a]))(jnp.array([0.3, 2.0], jnp.float32)))
+    assert np.isfinite(v[0]).all() and np.isnan(v[1]).all()

@@ -495,3 +495,18 @@ def test_the_subnormal_factor_lift_stays_exact_where_it_cannot_apply():
                                                  weight=np.array([1e300, 1.0]), reduction="sum",
                                                  grad_output=5e-324)
     assert g[0, 0] == -1e300 and g[0, 1] == 0
+    # weights that cannot take 2^-k: the float64 gradient takes it after the kernel (1.7e7 ULP before)
+    p3, w3 = np.full(3, 5e-324), np.full(3, 3.3e-300)
+    _, g = xf.binary_cross_entropy_with_grad(p3, np.ones(3), weight=w3, grad_output=5e-324)
+    assert_ulp_close(g, ref.binary_cross_entropy_grad(p3, np.ones(3), weight=w3, grad_output=5e-324), 5.0)
+    # g / n below half the smallest subnormal and no lift (float32): p = 0 < y keeps its -inf, not 0
+    for dtype in (np.float64, np.float32):
+        _, g = xf.binary_cross_entropy_with_grad(np.array([np.nan, 0.0], dtype), np.ones(2, dtype),
+                                                 np.array(5e-324), grad_output=5e-324)
+        assert np.isnan(g[0]) and g[1] == -np.inf
+    # probability targets may exceed 1: the mass, not the weight, bounds the lifted entry
+    _, g = xf.cross_entropy_from_probs_with_grad(np.array([[5e-324, 1.0]]), np.array([[2.0**1000, 0.0]]),
+                                                 reduction="sum", grad_output=5e-324)
+    exact = ref.cross_entropy_from_probs_grad(np.array([[5e-324, 1.0]]), np.array([[2.0**1000, 0.0]]),
+                                              reduction="sum", grad_output=5e-324)
+    assert_ulp_close(g, exact, 5.0)

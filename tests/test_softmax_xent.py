@@ -963,8 +963,8 @@ def test_a_subnormal_per_row_factor_under_a_z_loss_near_dbl_max(g):
     assert np.all(grad[0, :3] != 0)
 
 
-def test_a_float32_gradient_is_not_lifted():
-    # a float32 buffer would hold the entries times 2^k: 3.4e23 * 2^52 is beyond FLT_MAX
+def test_a_z_loss_beyond_the_lift_bound_keeps_a_finite_gradient():
+    # z max(w) = 1e347 > 2^1000: not lifted (the lifted entries, 3.4e23 * 2^52, passed FLT_MAX: inf)
     x = np.zeros((1, 2), np.float32)
     kw = dict(weight=np.array([1e300, 1e300]), z_loss=1e47, reduction="sum")
     _, grad = xf.cross_entropy_with_grad(x, np.array([0]), grad_output=5e-324, **kw)

@@ -319,7 +319,7 @@ def _check_nan_policy(nan_policy, rows, batch_shape, name="input", backend=_back
 
 
 def _lift_exponent(g, den):
-    """k such that 2^k g / den is a normal number below 2^-1020, for finite g != 0 and den >= 1 whose
+    """k >= 0 such that 2^k g / den is a normal number below 2^-1020, for finite g != 0 and den > 0 whose
     quotient is subnormal: g = m 2^eg, den = n 2^ed with m, n in [1/2, 1) give 2^k g / den >= 2^(k + eg -
     ed - 1) = 2^-1022.  The two families' lifts of a subnormal upstream factor (_Problem._scale_lift,
     api_binary._Elementwise._lifted_mean_scale)."""
@@ -566,9 +566,10 @@ class _Problem:
         z-loss: 1.8e8 ULP).  The kernel runs under 2^k times the factor, a normal number that rounds once,
         and the gradient is scaled back by 2^-k after it: exact, or one rounding where the entry is
         subnormal.  Only where no entry can overflow on the way (_lift_fits): the scaled factor is below
-        2^-1020, but an entry is that times A + 2 z r lse (times w q / p for cross_entropy_from_probs).
-        Only into a float64 buffer: a float32 one would hold the entries times 2^k, which can pass
-        FLT_MAX (float32 results need a magnification beyond 2^870 for the rounding to show at all)."""
+        2^-1020, but an entry is that times A + 2 z r lse (times q / p for cross_entropy_from_probs).
+        Only into a float64 buffer: a float32 one would round the entries that land among float32's
+        subnormals twice (and CuPy's kernels flush those to 0), while the rounding the lift removes shows
+        in float32 results only under a magnification beyond ~2^870."""
         if (row_scale is not None or g == 0 or not math.isfinite(g) or abs(scale) >= _SMALLEST_NORMAL
                 or grad_dtype != np.float64 or not self._lift_fits()):
             return 0

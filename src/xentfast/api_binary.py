@@ -339,7 +339,15 @@ class _Elementwise:
         whenever that is possible and the logits stay readable, so that reduce() can still ask for the
         losses themselves in its rare cases (CPU, the whole input, the gradient not written over it)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
-        lifted = self._lifted_mean_scale(grad_output) if grad is not None and count is None else None
+        lifted = self._lifted_mean_scale(grad_output, grad) if grad is not None and count is None else None
+        if lifted is not None and lifted[2] is None:
+            # the weights cannot take 2^-k: the kernel writes the gradient times 2^k into the float64
+            # buffer, scaled back after it (exact, or one rounding on subnormal entries; the softmax
+            # family's lift)
+            k, scale, _ = lifted
+            losses = self._launch(grad, None, scale, want_loss, loss_k, count, summed)
+            self.xp.ldexp(grad, -k, out=grad)
+            return losses
         if lifted is not None:
             k, scale, folded = lifted
             if summed is None:
@@ -355,9 +363,16 @@ class _Elementwise:
             finally:
                 self.w = saved
             return losses
+        if grad is not None and g_rows is None and scale == 0 and self.reduction == "mean" and self.kept:
+            # g / kept below half the smallest subnormal, and no lift applied: the smallest subnormal of g's
+            # sign instead of 0, so that an infinite gradient (p = 0 < y) keeps its sign where 0 * inf
+            # would give NaN or 0 (the finite entries were lost either way: README, "Known limits")
+            _, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
+            if g != 0 and math.isfinite(g):
+                scale = math.copysign(5e-324, g)
         return self._launch(grad, g_rows, scale, want_loss, loss_k, count, summed)
 
-    def _lifted_mean_scale(self, grad_output):
+    def _lifted_mean_scale(self, grad_output, grad):
         """(k, 2^k g / kept) where a mean's gradient scale g / kept would be subnormal (or 0) for a finite
         g != 0, else None.  Rounded there, it keeps only the bits above 2^-1074, and the kernel multiplies
         it by weights, pos_weight or 1/p, which can lift the product back to normal numbers with a
@@ -366,9 +381,12 @@ class _Elementwise:
         normalised mantissas (xentfast/binary.h), so the gradient is that of the exact scale.  Only where
         every weight takes the 2^-k exactly (k <= 116: a weight of at least 2^-906 always does): a weight
         that would lose bits on the subnormal grid could carry its element's gradient back into the
-        normals under 1/p, so such calls keep the rounded g / kept (README, "Known limits").  The focal
-        loss has no weights and a gradient below 2 per unit scale: nothing magnifies the rounding.
-        Returns (k, the lifted scale, the weights times 2^-k)."""
+        normals under 1/p.  There the gradient itself takes the 2^-k, after the kernel wrote it into a
+        float64 buffer (`folded` None), where no entry can overflow: the lifted scale (< 2^-1020) times w
+        q and 1/p <= 2^1074 (BCE from p) or w max(1, pos_weight) (BCE with logits, whose bracket is at
+        most max(1, q)); otherwise (float32 buffers, such weights) the rounded g / kept stands (README,
+        "Known limits").  The focal loss has no weights and a gradient below 2 per unit scale: nothing
+        magnifies the rounding.  Returns (k, the lifted scale, the weights times 2^-k or None)."""
         if self.reduction != "mean" or not self.kept or self.op == _binary.OP_FOCAL:
             return None
         _, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
@@ -379,9 +397,19 @@ class _Elementwise:
         if w is None:
             return k, math.ldexp(g, k) / self.kept, _Bcast(xp.full(1, math.ldexp(1.0, -k)), 1, 1)
         base = xp.ldexp(w.base, -k)
-        if not bool((xp.ldexp(base, k) == w.base).all()):
+        if bool((xp.ldexp(base, k) == w.base).all()):
+            return k, math.ldexp(g, k) / self.kept, _Bcast(base, w.div, w.mod)
+        if grad.dtype != np.float64:
             return None
-        return k, math.ldexp(g, k) / self.kept, _Bcast(base, w.div, w.mod)
+        # the largest factor beside the lifted scale, as a power of two (products beyond DBL_MAX)
+        bits = math.frexp(float(w.base.max()))[1]
+        if self.op == _binary.OP_BCE_PROB:
+            bits += 1074
+        elif self.pw is not None:
+            bits += math.frexp(max(1.0, float(self.pw.base.max())))[1]
+        if bits > 2040:
+            return None
+        return k, math.ldexp(g, k) / self.kept, None
 
     def _launch(self, grad, g_rows, scale, want_loss, loss_k, count, summed):
         """One kernel call for run(), under the upstream factors it settled."""
@@ -1000,10 +1028,13 @@ class _ProbsProblem(_api._Problem):
         self._finish_checks(checks)
 
     def _lift_fits(self):
-        """Whether the lifted factor (< 2^-1020, _Problem._scale_lift) times w q / p stays finite: q <= w
-        (a mass is a weight times a target probability in [0, 1]) and 1/p <= 2^1074, so weights up to
-        2^969."""
-        return self.w is None or not self.w.size or float(self.w.max()) <= 2.0**969
+        """Whether the lifted factor (< 2^-1020, _Problem._scale_lift) times the mass over p stays finite:
+        1/p <= 2^1074, so masses up to 2^969.  A mass is w_y (index targets) or w_c t_c, and probability
+        targets may exceed 1 (t = 2^1000 with p = 5e-324 overflowed): the largest weight times the largest
+        target (one more pass, over the targets, in this rare path only)."""
+        w = float(self.w.max()) if self.w is not None and self.w.size else 1.0
+        t = float(self.t.max()) if self.t is not None and self.t.size else 1.0
+        return w * max(t, 1.0) <= 2.0**969
 
     def _fold_weights(self, scale):
         """Only where the scale overflows: this kernel's gradient -s w q / p forms its products on

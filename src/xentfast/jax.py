@@ -625,11 +625,16 @@ def sigmoid_binary_cross_entropy(logits, labels):
     # the labels' own values are checked, not their cast (as xentfast.api_binary does): float32 logits
     # would turn a float64 label of 1 + 1e-9 into 1.  Host labels (NumPy, Python numbers) are checked as
     # given: with x64 off, jnp.asarray has already rounded float64 to float32 and wrapped int64 to int32
-    if isinstance(labels, jax.Array):
-        ok = (y >= 0) & (y <= 1)     # False for NaN
-    else:
-        host = np.asarray(labels)
+    host = None
+    if not isinstance(labels, jax.Array):
+        try:
+            host = np.asarray(labels)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+            host = None   # a list holding traced values: checked as JAX holds them
+    if host is not None and host.dtype != object:
         ok = jnp.asarray((host >= 0) & (host <= 1))
+    else:
+        ok = (y >= 0) & (y <= 1)     # False for NaN
     y = y.astype(x.dtype)
     try:
         shape = np.broadcast_shapes(x.shape, y.shape)
