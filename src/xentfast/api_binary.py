@@ -339,7 +339,10 @@ class _Elementwise:
         whenever that is possible and the logits stay readable, so that reduce() can still ask for the
         losses themselves in its rare cases (CPU, the whole input, the gradient not written over it)."""
         g_rows, scale = self.upstream(grad_output) if grad is not None else (None, 1.0)
-        lifted = self._lifted_mean_scale(grad_output, grad) if grad is not None and count is None else None
+        # the mean's scalar factor itself (upstream() gives it over kept), for the subnormal cases below
+        g = (_upstream_factor(grad_output, self.reduction, self.shape, self.backend)[1]
+             if grad is not None and self.reduction == "mean" else 0.0)
+        lifted = self._lifted_mean_scale(g, grad) if count is None else None
         if lifted is not None and lifted[2] is None:
             # the weights cannot take 2^-k: the kernel writes the gradient times 2^k into the float64
             # buffer, scaled back after it (exact, or one rounding on subnormal entries; the softmax
@@ -367,14 +370,13 @@ class _Elementwise:
             # g / kept below half the smallest subnormal, and no lift applied: the smallest subnormal of g's
             # sign instead of 0, so that an infinite gradient (p = 0 < y) keeps its sign where 0 * inf
             # would give NaN or 0 (the finite entries were lost either way: README, "Known limits")
-            _, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
             if g != 0 and math.isfinite(g):
                 scale = math.copysign(5e-324, g)
         return self._launch(grad, g_rows, scale, want_loss, loss_k, count, summed)
 
-    def _lifted_mean_scale(self, grad_output, grad):
+    def _lifted_mean_scale(self, g, grad):
         """(k, 2^k g / kept) where a mean's gradient scale g / kept would be subnormal (or 0) for a finite
-        g != 0, else None.  Rounded there, it keeps only the bits above 2^-1074, and the kernel multiplies
+        g != 0 (the mean's grad_output; 0 for other calls), else None.  Rounded there, it keeps only the bits above 2^-1074, and the kernel multiplies
         it by weights, pos_weight or 1/p, which can lift the product back to normal numbers with a
         relative error of up to 1 (grad_output 5e-324, weights 2^60: all zeros).  Lifted by 2^k it is
         normal and rounds once, and the weights take the 2^-k; the kernels form s w q (...) as products of
@@ -389,7 +391,6 @@ class _Elementwise:
         magnifies the rounding.  Returns (k, the lifted scale, the weights times 2^-k or None)."""
         if self.reduction != "mean" or not self.kept or self.op == _binary.OP_FOCAL:
             return None
-        _, g = _upstream_factor(grad_output, self.reduction, self.shape, self.backend)
         if g == 0 or not math.isfinite(g) or abs(g / self.kept) >= _SMALLEST_NORMAL:
             return None
         k = _api._lift_exponent(g, self.kept)
