@@ -15,6 +15,7 @@ What is checked, and against what:
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -453,6 +454,26 @@ def test_sigmoid_label_range_is_that_of_the_labels_as_given(x64, as_device_array
         assert np.array_equal(jitted, loss, equal_nan=True)
     with pytest.raises(ValueError, match="target"):
         xf.binary_cross_entropy_with_logits(np.asarray(x), host, reduction="none")
+
+
+# with x64 off JAX wraps int64 to int32: a host label of 2**32 + 1 became class 1 and gave that class's
+# loss, silently (2**64 - 1 as uint64 likewise); a Python int beyond int32 raised a bare OverflowError
+@pytest.mark.parametrize("x64", [False, True])
+@pytest.mark.parametrize("labels", [np.array([1, 2**32 + 1, -2**32 + 2], np.int64),
+                                    np.array([1, 2**64 - 1, 2**32 + 2], np.uint64),
+                                    [1, 2**32 + 1, -2**32 + 2]], ids=["int64", "uint64", "list"])
+def test_integer_label_range_is_that_of_the_labels_as_given(x64, labels):
+    x = np.array([[0.5, -1.0, 2.0]] * 3, np.float32)
+    f = xfj.softmax_cross_entropy_with_integer_labels
+    with jax.enable_x64(x64), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)       # JAX's note that int64 is not available
+        loss = np.asarray(f(x, labels))
+        dx = np.asarray(jax.grad(lambda v: f(v, labels).sum())(jnp.asarray(x)))
+    assert loss[0] == xf.cross_entropy(x[:1], np.array([1]), reduction="none")[0]
+    assert np.isnan(loss[1:]).all()
+    assert (dx[1:] == 0).all() and (dx[0] != 0).all()
+    with pytest.raises(ValueError, match=r"labels: .*64 bits"):
+        f(x, [1, 2**70, 0])
 
 
 def _rows(a, axes):

@@ -15,8 +15,10 @@ is a kernel call without a derivative of its own, and JAX says so) and no forwar
 ``jacfwd``: a ``custom_vjp`` has none).  Under ``shard_map`` the backward's output is not marked as
 varying over the mesh axis, so a gradient through it fails unless ``check_vma=False``, whether ``grad``
 is taken inside the ``shard_map`` or around it (the data-parallel pattern); ``pmap`` works.  Under
-``jit`` with sharded inputs the gradient comes back replicated.  With x64 off, int64 NumPy labels are
-truncated to int32 by JAX before any check sees them (as for optax): ``2**32 + 1`` is class 1.  ``jax.export`` refuses the FFI custom calls, which
+``jit`` with sharded inputs the gradient comes back replicated.  Labels given as NumPy arrays or Python
+numbers are range-checked as given, before JAX converts them (with x64 off JAX wraps int64 to int32, and
+optax then reads ``2**32 + 1`` as class 1; here it gives NaN); but a NumPy array passed as an argument
+into ``jit`` arrives already converted, and is checked as JAX holds it.  ``jax.export`` refuses the FFI custom calls, which
 carry no compatibility guarantee (the callback paths export neither).  A ``where`` mask must broadcast
 against the batch shape from the left, as NumPy broadcasts; optax also inserts a missing class axis.
 
@@ -494,7 +496,16 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     x = _as_logits(logits)
     axes = _class_axes(axis, x.ndim, allow_none=False)
     shape = x.shape
-    y = jnp.asarray(labels)
+    host = _host_labels(labels)
+    if host is not None and host.dtype.kind in "iu":
+        C = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+        # out-of-range host labels become -1 before JAX sees them, so none wraps into a class
+        host_valid = (host >= 0) & (host < C)
+        labels = np.where(host_valid, host, -1).astype(np.int64 if host.dtype.kind == "u" else host.dtype)
+    try:
+        y = jnp.asarray(labels)
+    except OverflowError as e:        # a Python int beyond int64 (NumPy made an object array of it)
+        raise ValueError(f"labels: {e}; class indices must fit in 64 bits") from None
     if not jnp.issubdtype(y.dtype, jnp.integer):
         raise TypeError(f"labels: expected integer class indices, got dtype {y.dtype} "
                         f"(softmax_cross_entropy takes class probabilities)")
@@ -616,6 +627,20 @@ softmax_cross_entropy.__doc__ = f"""Softmax cross-entropy from logits and class 
     """
 
 
+def _host_labels(labels):
+    """`labels` as a NumPy array of the values given, or None where JAX holds them (a jax.Array, a tracer,
+    a list holding tracers) or NumPy would make objects of them.  With x64 off, jnp.asarray rounds a float64
+    label to float32 and wraps an int64 one to int32 (``2**32 + 1`` would be class 1), and a Python int
+    beyond int32 does not convert at all: a range check must see the host's values first."""
+    if isinstance(labels, jax.Array):
+        return None
+    try:
+        host = np.asarray(labels)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+    return None if host.dtype == object else host
+
+
 def sigmoid_binary_cross_entropy(logits, labels):
     x = _as_logits(logits)
     y = jnp.asarray(labels)
@@ -623,15 +648,9 @@ def sigmoid_binary_cross_entropy(logits, labels):
             or y.dtype == jnp.bool_):
         raise TypeError(f"labels: expected real values in [0, 1], got dtype {y.dtype}")
     # the labels' own values are checked, not their cast (as xentfast.api_binary does): float32 logits
-    # would turn a float64 label of 1 + 1e-9 into 1.  Host labels (NumPy, Python numbers) are checked as
-    # given: with x64 off, jnp.asarray has already rounded float64 to float32 and wrapped int64 to int32
-    host = None
-    if not isinstance(labels, jax.Array):
-        try:
-            host = np.asarray(labels)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            host = None   # a list holding traced values: checked as JAX holds them
-    if host is not None and host.dtype != object:
+    # would turn a float64 label of 1 + 1e-9 into 1
+    host = _host_labels(labels)
+    if host is not None:
         ok = jnp.asarray((host >= 0) & (host <= 1))
     else:
         ok = (y >= 0) & (y <= 1)     # False for NaN
