@@ -179,6 +179,23 @@ class TestGradArguments:
         with raises(ValueError, "grad_output", "scalar"):
             xf.cross_entropy_backward(np.ones(3), X, Y, reduction="mean")
 
+    @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+    def test_grad_output_none_means_one_in_every_backward(self, reduction):
+        # the docstrings' "None means 1 (every entry)", as the _with_grad functions' default
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((3, 4))
+        p, t = 1 / (1 + np.exp(-x)), (rng.random((3, 4)) < 0.5).astype(float)
+        ones = np.ones(3) if reduction == "none" else 1.0
+        ones_elem = np.ones((3, 4)) if reduction == "none" else 1.0
+        for backward, args, g1 in [(xf.cross_entropy_backward, (x, Y), ones),
+                                   (xf.cross_entropy_from_probs_backward, (p, Y), ones),
+                                   (xf.binary_cross_entropy_with_logits_backward, (x, t), ones_elem),
+                                   (xf.sigmoid_focal_loss_backward, (x, t), ones_elem),
+                                   (xf.binary_cross_entropy_backward, (p, t), ones_elem)]:
+            got = backward(None, *args, reduction=reduction)
+            assert np.array_equal(got, backward(g1, *args, reduction=reduction)), backward.__name__
+            assert np.isfinite(got).all() and (got != 0).any(), backward.__name__
+
     def test_out_wrong_shape(self):
         with raises(ValueError, "out", "(3, 4)"):
             xf.cross_entropy_with_grad(X, Y, out=np.empty((4, 3)))

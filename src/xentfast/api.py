@@ -274,8 +274,6 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU, k
         raise TypeError(f"grad_output: got a {type(grad_output).__module__}.{type(grad_output).__name__} for "
                         f"inputs held as {backend.name} arrays; pass every array on the same device")
     if reduction == "none":
-        if grad_output is None:
-            return None, 1.0
         g = backend.xp.asarray(grad_output)
         if not _dtypes.is_real(g.dtype):
             raise TypeError(f"grad_output: expected real values, got dtype {g.dtype}")
@@ -284,8 +282,6 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU, k
                              f"got {g.shape}")
         kept = np.float32 if keep_float32 and g.dtype == np.float32 else np.float64
         return backend.xp.ascontiguousarray(g.reshape(-1), dtype=kept), 1.0
-    if grad_output is None:
-        return None, 1.0
     ga = backend.xp.asarray(grad_output)
     if ga.shape != ():
         raise ValueError(f"grad_output: expected a scalar for reduction={reduction!r}; got shape {ga.shape}")
@@ -973,8 +969,8 @@ def _document(fn, summary, params, returns, bound, notes, examples=None):
 def _upstream_param(shape_clause):
     """The backward functions' first parameter, grad_output: `shape_clause` gives its shape for
     reduction='none'."""
-    return ("\n    grad_output : array_like or scalar\n        Upstream gradient: " + shape_clause +
-            ", a scalar otherwise.")
+    return ("\n    grad_output : array_like, scalar or None\n        Upstream gradient: " + shape_clause +
+            ", a scalar otherwise; None means 1 (every entry).")
 
 
 @_on_input_device(plain_lane=_xent.plain_cross_entropy)
