@@ -835,6 +835,19 @@ def test_bfloat16_mean_is_the_float32_mean_of_exact_rows():
     assert err <= 1.5, err
 
 
+def test_float32_mean_past_the_float32_sum_range_is_finite_as_documented():
+    # README (softmax family, "Deliberate differences from torch"): the row losses are summed in double,
+    # so a mean whose sum passes FLT_MAX keeps its finite value; torch sums in float32
+    x = np.array([[-3e38, 0.0], [-3e38, 0.0]], np.float32)
+    y = np.array([0, 0])
+    rows = xf.cross_entropy(x, y, reduction="none")
+    assert rows.dtype == np.float32 and (rows == np.float32(3e38)).all()
+    assert xf.cross_entropy(x, y) == np.float32(3e38)
+    assert xt.cross_entropy(torch.from_numpy(x), torch.from_numpy(y)).item() == np.float32(3e38)
+    assert math.isinf(F.cross_entropy(torch.from_numpy(x), torch.from_numpy(y)).item())
+    assert math.isinf(xf.cross_entropy(x, y, reduction="sum"))
+
+
 def test_numpy_api_refuses_a_tensor_that_requires_grad():
     x = torch.randn(3, 4, requires_grad=True)
     with pytest.raises(TypeError, match="xentfast.torch"):
