@@ -882,6 +882,23 @@ def test_logits_changed_in_place_before_backward_raise():
     (lambda p, t, x, y: xt.cross_entropy(x, y, label_smoothing=10**400), ValueError, "label_smoothing: must be finite"),
     (lambda p, t, x, y: xt.cross_entropy(x, y, z_loss=10**400), ValueError, "z_loss: must be finite"),
     (lambda p, t, x, y: xt.sigmoid_focal_loss(x, t[:3], gamma=10**400), ValueError, "gamma: must be finite"),
+    # float(tensor(True)) was full smoothing, silently; float(None) a TypeError naming nothing
+    (lambda p, t, x, y: xt.cross_entropy(x, y, label_smoothing=torch.tensor(True)), TypeError,
+     "label_smoothing: expected a real"),
+    (lambda p, t, x, y: xt.cross_entropy(x, y, label_smoothing=None), TypeError, "label_smoothing: expected a real"),
+    (lambda p, t, x, y: xt.sigmoid_focal_loss(x, t, gamma=None), TypeError, "gamma: expected a real"),
+    (lambda p, t, x, y: xt.sigmoid_focal_loss(x, t, alpha=np.array(True)), TypeError, "alpha: expected a real"),
+    (lambda p, t, x, y: xt.cross_entropy(x, y, weight="abc"), TypeError, "weight: expected a tensor or an array"),
+    (lambda p, t, x, y: xt.binary_cross_entropy_with_logits(x, t, pos_weight=[None]), TypeError,
+     "pos_weight: expected a tensor or an array"),
+    # not tensors: a device message comparing cpu with cpu, an AttributeError, a pybind signature error
+    (lambda p, t, x, y: xt.cross_entropy(x.numpy(), y), TypeError, "input: expected a torch.Tensor, got numpy.ndarray"),
+    (lambda p, t, x, y: xt.cross_entropy(x.tolist(), y), TypeError, "input: expected a torch.Tensor, got list"),
+    (lambda p, t, x, y: xt.cross_entropy(x, y.numpy()), TypeError, "target: expected a torch.Tensor"),
+    (lambda p, t, x, y: xt.cross_entropy_from_probs(p.numpy(), y), TypeError, "input: expected a torch.Tensor"),
+    (lambda p, t, x, y: xt.binary_cross_entropy_with_logits(x.numpy(), t), TypeError, "input: expected a torch.Tensor"),
+    (lambda p, t, x, y: xt.sigmoid_focal_loss(x, t.numpy()), TypeError, "targets: expected a torch.Tensor"),
+    (lambda p, t, x, y: xt.binary_cross_entropy(p, 1.0), TypeError, "target: expected a torch.Tensor, got float"),
 ])
 def test_real_options_refuse_bools_strings_and_huge_ints(call, exc, words):
     p = torch.full((3, 4), 0.4, dtype=torch.float64)

@@ -196,6 +196,12 @@ class TestGradArguments:
             assert np.array_equal(got, backward(g1, *args, reduction=reduction)), backward.__name__
             assert np.isfinite(got).all() and (got != 0).any(), backward.__name__
 
+    def test_target_none_is_named(self):
+        for loss, x in [(xf.cross_entropy, X), (xf.cross_entropy_from_probs, np.full((3, 4), 0.25)),
+                        (xf.binary_cross_entropy_with_logits, X), (xf.binary_cross_entropy, np.full((3, 4), 0.5))]:
+            with raises(TypeError, "target", "got None"):
+                loss(x, None)
+
     def test_out_wrong_shape(self):
         with raises(ValueError, "out", "(3, 4)"):
             xf.cross_entropy_with_grad(X, Y, out=np.empty((4, 3)))

@@ -237,7 +237,8 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backen
         return None, _prob_targets(t, x, axis), None
     if t.dtype.kind == "b":
         raise TypeError("target: got a boolean array; pass integer class indices or float class probabilities")
-    raise TypeError(f"target: expected integer class indices or float probabilities, got dtype {t.dtype}")
+    got = "None" if target is None else f"dtype {t.dtype}"
+    raise TypeError(f"target: expected integer class indices or float probabilities, got {got}")
 
 
 def _bad_weights(w):

@@ -118,7 +118,8 @@ def _unit_targets(target, x, ignore, name="target", backend=_backend.CPU, checks
         _check_ignore_exact(ignore, x.dtype)
     t = backend.xp.asarray(target)
     if not (_dtypes.is_real(t.dtype) or t.dtype.kind == "b"):
-        raise TypeError(f"{name}: expected real values in [0, 1], got dtype {t.dtype}")
+        got = "None" if target is None else f"dtype {t.dtype}"
+        raise TypeError(f"{name}: expected real values in [0, 1], got {got}")
     if t.shape != x.shape:
         raise ValueError(f"{name}: expected the input's shape {x.shape}; got {t.shape}")
     if backend.is_cpu and t.dtype == x.dtype:

@@ -322,6 +322,17 @@ def _refuse_unsupported_differentiation(input):
                            "derivative (torch would return zero tangents); use reverse mode")
 
 
+def _check_tensors(**tensors):
+    """The arguments that torch.nn.functional takes as tensors only (input and target): anything else
+    failed deep inside torch or this module (an AttributeError for a list, a device message comparing
+    cpu with cpu for a NumPy array), naming neither."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            kind = type(t).__name__ if type(t).__module__ == "builtins" else f"{type(t).__module__}.{type(t).__name__}"
+            raise TypeError(f"{name}: expected a torch.Tensor, got {kind} (xentfast's NumPy functions take "
+                            f"arrays)")
+
+
 def _check_devices(input, **tensors):
     """Every tensor argument on the input's device.  A meta tensor among CPU ones would otherwise send the
     call to the shape-only fake kernels, which return uninitialised memory as the loss."""
@@ -335,19 +346,28 @@ def _check_float(value, name):
     float(), which torch.compile traces (a symbolic float specializes); the range and finiteness checks
     are the NumPy API's, inside the op, where Dynamo does not trace (math.isfinite of a symbolic float
     breaks the graph)."""
-    if isinstance(value, (str, bytes, bool, np.bool_)):
+    # a 0-d boolean tensor or array too: float() reads True as 1 (full label smoothing, say).  isinstance
+    # first: Dynamo cannot trace getattr on the symbolic float that a changing option becomes
+    if isinstance(value, (str, bytes, bool, np.bool_)) or value is None or \
+            (isinstance(value, torch.Tensor) and value.dtype == torch.bool) or \
+            (isinstance(value, np.ndarray) and value.dtype == np.bool_):
         raise TypeError(f"{name}: expected a real number, got {value!r}")
     try:
         return float(value)
     except OverflowError:
         return math.inf  # an int beyond float64: the op's check then says it must be finite, naming it
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name}: expected a real number, got {value!r}") from None
 
 
-def _as_tensor(value, like):
+def _as_tensor(value, like, name):
     """Array-like weights as tensors on the input's device (None stays None)."""
     if value is None or isinstance(value, torch.Tensor):
         return value
-    return torch.as_tensor(value, device=like.device)
+    try:
+        return torch.as_tensor(value, device=like.device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{name}: expected a tensor or an array of real numbers, got {value!r} ({e})") from None
 
 
 def _reduce(rows, reduction, denominator, empty_mean):
@@ -422,10 +442,11 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     and :func:`xentfast.cross_entropy_backward` (the gradient with one more ULP for the upstream factor);
     'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
+    _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
     _check_choice(reduction, _REDUCTIONS, "reduction")
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
-    weight = _as_tensor(weight, input)
+    weight = _as_tensor(weight, input, "weight")
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
@@ -453,10 +474,11 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     :func:`xentfast.cross_entropy_from_probs` and its backward (the gradient with one more ULP for the
     upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
+    _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
     _check_choice(reduction, _REDUCTIONS, "reduction")
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
-    weight = _as_tensor(weight, input)
+    weight = _as_tensor(weight, input, "weight")
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
@@ -484,10 +506,11 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     :func:`xentfast.binary_cross_entropy_with_logits` and its backward (the gradient with one more ULP
     for the upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
+    _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
     _check_choice(reduction, _REDUCTIONS, "reduction")
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
-    weight, pos_weight = _as_tensor(weight, input), _as_tensor(pos_weight, input)
+    weight, pos_weight = _as_tensor(weight, input, "weight"), _as_tensor(pos_weight, input, "pos_weight")
     _check_no_grad(target=target, weight=weight, pos_weight=pos_weight)
     _check_devices(input, target=target, weight=weight, pos_weight=pos_weight)
     _refuse_unsupported_differentiation(input)
@@ -509,6 +532,7 @@ def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none",
     :func:`xentfast.sigmoid_focal_loss` and its backward (the gradient with one more ULP for the upstream
     factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
+    _check_tensors(inputs=inputs, targets=targets)
     _check_choice(reduction, _REDUCTIONS, "reduction")
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
     _check_no_grad(targets=targets)
@@ -533,10 +557,11 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     :func:`xentfast.binary_cross_entropy` and its backward (the gradient with one more ULP for the
     upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
     """
+    _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
     _check_choice(reduction, _REDUCTIONS, "reduction")
     _check_choice(empty_mean, _EMPTY_MEAN, "empty_mean")
-    weight = _as_tensor(weight, input)
+    weight = _as_tensor(weight, input, "weight")
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
