@@ -811,7 +811,8 @@ def test_pinned_bce_cases(x, y, w, q, reduction):
     loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, y, **kw)
     assert_ulp_close(np.asarray(loss), ref.binary_cross_entropy_with_logits(x, y, **kw), 4.0, dtype=np.float64)
     exact, scale = ref.binary_cross_entropy_with_logits_grad(x, y, return_scale=True, **kw)
-    assert_ulp_close(grad, exact, 5.0, scale=scale)
+    # + 1 only where an upstream factor (the mean's 1/n) is rounded in
+    assert_ulp_close(grad, exact, 4.0 if reduction == "none" else 5.0, scale=scale)
 
 
 def test_pinned_focal_underflowing_power():

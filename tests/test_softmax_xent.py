@@ -253,7 +253,7 @@ def test_huge_weight_lifts_a_loss_whose_exponentials_all_underflow(x, w, smoothi
     near = x[0] >= x.max() - 1100.0
     exact = np.asarray(exact, dtype=object)[:, near]
     scale = np.asarray(scale, dtype=object)[:, near] if np.ndim(scale) == 2 else scale
-    assert_ulp_close(grad[:, near], exact, BOUND[np.dtype(np.float64)] + 1, scale=scale if smoothing else None)
+    assert_ulp_close(grad[:, near], exact, BOUND[np.dtype(np.float64)], scale=scale if smoothing else None)
 
 
 @pytest.mark.parametrize("w", [[1e-160, 1.0, 1.0], [1e-300, 1.0, 1.0]])

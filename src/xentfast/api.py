@@ -1023,7 +1023,8 @@ _document(
     with ``A = sum_c q_c + 2 z_loss r lse``.  That holds also where ``A``'s two terms cancel (``lse``
     near ``-sum_c q_c / (2 z_loss r)``: all logits negative), down to ``|A| ~ 2**-44 (|sum_c q_c| +
     C |2 z_loss r|)``; closer still, ``A`` is within ``(C + 18) 2**-99 |z_loss r| + 2**-100 |sum_c q_c|``
-    absolutely.""" + _HALF_BOUND,
+    absolutely.  An upstream factor other than 1 (``grad_output``, or the mean's ``1 / sum w``) adds
+    one ULP, its rounding.""" + _HALF_BOUND,
     _XENT_DOC_NOTES)
 
 
