@@ -59,6 +59,33 @@ def test_rows_of_several_chunks_within_bound(dtype, data):
     _check_rows(data.draw(softmax_xent_cases(dtype, min_classes=65, max_classes=200, max_rows=3)), dtype)
 
 
+# Rows past the short-row groups (256 classes) and past one block (XF_BLOCK = 4096 classes: the row is
+# cut into blocks whose maxima and sums are merged, and many-block rows run as per-block tasks)
+LONG_ROW_CLASSES = [(257, 300), (4095, 4100), (8191, 8200)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("classes", LONG_ROW_CLASSES, ids=lambda c: f"C{c[0]}-{c[1]}")
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_long_rows_within_bound(dtype, classes, data):
+    _check_rows(data.draw(softmax_xent_cases(dtype, min_classes=classes[0], max_classes=classes[1], max_rows=2)),
+                dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("classes", LONG_ROW_CLASSES, ids=lambda c: f"C{c[0]}-{c[1]}")
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_long_rows_of_the_softmax_family_within_bound(dtype, classes, data):
+    x = data.draw(logits(dtype, min_classes=classes[0], max_classes=classes[1], max_rows=2, allow_nan=True,
+                         allow_posinf=True))
+    bound = BOUND[np.dtype(dtype)]
+    assert_ulp_close(xf.log_softmax(x), ref.log_softmax(x), bound, inputs={"x": x}, err_msg="log_softmax")
+    assert_ulp_close(xf.softmax(x), ref.softmax(x), bound, inputs={"x": x}, err_msg="softmax")
+    assert_ulp_close(xf.logsumexp(x), ref.logsumexp(x), bound, inputs={"x": x}, err_msg="logsumexp")
+
+
 def _case(x, t, dtype, weight=None, eps=0.0, z=0.0):
     return XentCase(np.array(x, dtype=dtype), np.array(t), weight, eps, -100, z)
 
