@@ -86,6 +86,23 @@ def test_long_rows_of_the_softmax_family_within_bound(dtype, classes, data):
     assert_ulp_close(xf.logsumexp(x), ref.logsumexp(x), bound, inputs={"x": x}, err_msg="logsumexp")
 
 
+@pytest.mark.parametrize("C", [2, 300, 5000], ids=["short-row-group", "row", "blocks"])
+def test_float32_kept_exponentials_under_a_huge_factor(C):
+    # the sum pass keeps float32 exp(x_j - m) 2^64 in the buffer, on float32's subnormal grid below e^-131.7;
+    # a factor past 2^62 magnified that to 1e7 ULP (+7.2e-36 came out 0): such rows recompute them now
+    x = np.zeros((3, C), np.float32)
+    x[0, 1:], x[1, 1:], x[2, 1:] = -150.0, -140.0, -np.linspace(100.0, 160.0, C - 1)
+    y = np.array([0, 0, 0])
+    w = np.ones(C, np.float32)
+    w[0] = 1e30
+    grad = xf.cross_entropy_with_grad(x, y, weight=w, reduction="none")[1]
+    assert_ulp_close(grad, ref.cross_entropy_grad(x, y, weight=w, reduction="none"), BOUND[np.dtype(np.float32)])
+    g = np.full(3, 1e25, np.float32)
+    grad = xf.cross_entropy_backward(g, x, y, reduction="none")
+    assert_ulp_close(grad, ref.cross_entropy_grad(x, y, reduction="none", grad_output=g.astype(np.float64)),
+                     BOUND[np.dtype(np.float32)] + 1)
+
+
 def _case(x, t, dtype, weight=None, eps=0.0, z=0.0):
     return XentCase(np.array(x, dtype=dtype), np.array(t), weight, eps, -100, z)
 

@@ -1300,6 +1300,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 #if XF_COMPENSATED
             f[r] = xf_div_S(coef, hi[r], lo[r]);
 #else
+            /* a factor that would magnify the kept exponentials' subnormal rounding: the row kernel
+             * decides by the row's spread (xf_rowjob_plan) */
+            ok[r] &= (xf_fabs(coef) <= 0x1p62);
             f[r] = ((coef * 1.0) / S) * XF_STORE_UNSCALE;
 #endif
             g_y[r] = xf_target_grad_of(y_is_max[r], coef, 1.0, hi[r], lo[r], S,

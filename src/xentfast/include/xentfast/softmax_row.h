@@ -145,12 +145,20 @@ XF_HD void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
 /* After the max pass: remember the target logit, and decide whether the sum pass may keep the
  * exponentials in the gradient buffer.  Only simple rows (their gradient is p_j times a constant, the
  * target entry apart) and only rows without a spread beyond 600: those may need x again after the sum
- * pass (the tiny-sum rescue, the scaled float64 gradient), and with inplace=True x is the buffer. */
+ * pass (the tiny-sum rescue, the scaled float64 gradient), and with inplace=True x is the buffer.
+ * A float32 buffer keeps e = exp(x_j - m) as float(e 2^64) (XF_KEPT_SCALE_F32): below e = 2^-190
+ * (x_j - m < -131.7) that is on float32's subnormal grid, off by up to 2^-214 absolutely, which the
+ * gradient's factor c = scale w_y / S then multiplies.  With |c| <= 2^62 such an entry c e is itself
+ * subnormal and the error under 2^-3 of its ULP; a larger factor made it up to 1e7 ULP (grad_output
+ * 1e30 on [0, -150]: +7.2e-36 came out 0), so those rows, spread past 128, recompute the exponentials.
+ * float64 buffers keep e exactly, and both ways give the same bits there. */
 XF_HD void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
 {
+    const double spread = job->m - job->min_finite;
     job->x_y = x_y;
     job->has_grad = (has_grad != 0);
-    job->stored = has_grad && job->simple && job->status == XF_ROW_OK && (job->m - job->min_finite <= 600.0);
+    job->stored = has_grad && job->simple && job->status == XF_ROW_OK && (spread <= 600.0) &&
+                  (spread <= 128.0 || xf_fabs(job->scale * job->w_y) <= 0x1p62);
 }
 
 /* log S = log1p(s) of the double-double s: the low part enters through the derivative 1/(1+s) */
