@@ -7,7 +7,8 @@ Flags, and why:
   -fno-math-errno          libm calls may be treated as pure
   -fno-trapping-math       lets gcc if-convert the selects in the math header (nothing vectorizes without it);
                            it does not change any result
-  never fast-math or O-fast: they reassociate sums and assume no inf/NaN, which breaks the accuracy contract
+  no flag that lets the compiler reassociate sums or assume finite values (the -O level stays 3): either
+                           breaks inf/NaN handling and the accuracy contract
   no -march=native:        the wheel must run on any x86-64; the AVX2+FMA kernels are a static library of
                            their own units (avx2_*.c, -mavx2 -mfma), chosen at import on CPUs that have both
   -g0                      Python's own CFLAGS bring -g; the kernels' specialized loops make the debug

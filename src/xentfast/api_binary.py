@@ -377,8 +377,8 @@ class _Elementwise:
 
     def _lifted_mean_scale(self, g, grad):
         """(k, 2^k g / kept) where a mean's gradient scale g / kept would be subnormal (or 0) for a finite
-        g != 0 (the mean's grad_output; 0 for other calls), else None.  Rounded there, it keeps only the bits above 2^-1074, and the kernel multiplies
-        it by weights, pos_weight or 1/p, which can lift the product back to normal numbers with a
+        g != 0 (the mean's grad_output; 0 for other calls), else None.  Rounded there, it keeps only the
+        bits above 2^-1074, and the kernel multiplies it by weights, pos_weight or 1/p, which can lift the product back to normal numbers with a
         relative error of up to 1 (grad_output 5e-324, weights 2^60: all zeros).  Lifted by 2^k it is
         normal and rounds once, and the weights take the 2^-k; the kernels form s w q (...) as products of
         normalised mantissas (xentfast/binary.h), so the gradient is that of the exact scale.  Only where

@@ -18,8 +18,8 @@ is taken inside the ``shard_map`` or around it (the data-parallel pattern); ``pm
 ``jit`` with sharded inputs the gradient comes back replicated.  Labels given as NumPy arrays or Python
 numbers are range-checked as given, before JAX converts them (with x64 off JAX wraps int64 to int32, and
 optax then reads ``2**32 + 1`` as class 1; here it gives NaN); but a NumPy array passed as an argument
-into ``jit`` arrives already converted, and is checked as JAX holds it.  ``jax.export`` refuses the FFI custom calls, which
-carry no compatibility guarantee (the callback paths export neither).  A ``where`` mask must broadcast
+into ``jit`` arrives already converted, and is checked as JAX holds it.  ``jax.export`` refuses the FFI
+custom calls, which carry no compatibility guarantee (the callback paths export neither).  A ``where`` mask must broadcast
 against the batch shape from the left, as NumPy broadcasts; optax also inserts a missing class axis.
 
 Design
@@ -80,7 +80,8 @@ Design
     forward which inputs are perturbed).
 (h) Subnormals.  XLA runs its CPU threads with denormals flushed to zero (x86: MXCSR's FTZ and DAZ),
     and callbacks and FFI handlers run on those threads: unguarded, a subnormal loss, probability or
-    gradient comes back as 0 (float32 logits ``[0, -100]``, target 0: loss 3.8e-44, a float32 subnormal; XLA's flags give 0).
+    gradient comes back as 0 (float32 logits ``[0, -100]``, target 0: loss 3.8e-44, a float32 subnormal;
+    XLA's flags give 0).
     The FFI handlers clear the flags on every thread that runs a kernel and restore them after; the
     callbacks run under the same guard (``_core/fp_ieee.h``, x86 and aarch64), which the NumPy API
     itself also applies.  Whatever XLA itself computes from the results
