@@ -823,8 +823,8 @@ _FOCAL_NOTES = """
 _BOUND_FOCAL = """
     Per element, gamma <= 20: loss <= 2 ULP (float32), <= 4 ULP (float64); gradient the same, relative,
     for targets in {0, 1}, and in units of ulp(alpha_t u**gamma (u + gamma ce W |1 - 2y|)) for soft
-    targets.  Beyond, gamma log u carries log u's absolute error: ~5 ULP at gamma = 100 (README, known
-    limits).
+    targets.  Beyond, gamma multiplies u's relative error (~2**-57): ~10 ULP at gamma = 100 (README,
+    known limits).
     'mean' / 'sum' <= 4 ULP; gradients of reductions or with ``grad_output``: one more ULP.""" + _HALF_BOUND
 
 

@@ -1015,6 +1015,14 @@ def _suite_focal(rng, dt, n):
     t = rng.integers(0, 2, n).astype(dt)
     fams["gamma 0 (weighted BCE)"] = dict(x=x, t=t, params=dict(alpha=0.25, gamma=0.0))
     fams["gamma 0.5, no alpha"] = dict(x=x, t=t, params=dict(alpha=-1.0, gamma=0.5))
+    # gamma amplifies every relative error of u = 1 - p_t (u^gamma = exp(gamma log u)), and soft targets
+    # within 1e-3 of 0 or 1 make u's two terms of very different size
+    xs = (rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(1e-3), np.log(40.0), n))).astype(dt)
+    near = np.exp(rng.uniform(np.log(1e-20 if dt == np.float64 else 1e-12), np.log(1e-3), n))
+    ts = np.where(rng.random(n) < 0.5, near, 1.0 - near).astype(dt)
+    fams["gamma 20, soft targets near 0 and 1"] = dict(x=xs, t=ts, params=dict(alpha=0.6, gamma=20.0), soft=True)
+    fams["gamma 12, soft targets"] = dict(x=(rng.standard_normal(n) * 6).astype(dt), t=rng.random(n).astype(dt),
+                                          params=dict(alpha=-1.0, gamma=12.0), soft=True)
     return fams
 
 
