@@ -122,7 +122,9 @@ def test_focal_grad_output_per_element(dtype, data):
     x = data.draw(binary_logits(dtype, max_size=24))
     t = data.draw(binary_targets(x.shape, dtype))
     alpha, gamma = data.draw(FOCAL_PARAMS)
-    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.size), np.full(x.size, 0.25)])).reshape(x.shape)
+    # huge and subnormal factors too: they scale the products the gradient is formed from
+    mixed = np.resize(np.array([1e30, -3e-320, 1.1e-310, 0.0, -(2.0**70), 0.37]), x.size)
+    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.size), np.full(x.size, 0.25), mixed])).reshape(x.shape)
     grad = xf.sigmoid_focal_loss_backward(g.astype(dtype), x, t, alpha, gamma)
     exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, grad_output=g.astype(dtype), return_scale=True)
     assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"x": x, "target": t})
@@ -138,6 +140,41 @@ def test_focal_gradient_of_soft_targets_near_0_and_1_at_large_gamma():
         exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, return_scale=True)
         assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)], scale=scale, inputs={"x": x, "target": t},
                          err_msg=f"alpha={alpha} gamma={gamma}")
+
+
+def test_focal_gradient_under_extreme_upstream_factors():
+    # u**gamma / (1 + e) underflows (x = 36, y = 1, gamma = 20: ~1e-313) while grad_output 1e30 makes the
+    # gradient a normal number: 17000 ULP when that factor was formed on its own
+    x, t = np.array([36.0, -36.68997106800816, -2.0, 0.0]), np.array([1.0, 3.0335e-17, 1.0, 0.0])
+    for g in [1e30, -7.6e304, 2e300, 1.7e308, 8.5e-316, -3e-320]:
+        go = np.full(x.size, g)
+        for alpha, gamma in [(0.25, 20.0), (0.6, 20.0), (0.1, 2.0), (1.0, 2.0)]:
+            grad = xf.sigmoid_focal_loss_backward(go, x, t, alpha, gamma)
+            exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, grad_output=go, return_scale=True)
+            assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale,
+                             inputs={"x": x, "target": t}, err_msg=f"grad_output={g} alpha={alpha} gamma={gamma}")
+
+
+def test_focal_gradient_under_an_infinite_upstream_factor():
+    # +-inf wherever the exact gradient is nonzero, also where u**gamma underflows or the confident
+    # side's bracket does (|x| > 1161); NaN (inf * 0) where it is exactly 0
+    x = np.array([700.0, 1200.0, -1200.0, 1e300, np.inf, 0.5, -745.0])
+    t = np.array([1.0, 1.0, 0.0, 1.0, 1.0, 0.3, 5e-324])
+    for g in [np.inf, -np.inf]:
+        grad = xf.sigmoid_focal_loss_backward(np.full(x.size, g), x, t, 0.25, 2.0)
+        sign = np.sign(g)
+        np.testing.assert_array_equal(grad[:4], [-sign * np.inf, -sign * np.inf, sign * np.inf, -sign * np.inf])
+        assert np.isnan(grad[4])
+        exact_signs = [float(mpmath.sign(v)) for v in ref.sigmoid_focal_loss_grad(x[5:], t[5:], 0.25, 2.0)]
+        np.testing.assert_array_equal(grad[5:], sign * np.array(exact_signs) * np.inf)
+    # alpha_t = 0 (alpha = 1, y = 0): the exact gradient is 0, times inf
+    assert np.isnan(xf.sigmoid_focal_loss_backward(np.array([np.inf]), np.array([0.5]), np.array([0.0]), 1.0, 2.0)[0])
+
+
+def test_focal_gradient_keeps_the_sign_of_zero():
+    # the exact gradient is negative and underflows: -0, as the plain product gives
+    g = xf.sigmoid_focal_loss_backward(None, np.array([1200.0]), np.array([1.0]), -1.0, 0.0)
+    assert g[0] == 0.0 and np.signbit(g[0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)

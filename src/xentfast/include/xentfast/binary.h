@@ -209,6 +209,18 @@ XF_HD double xf_bin_exp_affine(double g, double lh, double ll, double mh, double
     return xf_bin_exp_affine_hilo(g, lh, ll, mh, ml, &unused);
 }
 
+/* v = m 2^E with E = v's binary exponent clamped to [-1022, 1022], so that 2^E and 2^-E are normal
+ * doubles: m in [1, 2) (in magnitude) for normal v, exact; m = v 2^1022 for subnormal v and +-inf for
+ * +-inf; NaN stays NaN.  Returns E; *m = m and *down = 2^-E (to scale a double-double's low part). */
+XF_HD double xf_bin_split_exp(double v, double *m, double *down)
+{
+    unsigned long long ve = (xf_bits_from_double(v) >> 52) & 0x7ffULL;
+    ve = ve < 1ULL ? 1ULL : (ve > 2045ULL ? 2045ULL : ve);
+    *down = xf_double_from_bits((2046ULL - ve) << 52);
+    *m = v * *down;
+    return xf_double_from_bits(0x4330000000000000ULL | ve) - (0x1p52 + 1023.0);
+}
+
 /* (ah + al)(bh + bl) as a double-double (al*bl dropped, ~2^-104 relative); falls back to the plain
  * product where the exact split could overflow (|operand| >= 2^995) or the product is not finite. */
 XF_HD void xf_bin_dd_mul(double ah, double al, double bh, double bl, double *rh, double *rl)
@@ -498,7 +510,6 @@ typedef struct {
     double lah, lal;   /* log alpha_t, double-double */
     double luh, lul;   /* log u, double-double */
     double lch, lcl;   /* log ce, double-double */
-    double B, B_lo;    /* u^g / (1 + e), double-double */
     double ce, ce_lo;  /* ce, double-double */
     double R, R_lo;    /* e / N, double-double */
     double cbh, cbl, cth, ctl; /* c_b, c_t */
@@ -585,7 +596,6 @@ XF_HD xf_bin_focal_parts xf_bin_focal_prepare(xf_bin_logit p, double y, double a
     f.R_lo = f.conf ? 0.0 : (binary ? p.e_lo : rq_lo);
     f.luh = luh;
     f.lul = lul;
-    f.B = xf_bin_exp_affine_hilo(gamma, luh, lul, -p.l, -p.l_lo, &f.B_lo);
     return f;
 }
 
@@ -645,16 +655,51 @@ XF_HD double xf_bin_focal_grad(xf_bin_logit p, xf_bin_focal_parts f, double y, d
     double sh, sl;
     xf_two_sum(t1h, t2h, &sh, &sl);
     sl = (sh - sh == 0.0) ? sl + (t1l + t2l) : 0.0;
-    /* the bracket, then s alpha_t bracket B as double-doubles: one rounding at the end (each rounded
-     * factor cost up to half an ULP; six of them reached 4.96 ULP at gamma = 16.7, x = -13.5) */
-    double bh = f.conf ? ch : sh, bl = f.conf ? cl : sl;
-    double kh, kl, qh, ql, rh, rl;
-    xf_bin_two_prod(s, f.alpha_t, &kh, &kl);
-    kl = (kh - kh == 0.0) ? kl + s * f.alpha_t_lo : 0.0;
-    xf_bin_dd_mul(kh, kl, bh, bl, &qh, &ql);
-    xf_bin_dd_mul(qh, ql, f.B, f.B_lo, &rh, &rl);
-    double r = f.conf ? rh * XF_BIN_UNSCALE : rh;
-    r = (kh == 0.0) ? 0.0 * r : r;
+    /* s alpha_t bracket B with B = u^g / (1 + e) = exp(g log u - l), as double-doubles rounded once at
+     * the end (each rounded factor cost up to half an ULP; six of them reached 4.73 ULP at gamma = 20).
+     * s, alpha_t and the bracket enter as m 2^E with m in [1, 2) (xf_bin_split_exp): their powers of two
+     * (and the confident side's 2^-600) go into the exponential's argument, so no product over- or
+     * underflows on the way and the exponential is near the result's own scale, subnormal only where
+     * the result is.  (B alone underflows at u^g < 2^-1022 while a large s can make the gradient a
+     * normal number: x = 36, y = 1, gamma = 20, grad_output 1e30 was 17000 ULP off.)  A further 2^64,
+     * taken off by the last product, keeps the exponential normal where the result is barely
+     * subnormal. */
+    double bh, bl;
+    bh = f.conf ? ch : sh;
+    bl = f.conf ? cl : sl;
+    double b0 = bh;
+    bh = b0 + bl;
+    bl = (bh - bh == 0.0) ? bl - (bh - b0) : 0.0; /* Fast2Sum: the low part may exceed half an ulp */
+    bh = (bh == 0.0) ? b0 : bh;                    /* -0 + 0 would lose the sign of a zero */
+    double ms, ma, mb, down, kh, kl, qh, ql, rh, rl;
+    double es = xf_bin_split_exp(s, &ms, &down);
+    double ea = xf_bin_split_exp(f.alpha_t, &ma, &down);
+    double mal = f.alpha_t_lo * down;
+    double eb = xf_bin_split_exp(bh, &mb, &down);
+    double mbl = bl * down;
+    xf_bin_dd_mul(ms, 0.0, ma, mal, &kh, &kl);
+    xf_bin_dd_mul(kh, kl, mb, mbl, &qh, &ql);  /* in [1, 8) unless a factor is 0, inf, NaN or subnormal */
+    double eq = es + ea + eb;
+    /* an infinite s: only the sign of its product matters, and B unscaled is as likely to be nonzero */
+    double shift = (s - s == 0.0) ? eq - (f.conf ? XF_BIN_SCALE_K : 0.0) : 0.0;
+    double lift = (gamma * f.luh - p.l + shift * XF_MATH_LN2_HI < 0.0) ? 64.0 : 0.0;
+    double ah, al;
+    xf_two_sum(-p.l, (shift + lift) * XF_MATH_LN2_HI, &ah, &al);
+    al += (shift + lift) * XF_MATH_LN2_LO - p.l_lo;
+    double Bh, Bl;
+    Bh = xf_bin_exp_affine_hilo(gamma, f.luh, f.lul, ah, al, &Bl);
+    xf_bin_dd_mul(qh, ql, Bh, Bl, &rh, &rl);
+    rh = (rh == 0.0) ? ((ms * ma) * mb) * Bh : rh; /* a zero's sign (TwoSum's -0 + 0 is +0) */
+    double r = rh * (lift != 0.0 ? 0x1p-64 : 1.0);
+    r = ((s == 0.0) | (f.alpha_t == 0.0)) ? 0.0 * r : r;
+    /* an infinite s: +-inf wherever the exact gradient is nonzero, although B or the confident side's
+     * bracket may underflow (x = 700 or 1200, y = 1); NaN (inf * 0) where it is exactly 0: alpha_t = 0,
+     * a zero bracket (on the confident side only at x = +-inf), or u = 0 (there too, gamma > 0) */
+    int zero_grad = (f.alpha_t == 0.0) | (f.conf ? (p.a == XF_INF) : (mb == 0.0))
+                    | ((gamma != 0.0) & (f.luh == -XF_INF));
+    double b_sign = f.conf ? (p.pos ? -1.0 : 1.0) : xf_bin_unit(mb);
+    double r_inf = zero_grad ? XF_NAN : xf_bin_unit(s) * b_sign * XF_INF;
+    r = xf_bin_upstream_is_inf(s) ? r_inf : r;
     return p.nan ? p.a : r;
 }
 
