@@ -53,7 +53,7 @@ def test_bce_logits_elements_within_bound(dtype, data):
 def test_bce_logits_reductions_within_bound(dtype, reduction, data):
     case = data.draw(binary_xent_cases(dtype, max_size=24))
     x, t, kw = case.logits, case.target, _kw(case)
-    g = data.draw(upstream_scalars())
+    g = data.draw(upstream_scalars(large=True))
     empty_mean = data.draw(st.sampled_from(["nan", "zero"]))
     loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction=reduction, grad_output=g,
                                                                 empty_mean=empty_mean, **kw)
@@ -107,7 +107,7 @@ def test_focal_reductions_within_bound(dtype, reduction, data):
     x = data.draw(binary_logits(dtype, max_size=24))
     t = data.draw(binary_targets(x.shape, dtype))
     alpha, gamma = data.draw(FOCAL_PARAMS)
-    g = data.draw(upstream_scalars())
+    g = data.draw(upstream_scalars(large=True))
     loss, grad = xf.sigmoid_focal_loss_with_grad(x, t, alpha, gamma, reduction=reduction, grad_output=g)
     assert_ulp_close(np.asarray(loss), ref.sigmoid_focal_loss(x, t, alpha, gamma, reduction=reduction),
                      REDUCED_BOUND, dtype=dtype, inputs={"x": x, "target": t})

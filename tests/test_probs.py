@@ -59,7 +59,7 @@ def test_bce_probs_elements_within_bound(dtype, data):
 @given(data=st.data())
 def test_bce_probs_reductions_within_bound(dtype, reduction, data):
     p, t, w, mode = data.draw(bce_prob_cases(dtype, max_side=6))
-    g = data.draw(upstream_scalars())
+    g = data.draw(upstream_scalars(large=True))
     loss, grad = xf.binary_cross_entropy_with_grad(p, t, w, reduction=reduction, grad_output=g, **mode)
     assert_ulp_close(np.asarray(loss), ref.binary_cross_entropy(p, t, w, reduction=reduction, **mode), 4.0,
                      dtype=dtype, inputs={"p": p, "target": t})
@@ -129,7 +129,7 @@ def test_ce_probs_rows_within_bound(dtype, data):
 def test_ce_probs_reductions_within_bound(dtype, reduction, data):
     p, t, w, eps = data.draw(ce_prob_cases(dtype))
     empty_mean = data.draw(st.sampled_from(["nan", "zero"]))
-    g = data.draw(upstream_scalars())
+    g = data.draw(upstream_scalars(large=True))
     loss, grad = xf.cross_entropy_from_probs_with_grad(p, t, w, reduction=reduction, eps=eps, grad_output=g,
                                                        empty_mean=empty_mean)
     assert_ulp_close(np.asarray(loss), ref.cross_entropy_from_probs(p, t, w, reduction=reduction, eps=eps,
@@ -138,6 +138,14 @@ def test_ce_probs_reductions_within_bound(dtype, reduction, data):
     assert_ulp_close(grad, ref.cross_entropy_from_probs_grad(p, t, w, reduction=reduction, eps=eps, grad_output=g,
                                                              empty_mean=empty_mean),
                      BOUND[np.dtype(dtype)] + 1, inputs={"p": p, "target": t})
+
+
+def test_ce_probs_float32_gradient_when_the_mean_factor_rounds_to_zero():
+    # grad_output 5e-324 over 2 rows rounds to 0 in double: every entry was lost, the infinite one of
+    # 1/p at p = 0 included (-0 for -inf); float32 buffers now take the power-of-two lift there too
+    p, t = np.array([[0.5], [0.0]], dtype=np.float32), np.array([0, 0])
+    _, grad = xf.cross_entropy_from_probs_with_grad(p, t, reduction="mean", grad_output=5e-324)
+    assert grad[1, 0] == -np.inf and grad[0, 0] == 0
 
 
 def test_ce_probs_special_values():

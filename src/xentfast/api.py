@@ -323,6 +323,20 @@ def _lift_exponent(g, den):
     return -1021 - math.frexp(g)[1] + math.frexp(den)[1]
 
 
+def _weight_lift(xp, w, scale):
+    """k > 0 where weights with a subnormal entry meet a large scalar upstream factor: the kernel's
+    products with such a weight round on the subnormal grid before the factor magnifies them (weights
+    5e-324 under grad_output 1e30: 7e14 ULP; a weighted mean's folded weight 7e-310: 20 ULP).  The
+    caller lifts the weights by 2^k and lowers the factor by as much, k such that the factor stays >= 1/2
+    and the largest weight below 2^1021."""
+    if not math.isfinite(scale) or abs(scale) < 1.0:
+        return 0
+    positive = w[w > 0]
+    if not positive.size or float(positive.min()) >= _SMALLEST_NORMAL:
+        return 0
+    return max(0, min(math.frexp(scale)[1] - 1, 1021 - math.frexp(float(w.max()))[1]))
+
+
 def _ldexp_inf(v, k):
     """v 2^k rounded once, inf where it overflows (math.ldexp raises there)."""
     try:
@@ -366,11 +380,12 @@ def _sum_and_tiny(backend, losses):
 
 
 def _tiny_terms(biggest):
-    """True when every reduced term is below 2^-969 (and one is not 0): each was rounded onto (or near)
-    the subnormal grid, and a sum of n of them, or their sum divided by a subnormal denominator, would
-    carry up to n/2 of those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact).
-    `biggest` is max |loss|."""
-    return 0.0 < biggest < 2.0**-969
+    """True when every reduced term is below 2^-969: each was rounded onto (or near) the subnormal grid,
+    and a sum of n of them, or their sum divided by a subnormal denominator, would carry up to n/2 of
+    those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact).  All of them 0
+    included: n terms below half the least subnormal each round to 0 and can sum to more (11 rows of
+    ~1.8e-324: 2e-323).  `biggest` is max |loss|."""
+    return 0.0 <= biggest < 2.0**-969
 
 
 
@@ -566,9 +581,11 @@ class _Problem:
         2^-1020, but an entry is that times A + 2 z r lse (times q / p for cross_entropy_from_probs).
         Only into a float64 buffer: a float32 one would round the entries that land among float32's
         subnormals twice (and CuPy's kernels flush those to 0), while the rounding the lift removes shows
-        in float32 results only under a magnification beyond ~2^870."""
+        in float32 results only under a magnification beyond ~2^870, except where the factor over the
+        denominator rounded to 0 (grad_output 5e-324 over a mean of 2 rows): then every entry is lost,
+        also the infinite ones of 1 / p at p = 0 (-0 for -inf), and float32 buffers are lifted too."""
         if (row_scale is not None or g == 0 or not math.isfinite(g) or abs(scale) >= _SMALLEST_NORMAL
-                or grad_dtype != np.float64 or not self._lift_fits()):
+                or (grad_dtype != np.float64 and scale != 0) or not self._lift_fits()):
             return 0
         return _lift_exponent(g, self.denominator() if self.reduction == "mean" else 1.0)
 
@@ -610,12 +627,37 @@ class _Problem:
                     except OverflowError:   # math.ldexp raises where NumPy would give inf
                         g_up = math.inf
                     if math.isfinite(g_up):
-                        folded = self.w / math.ldexp(den, s)
+                        den = math.ldexp(den, s)
+                        folded = self.w / den
                         g = g_up
+                lift = _weight_lift(xp, folded, g) if bool(xp.isfinite(folded).all()) else 0
+                if lift:
+                    # the power of two before the division as far as the weights take it: a folded
+                    # weight below the normals was rounded on the subnormal grid by the division itself
+                    before = max(0, min(lift, 1021 - math.frexp(float(self.w.max()))[1]))
+                    with np.errstate(over="ignore"):
+                        folded = xp.ldexp(xp.ldexp(self.w, before) / den, lift - before)
+                    if self.eps == 0:
+                        folded = xp.where(xp.isfinite(folded), folded, 0.0)
+                    g = math.ldexp(g, -lift)
                 # the forward launch first: an in-place gradient overwrites the logits it reads
                 self._launch(self._w_or_empty(), None, 1.0, loss, None)
                 self._launch(folded, None, g, xp.empty(self.N, dtype=np.float64), grad)
                 return
+        lift = 0
+        if (grad is not None and row_scale is None and self.w is not None and (self.y is not None or self.z == 0)
+                and math.isfinite(scale) and abs(scale) >= 2.0 and self._subnormal_weights()):
+            # the gradient is linear in the weights (not a z-loss over probability targets: its row
+            # weight is 1); a factor below 2 magnifies nothing (and the weights' look, a transfer on a
+            # device, is skipped)
+            lift = _weight_lift(xp, self.w, scale)
+        if lift:
+            # the same gradient with 2^lift w and 2^-lift scale, both exact; the losses from a forward
+            # pass with the weights as given
+            self._launch(self._w_or_empty(), None, 1.0, loss, None)
+            self._launch(xp.ldexp(self.w, lift), None, math.ldexp(scale, -lift),
+                         xp.empty(self.N, dtype=np.float64), grad)
+            return
         self._launch(self._w_or_empty(), row_scale, scale, loss, grad)
 
     def rerun_possible(self):

@@ -587,8 +587,16 @@ def index_targets(n_classes, shape, ignore_index=-100, dtype=np.int64, allow_ign
     return build()
 
 
-def upstream_scalars():
+def upstream_scalars(large=False):
     """Hypothesis strategy for a scalar ``grad_output`` of a ``mean`` or ``sum``.
+
+    Parameters
+    ----------
+    large : bool, optional
+        Also draw 1e30 and -2**70, which magnify whatever a kernel rounds before applying the factor
+        (a subnormal weight, an underflowed power).  Not for cross_entropy: under subnormal class
+        weights and label smoothing such a factor makes gradient entries whose two terms both overflow
+        (a documented limit, README).
 
     Returns
     -------
@@ -599,7 +607,7 @@ def upstream_scalars():
     """
     from hypothesis import strategies as st
 
-    return st.sampled_from([1.0, 0.5, 3.0, 5e-324, -3e-320, 1.1e-310])
+    return st.sampled_from([1.0, 0.5, 3.0, 5e-324, -3e-320, 1.1e-310] + ([1e30, -2.0**70] if large else []))
 
 
 def prob_targets(shape, dtype=np.float64):
