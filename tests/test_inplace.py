@@ -247,3 +247,22 @@ def test_in_place_rerun_on_a_device(device):
     loss, grad = xf.binary_cross_entropy_with_logits_with_grad(xd, _dev(np.ones(3)), reduction="mean",
                                                                pos_weight=_dev(np.array(2.0)), inplace=True)
     assert _bits(loss) == _bits(want_loss) and _bits(grad) == _bits(want_grad)
+
+
+def test_in_place_mean_with_nothing_to_average():
+    # every row ignored (a fully padded batch) or of zero target weight: the mean is empty_mean, the
+    # gradient 0, and the reduction must not launch on the overwritten logits
+    x = np.array([[0.1, 0.2, 0.3], [1.0, 2.0, 3.0]])
+    for kw in (dict(target=np.array([-100, -100])), dict(target=np.array([0, 0]), weight=np.array([0.0, 1, 1]))):
+        loss, grad = xf.cross_entropy_with_grad(x.copy(), inplace=True, **kw)
+        assert np.isnan(loss) and (grad == 0).all()
+        loss, _ = xf.cross_entropy_with_grad(x.copy(), inplace=True, empty_mean="zero", **kw)
+        assert loss == 0
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x.copy(), np.full(x.shape, -1.0), ignore_index=-1,
+                                                               inplace=True)
+    assert np.isnan(loss) and (grad == 0).all()
+
+
+def test_an_exact_zero_loss_under_a_huge_weight_stays_zero():
+    # a rescaled rerun of all-zero losses would multiply the weight 2^424 by 2^600: inf * 0 = NaN
+    assert xf.cross_entropy(np.array([[1.0]]), np.array([0]), np.array([2.0**424]), reduction="sum") == 0

@@ -212,7 +212,7 @@ def test_subnormal_class_weights_under_a_large_upstream_factor(reduction, probab
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6, 3))
     t = rng.dirichlet(np.ones(3), 6) if probabilities else np.array([0, 1, 2, 0, 1, 2])
-    for w in ([5e-324, 5e-324, 5e-324], [2.2e-309, 1.0, 0.5], [2.2e-309, 3e-320, 1e-310]):
+    for w in ([5e-324, 5e-324, 5e-324], [2.2e-309, 1.0, 0.5], [2.2e-309, 3e-320, 1e-310], [5e-324, 1.0, 1.0]):
         for label_smoothing in (0.0, 0.1):
             for g in (1e30, -(2.0**70)):
                 kw = dict(weight=np.array(w), label_smoothing=label_smoothing, reduction=reduction)
@@ -220,15 +220,6 @@ def test_subnormal_class_weights_under_a_large_upstream_factor(reduction, probab
                 exact, scale = ref.cross_entropy_grad(x, t, grad_output=g, return_scale=True, **kw)
                 assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale,
                                  err_msg=f"weight={w} label_smoothing={label_smoothing} grad_output={g}")
-
-
-def test_a_sum_of_row_losses_each_below_the_least_subnormal():
-    # eps/C (w_1 + w_2) log 3 = 1.8e-324 per row rounds to 0, but 11 rows sum to 2e-323: the reduction
-    # reruns the kernel with the losses scaled by 2^600 also when every row loss came out 0
-    x, y = np.zeros((11, 3)), np.zeros(11, dtype=np.int64)
-    kw = dict(weight=np.array([0.0, 5e-324, 5e-324]), label_smoothing=0.5, reduction="sum")
-    assert_ulp_close(np.asarray(xf.cross_entropy(x, y, **kw)), ref.cross_entropy(x, y, **kw), REDUCED_BOUND)
-    assert xf.cross_entropy(x, y, **kw) > 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

@@ -323,18 +323,22 @@ def _lift_exponent(g, den):
     return -1021 - math.frexp(g)[1] + math.frexp(den)[1]
 
 
-def _weight_lift(xp, w, scale):
+def _weight_lift(xp, w, scale, subnormal=None):
     """k > 0 where weights with a subnormal entry meet a large scalar upstream factor: the kernel's
     products with such a weight round on the subnormal grid before the factor magnifies them (weights
     5e-324 under grad_output 1e30: 7e14 ULP; a weighted mean's folded weight 7e-310: 20 ULP).  The
     caller lifts the weights by 2^k and lowers the factor by as much, k such that the factor stays >= 1/2
-    and the largest weight below 2^1021."""
+    and the largest weight below 2^1021 (so a huge weight beside the subnormal one limits k: weights
+    [5e-324, 1e300] keep most of the error).  `subnormal`: whether to lift, where the caller knows."""
     if not math.isfinite(scale) or abs(scale) < 1.0:
         return 0
-    positive = w[w > 0]
-    if not positive.size or float(positive.min()) >= _SMALLEST_NORMAL:
+    if subnormal is None:
+        positive = w[w > 0]
+        subnormal = bool(positive.size) and float(positive.min()) < _SMALLEST_NORMAL
+    wmax = float(w.max())
+    if not subnormal or wmax <= 0:
         return 0
-    return max(0, min(math.frexp(scale)[1] - 1, 1021 - math.frexp(float(w.max()))[1]))
+    return max(0, min(math.frexp(scale)[1] - 1, 1021 - math.frexp(wmax)[1]))
 
 
 def _ldexp_inf(v, k):
@@ -380,12 +384,13 @@ def _sum_and_tiny(backend, losses):
 
 
 def _tiny_terms(biggest):
-    """True when every reduced term is below 2^-969: each was rounded onto (or near) the subnormal grid,
-    and a sum of n of them, or their sum divided by a subnormal denominator, would carry up to n/2 of
-    those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact).  All of them 0
-    included: n terms below half the least subnormal each round to 0 and can sum to more (11 rows of
-    ~1.8e-324: 2e-323).  `biggest` is max |loss|."""
-    return 0.0 <= biggest < 2.0**-969
+    """True when every reduced term is below 2^-969 (and one is not 0): each was rounded onto (or near)
+    the subnormal grid, and a sum of n of them, or their sum divided by a subnormal denominator, would
+    carry up to n/2 of those ULPs.  The kernel then runs again with the losses scaled by 2^600 (exact).
+    Not where every term is 0: terms below half the least subnormal that sum to more stay 0 (a known
+    limit, README), because the rerun would cost a pass on every all-ignored batch and its 2^600 times
+    a weight beyond 2^424 overflows (inf * 0 = NaN for an exact 0).  `biggest` is max |loss|."""
+    return 0.0 < biggest < 2.0**-969
 
 
 
@@ -630,7 +635,8 @@ class _Problem:
                         den = math.ldexp(den, s)
                         folded = self.w / den
                         g = g_up
-                lift = _weight_lift(xp, folded, g) if bool(xp.isfinite(folded).all()) else 0
+                # (the weights' subnormals, not the folded ones: the fold can round w / den to 0)
+                lift = _weight_lift(xp, folded, g, subnormal=True) if bool(xp.isfinite(folded).all()) else 0
                 if lift:
                     # the power of two before the division as far as the weights take it: a folded
                     # weight below the normals was rounded on the subnormal grid by the division itself
