@@ -661,6 +661,14 @@ def prob_targets(shape, dtype=np.float64):
     return build()
 
 
+def _weight_specials(dt):
+    """Exact weight values drawn beside the uniform ones: 0, 1, 0.5, 2, 1e-3, and 2^40 and 2^-40 where
+    the dtype holds them (not float16), so that weights far from 1 are drawn at all."""
+    cast = _caster(dt)
+    far = [v for v in (2.0**40, 2.0**-40) if cast(v) == v]
+    return [cast(v) for v in (0.0, 1.0, 0.5, 2.0, 1e-3)] + far
+
+
 def class_weights(n_classes, dtype=np.float64):
     """Hypothesis strategy for class-weight vectors.
 
@@ -680,9 +688,7 @@ def class_weights(n_classes, dtype=np.float64):
 
     dt = np.dtype(dtype)
     w = _fmt_consts(dt)["width"]
-    cast = _caster(dt)
-    el = st.one_of(st.sampled_from([cast(v) for v in (0.0, 1.0, 0.5, 2.0, 1e-3)]),
-                   st.floats(0.0, 10.0, width=w))
+    el = st.one_of(st.sampled_from(_weight_specials(dt)), st.floats(0.0, 10.0, width=w))
     return st.one_of(_arrays(dt, int(n_classes), el),
                      st.just(np.ones(int(n_classes), dtype=dt)))
 
@@ -855,13 +861,12 @@ def unit_probabilities(shape, dtype=np.float64):
 
 def element_weights(shape, dtype=np.float64):
     """Hypothesis strategy for weights that broadcast to `shape`: None, a scalar, the last axis, or the
-    full shape; values in [0, 10] with exact 0, 1, 0.5, 2 and 1e-3."""
+    full shape; values in [0, 10] with exact 0, 1, 0.5, 2 and 1e-3, and 2^40 and 2^-40 (not float16)."""
     from hypothesis import strategies as st
 
     dt = np.dtype(dtype)
     w = _fmt_consts(dt)["width"]
-    cast = _caster(dt)
-    el = st.one_of(st.sampled_from([cast(v) for v in (0.0, 1.0, 0.5, 2.0, 1e-3)]), st.floats(0.0, 10.0, width=w))
+    el = st.one_of(st.sampled_from(_weight_specials(dt)), st.floats(0.0, 10.0, width=w))
     shapes = [(), tuple(shape), tuple(shape[-1:]) if shape else ()]
     return st.one_of(st.none(), st.sampled_from(shapes).flatmap(lambda s: _arrays(dt, s, el)))
 
