@@ -68,6 +68,34 @@ def test_bce_probs_reductions_within_bound(dtype, reduction, data):
     assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"p": p, "target": t})
 
 
+def _upstream_arrays(n):
+    """Per-element (or per-row) grad_output arrays: ordinary, and huge and subnormal factors side by side."""
+    mixed = np.resize(np.array([1e30, -3e-320, 1.1e-310, 0.0, -(2.0**70), 0.37]), n)
+    return st.sampled_from([np.linspace(-2, 3, n), np.full(n, 0.25), mixed])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_bce_probs_grad_output_per_element(dtype, data):
+    p, t, w, mode = data.draw(bce_prob_cases(dtype, max_side=6))
+    g = data.draw(_upstream_arrays(p.size)).reshape(p.shape).astype(dtype)
+    grad = xf.binary_cross_entropy_backward(g, p, t, w, reduction="none", **mode)
+    exact, scale = ref.binary_cross_entropy_grad(p, t, w, reduction="none", grad_output=g, return_scale=True,
+                                                 **mode)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"p": p, "target": t},
+                     err_msg=f"{mode}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@given(data=st.data())
+def test_ce_probs_grad_output_per_row(dtype, data):
+    p, t, w, eps = data.draw(ce_prob_cases(dtype))
+    g = data.draw(_upstream_arrays(p.shape[0])).astype(dtype)
+    grad = xf.cross_entropy_from_probs_backward(g, p, t, w, reduction="none", eps=eps)
+    exact = ref.cross_entropy_from_probs_grad(p, t, w, reduction="none", eps=eps, grad_output=g)
+    assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, inputs={"p": p, "target": t}, err_msg=f"eps={eps}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_bce_probs_modes_at_the_edges(dtype):
     p = np.array([0.0, 0.0, 1.0, 1.0, 1e-30, 0.5], dtype=dtype)

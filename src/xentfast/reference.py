@@ -786,6 +786,12 @@ def _times(c, v):
     return c * v
 
 
+def _upstream_times(f, v):
+    """An upstream factor f times a derivative v: 0 * inf = 0 as for any zero coefficient, but a NaN
+    derivative (a NaN input) stays NaN, as the kernels give it."""
+    return v if _isnan(v) else _times(f, v)
+
+
 def _bin_elementwise_inputs(input, target, weights, ignore_index, what="input"):
     """Exact mpf arrays of input and target and of each optional weight broadcast to the input."""
     x = _to_mpf_array(input, what)
@@ -853,9 +859,11 @@ def _bce_logits_elem(x, y, w, q, want_grad):
 
 
 def _finish_grads(vals, factors, shape, prec, return_scale):
+    # a zero upstream factor is a zero coefficient: 0 * inf = 0 (an infinite derivative of BCE from
+    # probabilities at p = 0 < y), as cross_entropy_from_probs_grad and the kernels have it; NaN stays
     with mpmath.workprec(prec):
-        grads = [f * g for f, (g, _) in zip(factors, vals)]
-        scales = [abs(f) * s for f, (_, s) in zip(factors, vals)]
+        grads = [_upstream_times(f, g) for f, (g, _) in zip(factors, vals)]
+        scales = [_upstream_times(abs(f), s) for f, (_, s) in zip(factors, vals)]
     g = _obj_array(grads, shape)
     if return_scale:
         return g, _obj_array(scales, shape)
@@ -1190,7 +1198,7 @@ def cross_entropy_from_probs_grad(input, target, weight=None, ignore_index=-100,
     with mpmath.workprec(prec):
         for i in range(n):
             _, gr = pb.row(i, True)
-            out.append([_times(f[i], v) for v in gr])
+            out.append([_upstream_times(f[i], v) for v in gr])
     return _unrows(out, pb.shape, pb.axis)
 
 
