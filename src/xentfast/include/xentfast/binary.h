@@ -210,8 +210,9 @@ XF_HD double xf_bin_exp_affine(double g, double lh, double ll, double mh, double
 }
 
 /* v = m 2^E with E = v's binary exponent clamped to [-1022, 1022], so that 2^E and 2^-E are normal
- * doubles: m in [1, 2) (in magnitude) for normal v, exact; m = v 2^1022 for subnormal v and +-inf for
- * +-inf; NaN stays NaN.  Returns E; *m = m and *down = 2^-E (to scale a double-double's low part). */
+ * doubles: m in [1, 2) (in magnitude) for normal v below 2^1023 and in [2, 4) from there, exact;
+ * m = v 2^1022 for subnormal v and +-inf for +-inf; NaN stays NaN.  Returns E; *m = m and *down = 2^-E
+ * (to scale a double-double's low part). */
 XF_HD double xf_bin_split_exp(double v, double *m, double *down)
 {
     unsigned long long ve = (xf_bits_from_double(v) >> 52) & 0x7ffULL;
