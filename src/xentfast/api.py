@@ -699,25 +699,6 @@ class _Problem:
         if self.input_overwritten:  # pragma: no cover - a broken rerun_possible() would land here
             raise RuntimeError("internal error: a reduction would read the in-place gradient as the logits")
 
-    def _rescale_tiny_rows(self, row_losses):
-        """Per-row losses below 2^-969 of probability targets or smoothing, taken again scaled by 2^600 and
-        unscaled once: their terms q_c (lse - x_c) were each rounded on the subnormal grid before the
-        row's sum (65 classes of mass 4.45e-311: 8.2 ULP).  float64 losses only (a float32 one is 0
-        there), and not after an in-place gradient overwrote the logits."""
-        if (self.loss_dtype != np.float64 or self.input_overwritten or not row_losses.size
-                or (self.t is None and self.eps == 0)):
-            return
-        xp = self.xp
-        if self.backend.is_cpu and not row_losses.min() < 2.0**-969:
-            return  # one pass: losses are >= 0 here, so no row is tiny (a NaN row says False too)
-        mask = (row_losses != 0) & (abs(row_losses) < 2.0**-969)
-        if not int(self.backend.to_host(xp.count_nonzero(mask))):   # on a device, one small transfer
-            return
-        tiny = mask.nonzero()[0]
-        scaled = xp.empty(tiny.size, dtype=np.float64)
-        self._launch(self._w_or_empty(), None, 1.0, scaled, None, loss_exp=int(_TINY_K), sel=tiny)
-        row_losses[tiny] = scaled * 2.0**-_TINY_K   # one rounding, as ldexp
-
     def _selected(self, sel):
         """(rows, y, t) of the whole problem, or of the rows `sel` indexes (copies, for a probe)."""
         if sel is None:
@@ -745,7 +726,6 @@ class _Problem:
 
     def reduce(self, row_losses):
         if self.reduction == "none":
-            self._rescale_tiny_rows(row_losses)
             with np.errstate(over="ignore"):  # a double loss beyond float32's range is inf, as it should be
                 return row_losses.astype(self.loss_dtype).reshape(self.batch_shape)
         hi, lo, tiny = _sum_and_tiny(self.backend, row_losses)
