@@ -176,6 +176,14 @@ def test_ce_probs_float32_gradient_when_the_mean_factor_rounds_to_zero():
     assert grad[1, 0] == -np.inf and grad[0, 0] == 0
 
 
+def test_ce_probs_mean_with_nothing_to_average_has_a_zero_gradient():
+    # even over a NaN row (the reference said NaN for a while: 0 times its NaN derivative)
+    p, t, w = np.array([[np.nan], [0.5]]), np.array([0, 0]), np.array([0.0])
+    _, grad = xf.cross_entropy_from_probs_with_grad(p, t, w, reduction="mean")
+    assert (grad == 0).all()
+    assert all(v == 0 for v in ref.cross_entropy_from_probs_grad(p, t, w, reduction="mean").ravel())
+
+
 def test_ce_probs_special_values():
     p = np.array([[0.0, 1.0, 0.0], [0.5, np.nan, 0.5], [0.2, 0.3, 0.5]])
     loss, g = xf.cross_entropy_from_probs_with_grad(p, np.array([0, 2, -100]), reduction="none")

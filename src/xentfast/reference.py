@@ -1194,11 +1194,13 @@ def cross_entropy_from_probs_grad(input, target, weight=None, ignore_index=-100,
             if reduction == "mean":
                 g = g / pb.denominator if pb.denominator else _ZERO
             f = [g] * n
+    # a mean with nothing to average is a constant: its gradient is 0 everywhere, NaN rows included
+    empty = reduction == "mean" and not pb.denominator
     out = []
     with mpmath.workprec(prec):
         for i in range(n):
             _, gr = pb.row(i, True)
-            out.append([_upstream_times(f[i], v) for v in gr])
+            out.append([_ZERO if empty else _upstream_times(f[i], v) for v in gr])
     return _unrows(out, pb.shape, pb.axis)
 
 
