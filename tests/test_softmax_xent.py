@@ -202,6 +202,11 @@ def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_sm
         assert_ulp_close(computed, exact, BOUND[np.dtype(dtype)] + 1, scale=scale if label_smoothing else None)
 
 
+def test_an_exact_zero_loss_under_a_huge_weight_stays_zero():
+    # a rescaled rerun of all-zero losses would multiply the weight 2^424 by 2^600: inf * 0 = NaN
+    assert xf.cross_entropy(np.array([[1.0]]), np.array([0]), np.array([2.0**424]), reduction="sum") == 0
+
+
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("probabilities", [False, True])
 def test_subnormal_class_weights_under_a_large_upstream_factor(reduction, probabilities):
