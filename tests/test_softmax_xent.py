@@ -30,14 +30,34 @@ def _is_simple(case):
     return case.target.dtype.kind in "iu" and case.label_smoothing == 0 and case.z_loss == 0
 
 
+def _subnormal_mass_rows(case):
+    """Rows of README's known limit: probability targets whose every positive term mass (q_c, times w_c
+    where weighted) is subnormal; each term q_c (lse - x_c) rounds on the subnormal grid before the row's
+    sum, half a step each: up to C/2 of the row loss's ULP (measured 8.2 for 65 classes of mass
+    4.45e-311)."""
+    t = case.target
+    if t.dtype.kind != "f" or t.ndim != 2:
+        return np.zeros(t.shape[:-1] if t.ndim else (), dtype=bool)
+    m = t.astype(np.float64) * (1.0 if case.weight is None else case.weight.astype(np.float64))
+    positive = m > 0
+    tiny = np.where(positive, m < np.finfo(np.float64).smallest_normal, True).all(axis=-1)
+    return positive.any(axis=-1) & tiny
+
+
 def _check_rows(case, dtype):
     kw = _kwargs(case)
     x, t = case.logits, case.target
     bound = BOUND[np.dtype(dtype)]
     inputs = {"logits": x, "target": t}
     loss, grad = xf.cross_entropy_with_grad(x, t, reduction="none", **kw)
-    assert_ulp_close(loss, ref.cross_entropy(x, t, reduction="none", **kw), bound, inputs=inputs,
-                     err_msg=f"per-row loss, options {kw}")
+    exact_loss = ref.cross_entropy(x, t, reduction="none", **kw)
+    limit = _subnormal_mass_rows(case)
+    if np.ndim(loss) == 1 and limit.any():
+        C = x.shape[-1]
+        assert_ulp_close(loss[limit], exact_loss[limit], bound + C / 2, inputs=inputs,
+                         err_msg=f"per-row loss of subnormal masses (documented limit), options {kw}")
+        loss, exact_loss = loss[~limit], exact_loss[~limit]
+    assert_ulp_close(loss, exact_loss, bound, inputs=inputs, err_msg=f"per-row loss, options {kw}")
     exact_grad, scale = ref.cross_entropy_grad(x, t, reduction="none", return_scale=True, **kw)
     assert_ulp_close(grad, exact_grad, bound, scale=None if _is_simple(case) else scale, inputs=inputs,
                      err_msg=f"gradient, options {kw}")
