@@ -323,20 +323,15 @@ def _lift_exponent(g, den):
     return -1021 - math.frexp(g)[1] + math.frexp(den)[1]
 
 
-def _weight_lift(xp, w, scale, subnormal=None):
-    """k > 0 where weights with a subnormal entry meet a large scalar upstream factor: the kernel's
-    products with such a weight round on the subnormal grid before the factor magnifies them (weights
-    5e-324 under grad_output 1e30: 7e14 ULP; a weighted mean's folded weight 7e-310: 20 ULP).  The
-    caller lifts the weights by 2^k and lowers the factor by as much, k such that the factor stays >= 1/2
-    and the largest weight below 2^1021 (so a huge weight beside the subnormal one limits k: weights
-    [5e-324, 1e300] keep most of the error).  `subnormal`: whether to lift, where the caller knows."""
-    if not math.isfinite(scale) or abs(scale) < 1.0:
-        return 0
-    if subnormal is None:
-        positive = w[w > 0]
-        subnormal = bool(positive.size) and float(positive.min()) < _SMALLEST_NORMAL
+def _weight_lift(w, scale):
+    """k >= 0 for class weights with a subnormal entry (the caller has checked) under a scalar upstream
+    factor: the kernel's products with such a weight round on the subnormal grid before the factor
+    magnifies them (weights 5e-324 under grad_output 1e30: 7e14 ULP; a weighted mean's folded weight
+    7e-310: 20 ULP).  The caller lifts the weights by 2^k and lowers the factor by as much, k such that
+    the factor stays >= 1/2 and the largest weight below 2^1021 (so a huge weight beside the subnormal
+    one limits k: weights [5e-324, 1e300] keep most of the error)."""
     wmax = float(w.max())
-    if not subnormal or wmax <= 0:
+    if not math.isfinite(scale) or abs(scale) < 1.0 or wmax <= 0:
         return 0
     return max(0, min(math.frexp(scale)[1] - 1, 1021 - math.frexp(wmax)[1]))
 
@@ -635,8 +630,9 @@ class _Problem:
                         den = math.ldexp(den, s)
                         folded = self.w / den
                         g = g_up
-                # (the weights' subnormals, not the folded ones: the fold can round w / den to 0)
-                lift = _weight_lift(xp, folded, g, subnormal=True) if bool(xp.isfinite(folded).all()) else 0
+                # keyed on the weights' subnormals, not the folded ones: w / den can round one to 0
+                lift = (_weight_lift(folded, g) if self._subnormal_weights() and bool(xp.isfinite(folded).all())
+                        else 0)
                 if lift:
                     # the power of two before the division as far as the weights take it: a folded
                     # weight below the normals was rounded on the subnormal grid by the division itself
@@ -646,9 +642,7 @@ class _Problem:
                     if self.eps == 0:
                         folded = xp.where(xp.isfinite(folded), folded, 0.0)
                     g = math.ldexp(g, -lift)
-                # the forward launch first: an in-place gradient overwrites the logits it reads
-                self._launch(self._w_or_empty(), None, 1.0, loss, None)
-                self._launch(folded, None, g, xp.empty(self.N, dtype=np.float64), grad)
+                self._launch_loss_then_grad(folded, g, loss, grad)
                 return
         lift = 0
         if (grad is not None and row_scale is None and self.w is not None and (self.y is not None or self.z == 0)
@@ -656,15 +650,19 @@ class _Problem:
             # the gradient is linear in the weights (not a z-loss over probability targets: its row
             # weight is 1); a factor below 2 magnifies nothing (and the weights' look, a transfer on a
             # device, is skipped)
-            lift = _weight_lift(xp, self.w, scale)
+            lift = _weight_lift(self.w, scale)
         if lift:
-            # the same gradient with 2^lift w and 2^-lift scale, both exact; the losses from a forward
-            # pass with the weights as given
-            self._launch(self._w_or_empty(), None, 1.0, loss, None)
-            self._launch(xp.ldexp(self.w, lift), None, math.ldexp(scale, -lift),
-                         xp.empty(self.N, dtype=np.float64), grad)
+            # the same gradient with 2^lift w and 2^-lift scale, both exact
+            self._launch_loss_then_grad(xp.ldexp(self.w, lift), math.ldexp(scale, -lift), loss, grad)
             return
         self._launch(self._w_or_empty(), row_scale, scale, loss, grad)
+
+    def _launch_loss_then_grad(self, grad_weights, grad_scale, loss, grad):
+        """The losses from the weights as given (the bits a fused pass gives them), then the gradient
+        under weights and a scalar factor rescaled for it.  The forward launch first: an in-place
+        gradient overwrites the logits it reads."""
+        self._launch(self._w_or_empty(), None, 1.0, loss, None)
+        self._launch(grad_weights, None, grad_scale, self.xp.empty(self.N, dtype=np.float64), grad)
 
     def rerun_possible(self):
         """Whether reduce() may launch the kernel on the logits again: the tiny-terms pass, taken when
