@@ -69,7 +69,8 @@ def test_bce_logits_reductions_within_bound(dtype, reduction, data):
 def test_bce_logits_grad_output_per_element(dtype, data):
     case = data.draw(binary_xent_cases(dtype, max_size=24))
     x, t, kw = case.logits, case.target, _kw(case)
-    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.size), np.full(x.size, 0.25)])).reshape(x.shape)
+    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.size), np.full(x.size, 0.25),
+                                   np.resize([0.37, np.nan, -1.5], x.size)])).reshape(x.shape)
     grad = xf.binary_cross_entropy_with_logits_backward(g.astype(dtype), x, t, reduction="none", **kw)
     exact, scale = ref.binary_cross_entropy_with_logits_grad(x, t, reduction="none", grad_output=g.astype(dtype),
                                                              return_scale=True, **kw)
@@ -124,7 +125,9 @@ def test_focal_grad_output_per_element(dtype, data):
     alpha, gamma = data.draw(FOCAL_PARAMS)
     # huge and subnormal factors too: they scale the products the gradient is formed from
     mixed = np.resize(np.array([1e30, -3e-320, 1.1e-310, 0.0, -(2.0**70), 0.37]), x.size)
-    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.size), np.full(x.size, 0.25), mixed])).reshape(x.shape)
+    with_nan = np.resize([0.37, np.nan, -1.5], x.size)
+    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.size), np.full(x.size, 0.25), mixed,
+                                   with_nan])).reshape(x.shape)
     grad = xf.sigmoid_focal_loss_backward(g.astype(dtype), x, t, alpha, gamma)
     exact, scale = ref.sigmoid_focal_loss_grad(x, t, alpha, gamma, grad_output=g.astype(dtype), return_scale=True)
     assert_ulp_close(grad, exact, BOUND[np.dtype(dtype)] + 1, scale=scale, inputs={"x": x, "target": t})
@@ -293,6 +296,38 @@ def test_an_infinite_upstream_factor_with_hard_targets_gives_signed_infinities(d
     logits = x.reshape(1, 4)
     unit = xf.cross_entropy_backward(1.0, logits, np.array([2]), reduction="sum")
     assert np.array_equal(xf.cross_entropy_backward(np.inf, logits, np.array([2]), reduction="sum"), unit * np.inf)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("factor", [np.nan, np.inf], ids=["nan", "inf"])
+def test_a_non_finite_upstream_factor_leaves_elements_without_a_term_at_zero(dtype, factor):
+    # README, special values: a NaN or infinite grad_output gives 0 where no term is left (an ignored
+    # element, a zero weight, pos_weight = 0 with y = 1) and multiplies every other element (NaN for NaN);
+    # the reference says the same
+    x = np.array([0.5, 0.5, 0.5, -3.0, 2.0, 0.5], dtype=dtype)
+    y = np.array([-1.0, 1.0, 1.0, 1.0, 0.25, 0.0], dtype=dtype)
+    w = np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    q = np.array([1.0, 1.0, 0.0, 2.0, 1.0, 0.0])
+    kw = dict(weight=w, pos_weight=q, ignore_index=-1.0)
+    no_term = np.array([True, True, True, False, False, False])
+    exact = ref.binary_cross_entropy_with_logits_grad(x, y, reduction="sum", grad_output=factor, **kw)
+    for g, reduction in [(factor, "sum"), (factor, "mean"), (np.full(x.size, factor, dtype=dtype), "none")]:
+        got = xf.binary_cross_entropy_with_logits_backward(g, x, y, reduction=reduction, **kw)
+        assert np.array_equal(got[no_term], np.zeros(3, dtype)), (reduction, got)
+        if factor != factor:
+            assert np.isnan(got[~no_term]).all(), (reduction, got)
+        else:   # the signs of the unit-factor gradient
+            unit = xf.binary_cross_entropy_with_logits_backward(1.0, x, y, reduction="sum", **kw)
+            np.testing.assert_array_equal(got[~no_term], np.sign(unit[~no_term]) * np.inf)
+        np.testing.assert_array_equal(got, np.array(exact, dtype=np.float64).astype(dtype))
+    # the focal loss: alpha_t = 0 multiplies the gradient, it is no weight, so only ignored elements stay 0
+    for alpha in (0.25, 1.0):
+        got = xf.sigmoid_focal_loss_backward(factor, x, y, alpha, 2.0, reduction="sum", ignore_index=-1.0)
+        assert got[0] == 0 and (alpha != 1.0 or np.isnan(got[5])), got   # alpha = 1, y = 0: alpha_t = 0
+        if factor != factor:
+            assert np.isnan(got[1:]).all(), got
+        np.testing.assert_array_equal(got, np.array(ref.sigmoid_focal_loss_grad(
+            x, y, alpha, 2.0, reduction="sum", ignore_index=-1.0, grad_output=factor), dtype=np.float64).astype(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)

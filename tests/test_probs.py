@@ -69,9 +69,10 @@ def test_bce_probs_reductions_within_bound(dtype, reduction, data):
 
 
 def _upstream_arrays(n):
-    """Per-element (or per-row) grad_output arrays: ordinary, and huge and subnormal factors side by side."""
+    """Per-element (or per-row) grad_output arrays: ordinary, huge and subnormal factors side by side, and
+    NaN ones among ordinary factors."""
     mixed = np.resize(np.array([1e30, -3e-320, 1.1e-310, 0.0, -(2.0**70), 0.37]), n)
-    return st.sampled_from([np.linspace(-2, 3, n), np.full(n, 0.25), mixed])
+    return st.sampled_from([np.linspace(-2, 3, n), np.full(n, 0.25), mixed, np.resize([0.37, np.nan, -1.5], n)])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
@@ -182,6 +183,34 @@ def test_ce_probs_mean_with_nothing_to_average_has_a_zero_gradient():
     _, grad = xf.cross_entropy_from_probs_with_grad(p, t, w, reduction="mean")
     assert (grad == 0).all()
     assert all(v == 0 for v in ref.cross_entropy_from_probs_grad(p, t, w, reduction="mean").ravel())
+
+
+@pytest.mark.parametrize("factor", [np.nan, np.inf], ids=["nan", "inf"])
+def test_a_non_finite_upstream_factor_leaves_entries_without_a_term_at_zero(factor):
+    # README, special values: 0 where no term is left whatever grad_output is; elsewhere it multiplies
+    # (NaN for NaN, the sign of the unit-factor gradient for inf).  CE from probabilities: classes without
+    # target mass, a clipped target probability, ignored rows.
+    p = np.array([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.5, 1e-9, 0.5], [0.2, 0.3, 0.5]])
+    t = np.array([1, 2, 1, -100])
+    no_term = np.ones(p.shape, bool)
+    no_term[0, 1] = no_term[1, 2] = False
+    for g, reduction in [(factor, "sum"), (np.full(4, factor), "none")]:
+        got = xf.cross_entropy_from_probs_backward(g, p, t, reduction=reduction, eps=1e-7)
+        want = np.where(no_term, 0.0, factor if factor != factor else -np.inf)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, np.array(ref.cross_entropy_from_probs_grad(
+            p, t, reduction=reduction, eps=1e-7, grad_output=g), dtype=np.float64))
+    # BCE from probabilities: a zero weight; p clipped (eps: both terms' logs are constant there) or its
+    # only term's log clamped (log_clamp: log 1e-9 = -20.7 below -10, the other term without mass)
+    p = np.array([0.3, 1e-9, 1 - 1e-9, 0.3, 0.3])
+    w = np.array([0.0, 1.0, 1.0, 1.0, 1.0])
+    for mode, y in ((dict(eps=1e-7), [1.0, 0.3, 0.8, 0.0, 0.6]), (dict(log_clamp=-10.0), [1.0, 1.0, 0.0, 0.0, 0.6])):
+        y = np.array(y)
+        got = xf.binary_cross_entropy_backward(factor, p, y, w, reduction="sum", **mode)
+        assert (got[:3] == 0).all(), (mode, got)
+        assert (np.isnan(got[3:]) if factor != factor else got[3:] == [np.inf, -np.inf]).all(), (mode, got)
+        np.testing.assert_array_equal(got, np.array(ref.binary_cross_entropy_grad(
+            p, y, w, reduction="sum", grad_output=factor, **mode), dtype=np.float64))
 
 
 def test_ce_probs_special_values():

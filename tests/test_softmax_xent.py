@@ -360,7 +360,8 @@ def test_grad_output_per_row(dtype, data):
     case = data.draw(softmax_xent_cases(dtype))
     kw = _kwargs(case)
     x, t = case.logits, case.target
-    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.shape[0]), np.full(x.shape[0], 0.25)])).astype(dtype)
+    g = data.draw(st.sampled_from([np.linspace(-2, 3, x.shape[0]), np.full(x.shape[0], 0.25),
+                                   np.resize([0.37, np.nan, -1.5], x.shape[0])])).astype(dtype)
     grad = xf.cross_entropy_backward(g, x, t, reduction="none", **kw)
     exact_grad, scale = ref.cross_entropy_grad(x, t, reduction="none", grad_output=g, return_scale=True, **kw)
     assert_ulp_close(grad, exact_grad, BOUND[np.dtype(dtype)] + 1, scale=None if _is_simple(case) else scale,
@@ -914,6 +915,28 @@ def test_an_infinite_upstream_factor_against_torch():
             target_entry = np.eye(3, dtype=bool)[y]
             np.testing.assert_array_equal(got[~target_entry], want.numpy()[~target_entry])
             assert np.isnan(want.numpy()[target_entry]).all() and (got[target_entry] == -np.inf).all()
+
+
+def test_a_nan_upstream_factor_against_torch():
+    # README, special values: a NaN grad_output makes every row it multiplies NaN, a -inf logit's entry and
+    # a zero-weight row included (p_j times a NaN coefficient), as in torch; ignored rows keep 0
+    torch = pytest.importorskip("torch")
+    x = np.array([[1.0, -np.inf, 3.0], [-1.0, 0.5, 4.0], [0.0, 2.0, 1.0], [0.3, 0.2, 0.1]])
+    y = np.array([2, 0, -100, 1])
+    w = np.array([1.0, 0.0, 2.0])
+    for g, reduction in ((np.nan, "sum"), (np.nan, "mean"), (np.array([np.nan, 1.0, np.nan, np.nan]), "none")):
+        for kw in ({}, {"label_smoothing": 0.1}, {"weight": w}):
+            xt = torch.tensor(x, requires_grad=True)
+            tkw = {k: torch.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+            loss = torch.nn.functional.cross_entropy(xt, torch.tensor(y), reduction=reduction, **tkw)
+            (want,) = torch.autograd.grad(loss, xt, torch.tensor(g, dtype=torch.float64))
+            got = xf.cross_entropy_backward(g, x, y, reduction=reduction, **kw)
+            nan_rows = np.array([True, reduction != "none", False, True])
+            assert np.isnan(got[nan_rows]).all() and (got[2] == 0).all(), (reduction, kw, got)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want.numpy()))
+            exact, scale = ref.cross_entropy_grad(x, y, reduction=reduction, grad_output=g, return_scale=True, **kw)
+            assert_ulp_close(got, exact, BOUND[np.dtype(np.float64)] + 1,
+                             scale=scale if "label_smoothing" in kw else None)
 
 
 # ---- the common call's short validation path ---------------------------------------------------------

@@ -98,6 +98,12 @@ _ONE = _MP.make_mpf(libmp.fone)
 _INF = _MP.make_mpf(libmp.finf)
 _NINF = _MP.make_mpf(libmp.fninf)
 _NAN = _MP.make_mpf(libmp.fnan)
+# The derivative of an element or class entry that no term of the loss depends on (an ignored element, a
+# zero weight, both target masses 0, a probability clipped or clamped on its only term, a class without
+# target mass): 0 under any upstream factor, +-inf and NaN included (README, special values), as the
+# kernels' term-wise products give it.  Marked by identity, not value: a derivative that merely evaluates
+# to 0 (x = 0 with y = 1/2) is still multiplied by the factor, and inf * 0 is NaN there.
+_NO_TERM = _MP.make_mpf(libmp.fzero)
 
 # Absolute accuracy goal, in bits below the float64 subnormal spacing 2**-1074 (plus target_bits):
 # values that small are subnormal or zero in every IEEE format, so a refinement never has to chase
@@ -788,7 +794,9 @@ def _times(c, v):
 
 def _upstream_times(f, v):
     """An upstream factor f times a derivative v: 0 * inf = 0 as for any zero coefficient, but a NaN
-    derivative (a NaN input) stays NaN, as the kernels give it."""
+    derivative (a NaN input) stays NaN, as the kernels give it; _NO_TERM is 0 whatever f is."""
+    if v is _NO_TERM:
+        return _ZERO
     return v if _isnan(v) else _times(f, v)
 
 
@@ -854,6 +862,8 @@ def _bce_logits_elem(x, y, w, q, want_grad):
     loss = _times(w, _times(a, _softplus(x)) + _times(b, _softplus(-x)))
     if not want_grad:
         return loss, None, None
+    if not w or (not a and not b):
+        return loss, _NO_TERM, _NO_TERM
     s1, s2 = _times(a, _sigmoid(x)), _times(b, _sigmoid(-x))
     return loss, w * (s1 - s2), w * (abs(s1) + abs(s2))
 
@@ -905,7 +915,8 @@ def binary_cross_entropy_with_logits_grad(input, target, weight=None, pos_weight
     ``d/dx_i = f_i w_i [(1 - y_i) sigmoid(x_i) - q_i y_i sigmoid(-x_i)]`` with ``f_i`` the upstream
     factor (``grad_output``, divided by the kept count for ``"mean"``; 0 when nothing is kept).  With
     `return_scale`, also ``|f_i| w_i [(1 - y_i) sigmoid(x_i) + q_i y_i sigmoid(-x_i)]``, the magnitude of
-    the two terms that cancel for soft targets.
+    the two terms that cancel for soft targets.  An element without a term (ignored, a zero weight, both
+    target masses 0) has gradient 0 under any factor, NaN and +-inf included.
     """
     prec = _bin_prec(dps)
     x, t, (w, q), ign = _bin_elementwise_inputs(input, target, [("weight", weight), ("pos_weight", pos_weight)],
@@ -916,7 +927,7 @@ def binary_cross_entropy_with_logits_grad(input, target, weight=None, pos_weight
     with mpmath.workprec(prec):
         for i, (xi, yi) in enumerate(zip(x.ravel(), t.ravel())):
             if ign is not None and yi == ign:
-                vals.append((_ZERO, _ZERO))
+                vals.append((_NO_TERM, _NO_TERM))
                 continue
             wi = w.ravel()[i] if w is not None else _ONE
             qi = q.ravel()[i] if q is not None else _ONE
@@ -1000,7 +1011,7 @@ def sigmoid_focal_loss_grad(input, target, alpha=0.25, gamma=2.0, reduction="non
     with mpmath.workprec(prec):
         for xi, yi in zip(x.ravel(), t.ravel()):
             if ign is not None and yi == ign:
-                vals.append((_ZERO, _ZERO))
+                vals.append((_NO_TERM, _NO_TERM))
                 continue
             _, g, s = _focal_elem(xi, yi, alpha, gamma, True)
             vals.append((g, s))
@@ -1044,8 +1055,11 @@ def _bce_prob_elem(p, y, w, mode, want_grad):
     loss = _times(w, _times(y, -lp) + _times(_ONE - y, -l1p))
     if not want_grad:
         return loss, None, None
-    t0 = _ZERO if (not y or not live_p or not w) else (w * y / p if p else _INF)
-    t1 = _ZERO if (y == 1 or not live_1p or not w) else (w * (_ONE - y) / (_ONE - p) if p != 1 else _INF)
+    no_t0, no_t1 = not y or not live_p or not w, y == 1 or not live_1p or not w
+    if no_t0 and no_t1:
+        return loss, _NO_TERM, _NO_TERM
+    t0 = _ZERO if no_t0 else (w * y / p if p else _INF)
+    t1 = _ZERO if no_t1 else (w * (_ONE - y) / (_ONE - p) if p != 1 else _INF)
     return loss, t1 - t0, t1 + t0
 
 
@@ -1080,7 +1094,9 @@ def binary_cross_entropy_grad(input, target, weight=None, reduction="mean", *, e
 
     ``f_i w_i [(1 - y_i)/(1 - p_i) - y_i / p_i]`` on the pieces that still depend on ``p`` (a clipped
     or clamped log contributes 0); ``p = 0 < y`` gives ``-inf``, ``p = 1 > y`` gives ``+inf``.
-    `return_scale`: ``|f_i| w_i [(1 - y_i)/(1 - p_i) + y_i/p_i]`` (soft targets cancel).
+    `return_scale`: ``|f_i| w_i [(1 - y_i)/(1 - p_i) + y_i/p_i]`` (soft targets cancel).  An element
+    without a live term (a zero weight, or no piece depending on ``p``) is 0 under any factor, NaN and
+    +-inf included.
     """
     prec = _bin_prec(dps)
     mode = _ProbMode(eps, log_clamp)
@@ -1134,7 +1150,7 @@ class _ProbRows:
         """(loss, grads) of row i, grads before the upstream factor."""
         C, r = self.C, self.rows[i]
         if self.is_index and self.targets[i] == self.ignore_index:
-            return _ZERO, [_ZERO] * C
+            return _ZERO, [_NO_TERM] * C
         if any(_isnan(v) for v in r):
             return _NAN, [_NAN] * C
         if self.is_index:
@@ -1149,7 +1165,7 @@ class _ProbRows:
             terms.append(_times(q[c], -lp))
             if want_grad:
                 if not q[c] or not live:
-                    grads.append(_ZERO)
+                    grads.append(_NO_TERM)
                 else:
                     grads.append(-q[c] / r[c] if r[c] else _NINF)
         return mpmath.fsum(terms), grads
@@ -1180,7 +1196,8 @@ def cross_entropy_from_probs_grad(input, target, weight=None, ignore_index=-100,
                                   axis=-1, eps=None, empty_mean="nan", grad_output=None, dps=60):
     """Exact gradient of ``(cross_entropy_from_probs(...) * grad_output).sum()``: ``-f q_j / p_j``.
 
-    0 where ``q_j = 0`` or ``p_j`` is clipped, ``-inf`` where ``p_j = 0 < q_j``.  No cancellation.
+    0 where ``q_j = 0`` or ``p_j`` is clipped, and on ignored rows, whatever ``f`` is (NaN and +-inf
+    included); ``-inf`` where ``p_j = 0 < q_j``.  No cancellation.
     """
     prec = _bin_prec(dps)
     pb = _ProbRows(input, target, weight, ignore_index, axis, eps)

@@ -601,13 +601,15 @@ def upstream_scalars(large=False):
     Returns
     -------
     hypothesis.strategies.SearchStrategy
-        Python floats: ordinary factors (1, 0.5, 3) and subnormal ones of either sign.  Divided by a
-        mean's denominator, a subnormal factor keeps only a few bits; weights, ``pos_weight`` or ``1/p``
-        can then multiply that rounding back into normal numbers.
+        Python floats: ordinary factors (1, 0.5, 3), subnormal ones of either sign, and NaN.  Divided
+        by a mean's denominator, a subnormal factor keeps only a few bits; weights, ``pos_weight`` or
+        ``1/p`` can then multiply that rounding back into normal numbers.  NaN checks the NaN rule of
+        the README's special values: NaN wherever the factor multiplies a term, 0 where no term is left.
     """
     from hypothesis import strategies as st
 
-    return st.sampled_from([1.0, 0.5, 3.0, 5e-324, -3e-320, 1.1e-310] + ([1e30, -2.0**70] if large else []))
+    return st.sampled_from([1.0, 0.5, 3.0, 5e-324, -3e-320, 1.1e-310, math.nan]
+                           + ([1e30, -2.0**70] if large else []))
 
 
 def prob_targets(shape, dtype=np.float64):
