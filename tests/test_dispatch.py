@@ -70,6 +70,34 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
     _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(x, y, reduction="none", n_threads=2)))
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_long_float32_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction):
+    # rows of 64 KB and more keep their exponentials in a scratch row and write the gradient by streaming
+    # stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS); the baseline path writes them in place.
+    # Every path, thread count, an out= that starts 4 bytes past a 32-byte boundary and inplace=True
+    # must give the same bits; rows differ in where their target lies (first, last, ignored)
+    rng = np.random.default_rng(3)
+    C = 4 * _xent.BLOCK + 13
+    x = (rng.standard_normal((5, C)) * 20).astype(np.float32)
+    x[1, C - 1] = 300.0
+    y = np.array([0, C - 1, 17, C // 2, -100])
+    _xent.set_cpu_path("baseline")
+    want = xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=1)
+    for path in PATHS:
+        _xent.set_cpu_path(path)
+        for n_threads in (1, 2):
+            buf = np.empty(x.size + 8, np.float32)
+            buf = buf[(-buf.ctypes.data // 4 + 1) % 8:][:x.size].reshape(x.shape)
+            inplace = x.copy()
+            for got in (xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads),
+                        xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads, out=buf),
+                        xf.cross_entropy_with_grad(inplace, y, reduction=reduction, n_threads=n_threads,
+                                                   inplace=True)):
+                for a, b in zip(got, want):
+                    assert np.array_equal(a, b), (path, n_threads)
+    assert buf.ctypes.data % 32 == 4
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_paths_agree_bitwise_whatever_position_holds_the_special_entry(restore_path, dtype):
     """Every row length up to 40 (the AVX2 max pass reads blocks below 8 entries one by one, 8 to 15 as

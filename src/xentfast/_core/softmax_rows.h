@@ -312,6 +312,24 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #define XF_STORE_AHEAD_BYTES 4096
 #endif
 
+/* Long float32 rows on the AVX2 path (xf_xent_row): the sum pass keeps its exponentials in the thread's
+ * scratch row instead of the output, and the gradient pass writes the output with streaming stores.
+ * Storing into the output made every output line travel twice: read from memory before the sum pass's
+ * first store to it (the core must own a line it writes part of), written back after the gradient pass.
+ * A streaming store of whole lines skips the read, and the scratch row stays in L2 from row to row.
+ * Fused 2048x128256 float32, one thread: 0.317 -> 0.263 s; 8192x32000 0.246 -> 0.242 s (benchmarks/README.md).
+ * Only from XF_STREAM_MIN_BYTES per row: a streaming store also evicts, and a smaller gradient that the
+ * caller reads next (4096x1000, 16 MB) should stay in cache.  Without the streaming stores the scratch
+ * row costs more than it saves (0.359 s above), so the baseline path keeps the output. */
+#ifndef XF_STREAM_MIN_BYTES
+#define XF_STREAM_MIN_BYTES (64 * 1024)
+#endif
+#if defined(__AVX2__) && !XF_COMPENSATED
+#define XF_STREAMED_ROWS 1
+#else
+#define XF_STREAMED_ROWS 0
+#endif
+
 #if XF_COMPENSATED
 #define XF_STORE_SCALE 1.0
 #define XF_STORE_UNSCALE 1.0
@@ -643,6 +661,53 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_
     }
 }
 
+/* The stored form's target entry: x may already be overwritten (inplace), so from the saved x_y. */
+XF_KERNEL inline double XF_FN(xf_stored_target_grad)(const xf_rowjob *job)
+{
+    return xf_target_grad(job, XF_EXP_MINUS((XF_T)job->x_y, job->m));
+}
+
+#if !XF_COMPENSATED
+/* float32's stored form: one factor for the kept exponentials (the row's coef / S and unscaling). */
+static inline double xf_stored_factor_f32(const xf_rowjob *job)
+{
+    return ((job->coef * job->coef_mult) / job->S) * XF_STORE_UNSCALE;
+}
+#endif
+
+#if XF_STREAMED_ROWS
+/* Pass 4 of a stored float32 row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above): the stored
+ * form's out_j = kept_j * f, the same bits (each lane converts the float to double, multiplies and rounds
+ * once, as the scalar loop), written by streaming stores from the first 32-byte boundary of `out` on; the
+ * fence orders them before the target entry's ordinary store and before the caller's next reads. */
+XF_KERNEL void XF_FN(xf_xent_grad_streamed)(const XF_T *kept, XF_T *out, long long n, long long offset,
+                                           const xf_rowjob *job)
+{
+    const long long y = job->y - offset;
+    const int has_y = (y >= 0 && y < n);
+    const double g_y = has_y ? XF_FN(xf_stored_target_grad)(job) : 0.0;
+    const double f = xf_stored_factor_f32(job);
+    long long j = 0;
+    for (; j < n && (((unsigned long long)(out + j)) & 31); j++) {
+        out[j] = (XF_T)((double)kept[j] * f);
+    }
+    const __m256d vf = _mm256_set1_pd(f);
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = _mm256_loadu_ps(kept + j);
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)), vf));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)), vf));
+        _mm256_stream_ps(out + j, _mm256_set_m128(hi, lo));
+    }
+    for (; j < n; j++) {
+        out[j] = (XF_T)((double)kept[j] * f);
+    }
+    _mm_sfence();
+    if (has_y) {
+        out[y] = (XF_T)g_y;
+    }
+}
+#endif
+
 /* Pass 4 of a block: the gradient  out_j = coef * p_j - scale * q_j  (p_j = e_j / S), see xf_rowjob.
  * coef p_j is (e_j * coef_per_S) * coef_mult (xf_rowjob_div_S) on every path but float32's `stored` one,
  * whose kept exponentials are float32 already and whose one factor's double roundings cannot show.
@@ -684,14 +749,14 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
          * (inplace), so the target entry comes from the saved x_y */
         const long long y = job->y - offset;
         const int has_y = (y >= 0 && y < n);
-        const double g_y = has_y ? xf_target_grad(job, XF_EXP_MINUS((XF_T)job->x_y, m)) : 0.0;
+        const double g_y = has_y ? XF_FN(xf_stored_target_grad)(job) : 0.0;
 #if XF_COMPENSATED
 #pragma omp simd
         for (j = 0; j < n; j++) {
             out[j] = (XF_T)(((double)out[j] * coef_per_S) * mult);  /* the recompute path's exact bits */
         }
 #else
-        const double f = ((job->coef * mult) / job->S) * XF_STORE_UNSCALE;
+        const double f = xf_stored_factor_f32(job);
 #pragma omp simd
         for (j = 0; j < n; j++) {
             out[j] = (XF_T)((double)out[j] * f);
@@ -908,7 +973,14 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
         keep = scratch;
 #endif
     }
-    XF_FN(xf_row_sum)(x, C, job, job->stored ? grad : 0, keep);
+    XF_T *kept = 0;
+#if XF_STREAMED_ROWS
+    if (grad && scratch && job->stored && job->status == XF_ROW_OK &&
+        C * (long long)sizeof(XF_T) >= XF_STREAM_MIN_BYTES) {
+        kept = (XF_T *)scratch;
+    }
+#endif
+    XF_FN(xf_row_sum)(x, C, job, job->stored ? (kept ? kept : grad) : 0, keep);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
@@ -923,6 +995,12 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
         } else {
             for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
                 long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
+#if XF_STREAMED_ROWS
+                if (kept) {
+                    XF_FN(xf_xent_grad_streamed)(kept + b0, grad + b0, nb, b0, job);
+                    continue;
+                }
+#endif
                 XF_FN(xf_xent_grad_block)(x + b0, grad + b0, nb, b0, job, t ? t + b0 : 0, w ? w + b0 : 0,
                                           keep ? keep + b0 : 0);
             }
@@ -1479,6 +1557,7 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_GROUP_FAMILY_MAX_C
 #undef XF_STORE_SCALE
 #undef XF_STORE_UNSCALE
+#undef XF_STREAMED_ROWS
 #undef XF_EXP_MINUS
 #undef XF_EXP_MINUS_NORMAL
 #undef XF_EXP_FORM

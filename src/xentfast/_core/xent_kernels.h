@@ -66,13 +66,14 @@ typedef struct {
     const xf_softmax_table_f64 *(*f64)(int path);
 } xf_softmax_exports;
 
-/* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): only the
- * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials, and float64
- * rows keep them in their own gradient buffer unless that buffer is the logits.  The Cython drivers and
- * the FFI handlers both ask here. */
+/* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
+ * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials there, float64
+ * rows in their own gradient buffer unless that buffer is the logits; long float32 rows of index targets
+ * keep theirs there on the AVX2 path (XF_STREAMED_ROWS).  The Cython drivers and the FFI handlers both
+ * ask here. */
 static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits)
 {
-    return has_grad && general && (storage_is_float || grad_is_logits);
+    return has_grad && (storage_is_float || (general && grad_is_logits));
 }
 
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
