@@ -915,6 +915,8 @@ def test_an_infinite_upstream_factor_against_torch():
             target_entry = np.eye(3, dtype=bool)[y]
             np.testing.assert_array_equal(got[~target_entry], want.numpy()[~target_entry])
             assert np.isnan(want.numpy()[target_entry]).all() and (got[target_entry] == -np.inf).all()
+    # the z-loss's gradient is two terms as well (README, known limits): the whole row, 0 * inf included
+    assert np.isnan(xf.cross_entropy_backward(np.inf, x, y, reduction="sum", z_loss=1e-3)).all()
 
 
 def test_a_nan_upstream_factor_against_torch():

@@ -4,7 +4,8 @@ Design
 (a) Half inputs are widened to float64, exactly (every float16 and bfloat16 value is a double), and run
     through the float64 kernels.  Those are within 4 ULP of double, i.e. within 4 * 2^-29 of a float32 ULP
     and 4 * 2^-42 (float16) or 4 * 2^-45 (bfloat16) of a half ULP, so one final rounding leaves every
-    output within 0.5 ULP plus a negligible term of its exact value: inside the 1-ULP half contract with
+    output within 0.5 ULP plus a negligible term of its exact value (of the cancellation scale, for the
+    gradients whose two terms cancel, as README's bounds measure them): inside the 1-ULP half contract with
     room for the reductions' 4 ULP of double as well.  Losses, logsumexp and log_softmax come back in
     float32 (a bfloat16 loss near 10 has a spacing of 0.0625; float16 overflows at 65504); gradients and
     softmax, which live in [-|w|, |w|] and [0, 1], come back in the input's dtype.
