@@ -7,26 +7,22 @@ Design
     keep whole.  Each loss is one pair of ops, ``xentfast::<loss>_fwd`` (unreduced losses) and
     ``xentfast::<loss>_bwd`` (the input's gradient for a per-row upstream gradient), generated from one
     table (:data:`_LOSSES`) by one mechanism.
-(b) The ops call xentfast's public NumPy (or CuPy) functions with ``reduction="none"``.  The backward op
-    calls ``<loss>_backward(grad_rows, ...)``, so the gradient is xentfast's own, with its documented
-    bound plus one rounding of the upstream factor (the README's "per-row grad_output" row); saving the
-    fused gradient and multiplying it afterwards would round twice.  Forward saves its inputs only
-    (logits, target, weights: tensors the graph holds anyway), no N x C buffer and no per-row
+(b) The ops call xentfast's public NumPy (or CuPy) functions: ``<loss>_fwd`` / ``<loss>_bwd`` with
+    ``reduction="none"``, ``<loss>_fwd_reduced`` / ``<loss>_bwd_reduced`` with the call's 'mean' or
+    'sum' and ``empty_mean`` (two more string arguments in their schemas).  The backward ops call
+    ``<loss>_backward(grad, ...)`` with the per-row upstream gradient or the 0-d one, so the gradient is
+    xentfast's own, bit for bit, with its documented bound plus one rounding of the upstream factor;
+    saving the fused gradient and multiplying it afterwards would round twice.  Forward saves its inputs
+    only (logits, target, weights: tensors the graph holds anyway), no N x C buffer and no per-row
     logsumexp: xentfast's backward takes none and rebuilds the row statistics in its own pass.
-(c) Reductions happen outside the ops, as torch ops: no ``.item()``, no host sync, and compile may fuse
-    them.  torch's denominators (weighted index targets: the target weights of kept rows; probability
-    targets: the number of rows; elementwise losses: the number of elements).  Below float64 the sum is
-    accumulated in float64 and rounded once.  This is torch's summation, not xentfast's compensated
-    one, so the bounds differ from the NumPy API's 4 ULP.  float32: <= 1.5 ULP of the exact mean or
-    sum, because float32 rows are a double rounded once (<= 0.5 ULP each), non-negative, so their sum
-    keeps that relative error (< 1 ULP of the result), and the float64 mean is rounded once more
-    (results below float32's normal range excepted: xentfast rescales those, torch's sum does not).
-    float64: the rows' documented 4 ULP (at most 8 ULP of a sum of non-negative rows) plus torch's
-    summation error; measured <= 2.2 ULP against the NumPy API's 1.3 on the same inputs.  The mean's
-    gradient reaches the backward op as one rounded ``grad / denominator`` per row.  Being torch ops,
-    the reductions also follow torch's subnormal setting: under ``torch.set_flush_denormal(True)`` a
-    mean or sum below float64's normal range is flushed to 0 like any torch result, while the ops'
-    per-row losses and gradients keep their subnormal bits (xentfast's kernels never flush).
+(c) Reductions happen inside the reduced ops, not as torch ops on the rows: rows rounded to the dtype
+    first lose what the NumPy API's reductions keep (a sum of subnormal weighted rows; a weighted row
+    past the dtype's range in a finite mean), and autograd would hand each row ``grad / denominator``
+    rounded to the dtype, which overflows for a weight sum below 1 and underflows before a weight or
+    ``1/p`` magnifies it.  So 'mean' and 'sum' are the NumPy API's: torch's denominators, the
+    compensated sum, its 4 ULP bound, and subnormals never flushed whatever
+    ``torch.set_flush_denormal`` says.  The backward reads the 0-d upstream gradient on the host (one
+    device-to-host copy for CUDA tensors, where the validation already reads its flags back).
 (d) Tensors reach NumPy without copies: ``t.detach().numpy()`` is a view, strided or not (xentfast
     copies only where its kernels need a row-contiguous layout), and results come back through
     ``torch.from_numpy``.  bfloat16 has no NumPy buffer format: it travels as int16 bits viewed as
@@ -158,22 +154,33 @@ _LOSSES = {
 }
 
 
-def _run_cpu(fn, loss, arrays_first, input, target, rest):
+def _reduction_kw(rest, reduced):
+    """(the op's loss arguments, the NumPy API's reduction keywords): a reduced op's schema ends with
+    reduction and empty_mean."""
+    if not reduced:
+        return rest, {"reduction": "none"}
+    *rest, reduction, empty_mean = rest
+    return rest, {"reduction": reduction, "empty_mean": empty_mean}
+
+
+def _run_cpu(fn, loss, arrays_first, input, target, rest, reduced):
+    rest, red = _reduction_kw(rest, reduced)
     nt = len(loss.tensors)
     kw = loss.kwargs(input, [_to_numpy(t) for t in rest[:nt]] + list(rest[nt:]))
     # torch.set_num_threads governs xentfast's threads too; results do not depend on the count
-    out = fn(*[_to_numpy(t) for t in arrays_first], _to_numpy(input), _to_numpy(target), reduction="none",
-             n_threads=torch.get_num_threads(), **kw)
+    out = fn(*[_to_numpy(t) for t in arrays_first], _to_numpy(input), _to_numpy(target),
+             n_threads=torch.get_num_threads(), **red, **kw)
     return _from_array(out, np)
 
 
-def _run_cuda(fn, loss, arrays_first, input, target, rest):
+def _run_cuda(fn, loss, arrays_first, input, target, rest, reduced):
     import cupy
+    rest, red = _reduction_kw(rest, reduced)
     nt = len(loss.tensors)
     with _on_torch_stream(cupy, input.device):
         kw = loss.kwargs(input, [_to_cupy(cupy, t) for t in rest[:nt]] + list(rest[nt:]))
         out = fn(*[_to_cupy(cupy, t) for t in arrays_first], _to_cupy(cupy, input), _to_cupy(cupy, target),
-                 reduction="none", **kw)
+                 **red, **kw)
         return _from_array(out, cupy)
 
 
@@ -186,23 +193,29 @@ def _tags():
     return {}
 
 
-def _make_ops(loss):
+def _make_ops(loss, reduced):
+    """The op pair of one loss: unreduced (``<loss>_fwd``: the per-row losses; ``<loss>_bwd``: the input's
+    gradient for per-row upstream values), or reduced (``<loss>_fwd_reduced``: the NumPy API's 'mean' or
+    'sum', a 0-d tensor; ``<loss>_bwd_reduced``: its gradient for a 0-d upstream value)."""
     ns = f"xentfast::{loss.name}"
-    n_args = 2 + len(loss.tensors) + len(loss.options)
+    suffix, more = ("_reduced", ", str reduction, str empty_mean") if reduced else ("", "")
+    n_args = 2 + len(loss.tensors) + len(loss.options) + (2 if reduced else 0)
     extra = _tags()
-    fwd = torch.library.custom_op(f"{ns}_fwd", mutates_args=(), device_types="cpu", **extra,
-                                  schema=f"({loss.schema_args()}) -> Tensor")(
-        lambda input, target, *rest: _run_cpu(loss.forward, loss, (), input, target, rest))
-    bwd = torch.library.custom_op(f"{ns}_bwd", mutates_args=(), device_types="cpu", **extra,
-                                  schema=f"(Tensor grad, {loss.schema_args()}) -> Tensor")(
-        lambda grad, input, target, *rest: _run_cpu(loss.backward, loss, (grad,), input, target, rest))
-    fwd.register_kernel("cuda")(lambda input, target, *rest: _run_cuda(loss.forward, loss, (), input, target, rest))
+    fwd = torch.library.custom_op(f"{ns}_fwd{suffix}", mutates_args=(), device_types="cpu", **extra,
+                                  schema=f"({loss.schema_args()}{more}) -> Tensor")(
+        lambda input, target, *rest: _run_cpu(loss.forward, loss, (), input, target, rest, reduced))
+    bwd = torch.library.custom_op(f"{ns}_bwd{suffix}", mutates_args=(), device_types="cpu", **extra,
+                                  schema=f"(Tensor grad, {loss.schema_args()}{more}) -> Tensor")(
+        lambda grad, input, target, *rest: _run_cpu(loss.backward, loss, (grad,), input, target, rest, reduced))
+    fwd.register_kernel("cuda")(
+        lambda input, target, *rest: _run_cuda(loss.forward, loss, (), input, target, rest, reduced))
     bwd.register_kernel("cuda")(
-        lambda grad, input, target, *rest: _run_cuda(loss.backward, loss, (grad,), input, target, rest))
+        lambda grad, input, target, *rest: _run_cuda(loss.backward, loss, (grad,), input, target, rest, reduced))
 
     @fwd.register_fake
     def _(input, target, *rest):
-        return input.new_empty(loss.loss_shape(input.shape), dtype=_loss_dtype(input.dtype))
+        shape = () if reduced else loss.loss_shape(input.shape)
+        return input.new_empty(shape, dtype=_loss_dtype(input.dtype))
 
     @bwd.register_fake
     def _(grad, input, target, *rest):
@@ -228,7 +241,15 @@ def _make_ops(loss):
     return fwd, bwd
 
 
-_OPS = {name: _make_ops(loss) for name, loss in _LOSSES.items()}
+_OPS = {name: _make_ops(loss, False) for name, loss in _LOSSES.items()}
+_REDUCED_OPS = {name: _make_ops(loss, True) for name, loss in _LOSSES.items()}
+
+
+def _call(name, reduction, empty_mean, input, target, *rest):
+    """The loss through its unreduced ops ('none') or its reduced ones ('mean', 'sum')."""
+    if reduction == "none":
+        return _OPS[name][0](input, target, *rest)
+    return _REDUCED_OPS[name][0](input, target, *rest, reduction, empty_mean)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -280,7 +301,7 @@ def _to_cupy(cupy, t):
 
 
 # ---------------------------------------------------------------------------------------------------
-# reductions (outside the ops) and argument checks
+# argument checks
 
 
 def _check_legacy(size_average, reduce):
@@ -370,61 +391,6 @@ def _as_tensor(value, like, name):
         raise TypeError(f"{name}: expected a tensor or an array of real numbers, got {value!r} ({e})") from None
 
 
-def _reduce(rows, reduction, denominator, empty_mean):
-    """rows -> 'none' / 'sum' / 'mean' with torch ops.
-
-    `denominator` is a count known from shapes (an int, symbolic under dynamic shapes) or a 0-d float64
-    tensor.  The sum runs in
-    float64 and is rounded once to the rows' dtype.  A mean with nothing to average is NaN
-    (``empty_mean='nan'``, torch's 0/0) or 0, and its gradient is 0: the division only ever sees a
-    nonzero denominator, so no inf or NaN flows back into rows that contribute nothing.
-    """
-    if reduction == "none":
-        return rows
-    total = rows.to(torch.float64).sum()
-    if reduction == "sum":
-        return total.to(rows.dtype)
-    fill = math.nan if empty_mean == "nan" else 0.0
-    if not isinstance(denominator, torch.Tensor):
-        mean = total / denominator if denominator else total * 0.0 + fill
-    else:
-        ok = denominator > 0
-        mean = torch.where(ok, total / torch.where(ok, denominator, 1.0), fill)
-    return mean.to(rows.dtype)
-
-
-def _target_weight_sum(target, weight, ignore_index, n_classes):
-    """torch's weighted mean denominator: the sum of weight[target] over rows not ignored, in float64."""
-    # int64 labels: torch reads a uint8 index as a mask and refuses int8/int16 ones, and a narrow label
-    # compared with ignore_index=-100 would wrap it into the label's range
-    labels = target.long()
-    kept = labels != ignore_index
-    if weight is None:
-        return kept.sum(dtype=torch.float64)
-    # clamp: an ignored row's label may lie outside [0, C) and must not index out of bounds
-    picked = weight.to(torch.float64)[labels.clamp(0, n_classes - 1)]
-    return torch.where(kept, picked, 0.0).sum()
-
-
-def _n_classes(input):
-    return input.shape[1] if input.ndim >= 2 else input.shape[0]
-
-
-def _class_mean_denominator(input, target, weight, ignore_index):
-    if target.dtype.is_floating_point:
-        return input.numel() // _n_classes(input) if _n_classes(input) else 0
-    return _target_weight_sum(target, weight, ignore_index, _n_classes(input))
-
-
-def _elementwise_denominator(input, target, ignore_index):
-    if ignore_index is None:
-        return input.numel()
-    # compared as the op compares them (xentfast.api_binary._unit_targets): the caller's values against
-    # ignore_index, both in float64.  torch would compare a Python float in float32 targets' own dtype,
-    # where 0.1 is float32(0.1): the op keeps such an element, and the mean would not count it.
-    return (target.to(torch.float64) != ignore_index).sum(dtype=torch.float64)
-
-
 # ---------------------------------------------------------------------------------------------------
 # functions
 
@@ -440,7 +406,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
     Error bound: per-row losses (``reduction='none'``) and the gradient as :func:`xentfast.cross_entropy`
     and :func:`xentfast.cross_entropy_backward` (the gradient with one more ULP for the upstream factor);
-    'mean' and 'sum' are reduced with torch's summation, module docstring (c).
+    'mean' and 'sum' as the NumPy API's, module docstring (c).
     """
     _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
@@ -453,12 +419,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     # an int, as torch takes it (1.5 would be truncated for the op and not for the mean's denominator),
     # within int64 (the op's schema would refuse it with a message naming no argument)
     ignore_index = _api._check_ignore_index(ignore_index)
-    fwd, _ = _OPS["cross_entropy"]
-    rows = fwd(input, target, weight, ignore_index, _check_float(label_smoothing, "label_smoothing"),
-               _check_float(z_loss, "z_loss"), nan_policy)
-    if reduction != "mean":
-        return _reduce(rows, reduction, None, empty_mean)
-    return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
+    return _call("cross_entropy", reduction, empty_mean, input, target, weight, ignore_index,
+                 _check_float(label_smoothing, "label_smoothing"), _check_float(z_loss, "z_loss"), nan_policy)
 
 
 def cross_entropy_from_probs(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -472,7 +434,7 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
 
     Error bound: per-row losses (``reduction='none'``) and the gradient as
     :func:`xentfast.cross_entropy_from_probs` and its backward (the gradient with one more ULP for the
-    upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
+    upstream factor); 'mean' and 'sum' as the NumPy API's, module docstring (c).
     """
     _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
@@ -485,11 +447,8 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     # an int, as torch takes it (1.5 would be truncated for the op and not for the mean's denominator),
     # within int64 (the op's schema would refuse it with a message naming no argument)
     ignore_index = _api._check_ignore_index(ignore_index)
-    fwd, _ = _OPS["cross_entropy_from_probs"]
-    rows = fwd(input, target, weight, ignore_index, None if eps is None else _check_float(eps, "eps"), nan_policy)
-    if reduction != "mean":
-        return _reduce(rows, reduction, None, empty_mean)
-    return _reduce(rows, reduction, _class_mean_denominator(input, target, weight, ignore_index), empty_mean)
+    return _call("cross_entropy_from_probs", reduction, empty_mean, input, target, weight, ignore_index,
+                 None if eps is None else _check_float(eps, "eps"), nan_policy)
 
 
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
@@ -504,7 +463,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
 
     Error bound: per-element losses (``reduction='none'``) and the gradient as
     :func:`xentfast.binary_cross_entropy_with_logits` and its backward (the gradient with one more ULP
-    for the upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
+    for the upstream factor); 'mean' and 'sum' as the NumPy API's, module docstring (c).
     """
     _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
@@ -515,9 +474,8 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     _check_devices(input, target=target, weight=weight, pos_weight=pos_weight)
     _refuse_unsupported_differentiation(input)
     ignore = None if ignore_index is None else _check_float(ignore_index, "ignore_index")
-    fwd, _ = _OPS["binary_cross_entropy_with_logits"]
-    rows = fwd(input, target, weight, pos_weight, ignore, nan_policy)
-    return _reduce(rows, reduction, _elementwise_denominator(input, target, ignore), empty_mean)
+    return _call("binary_cross_entropy_with_logits", reduction, empty_mean, input, target, weight, pos_weight,
+                 ignore, nan_policy)
 
 
 def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none", *, ignore_index=None,
@@ -530,7 +488,7 @@ def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none",
 
     Error bound: per-element losses (``reduction='none'``) and the gradient as
     :func:`xentfast.sigmoid_focal_loss` and its backward (the gradient with one more ULP for the upstream
-    factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
+    factor); 'mean' and 'sum' as the NumPy API's, module docstring (c).
     """
     _check_tensors(inputs=inputs, targets=targets)
     _check_choice(reduction, _REDUCTIONS, "reduction")
@@ -539,9 +497,8 @@ def sigmoid_focal_loss(inputs, targets, alpha=0.25, gamma=2.0, reduction="none",
     _check_devices(inputs, targets=targets)
     _refuse_unsupported_differentiation(inputs)
     ignore = None if ignore_index is None else _check_float(ignore_index, "ignore_index")
-    fwd, _ = _OPS["sigmoid_focal_loss"]
-    rows = fwd(inputs, targets, _check_float(alpha, "alpha"), _check_float(gamma, "gamma"), ignore, nan_policy)
-    return _reduce(rows, reduction, _elementwise_denominator(inputs, targets, ignore), empty_mean)
+    return _call("sigmoid_focal_loss", reduction, empty_mean, inputs, targets, _check_float(alpha, "alpha"),
+                 _check_float(gamma, "gamma"), ignore, nan_policy)
 
 
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean", *,
@@ -555,7 +512,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 
     Error bound: per-element losses (``reduction='none'``) and the gradient as
     :func:`xentfast.binary_cross_entropy` and its backward (the gradient with one more ULP for the
-    upstream factor); 'mean' and 'sum' are reduced with torch's summation, module docstring (c).
+    upstream factor); 'mean' and 'sum' as the NumPy API's, module docstring (c).
     """
     _check_tensors(input=input, target=target)
     _check_legacy(size_average, reduce)
@@ -565,11 +522,10 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
-    fwd, _ = _OPS["binary_cross_entropy"]
     # float(False) would be a clamp of 0 (every loss and gradient 0)
-    rows = fwd(input, target, weight, None if eps is None else _check_float(eps, "eps"),
-               None if log_clamp is None else _check_float(log_clamp, "log_clamp"), nan_policy)
-    return _reduce(rows, reduction, input.numel(), empty_mean)
+    return _call("binary_cross_entropy", reduction, empty_mean, input, target, weight,
+                 None if eps is None else _check_float(eps, "eps"),
+                 None if log_clamp is None else _check_float(log_clamp, "log_clamp"), nan_policy)
 
 
 # ---------------------------------------------------------------------------------------------------
