@@ -73,7 +73,8 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 def test_long_float32_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction):
     # rows of 64 KB and more keep their exponentials in a scratch row and write the gradient by streaming
-    # stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS); the baseline path writes them in place.
+    # stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS); the baseline path stores them into the
+    # output buffer and scales them there.
     # Every path, thread count, an out= that starts 4 bytes past a 32-byte boundary and inplace=True
     # must give the same bits; rows differ in where their target lies (first, last, ignored)
     rng = np.random.default_rng(3)

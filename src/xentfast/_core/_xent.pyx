@@ -117,7 +117,8 @@ cdef extern from "xent_kernels.h" nogil:
     int xf_path_fma_native(int path)
     const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
-    bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits)
+    bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits,
+                               long long n_classes)
     ctypedef struct xf_softmax_exports:
         const int *current_path
         const xf_softmax_table_f32 *(*f32)(int path) noexcept nogil
@@ -462,7 +463,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         gp = &grad[0, 0]
     groups = row_groups and has_y and not has_t and eps == 0.0 and z == 0.0 and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
-                                         <const floating *>gp == xp)
+                                         <const floating *>gp == xp, C)
     with nogil:
         if force_phased or _use_phased(N, C, n_threads):
             ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
@@ -471,8 +472,9 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         else:
             with parallel(num_threads=n_threads):
                 fp_thread = xf_fp_ieee_enter()
-                # the general gradient's exponentials, kept between passes (xf_xent_row); without the
-                # memory the rows evaluate them again, to the same bits
+                # exponentials kept between passes (xf_xent_row: the general gradient's, and long
+                # float32 rows' stored ones); without the memory the rows evaluate them again, or store
+                # them in the gradient, to the same bits
                 scratch = <double *>malloc(C * sizeof(double)) if want_scratch else NULL
                 for i in prange(N, schedule="guided"):
                     loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)

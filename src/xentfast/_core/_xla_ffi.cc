@@ -203,9 +203,10 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
         return;
     }
     const int nt = threads_for(N * C);
-    // the general gradient's exponentials, kept between passes (xent_kernels.h); no label smoothing here
+    // exponentials kept between passes (xent_kernels.h: the general gradient's, long float32 rows'
+    // stored ones); no label smoothing here
     const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,
-                                                    sizeof(T) == sizeof(float), 0);
+                                                    sizeof(T) == sizeof(float), 0, C);
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;

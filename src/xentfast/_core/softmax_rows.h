@@ -312,18 +312,16 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #define XF_STORE_AHEAD_BYTES 4096
 #endif
 
-/* Long float32 rows on the AVX2 path (xf_xent_row): the sum pass keeps its exponentials in the thread's
- * scratch row instead of the output, and the gradient pass writes the output with streaming stores.
- * Storing into the output made every output line travel twice: read from memory before the sum pass's
- * first store to it (the core must own a line it writes part of), written back after the gradient pass.
- * A streaming store of whole lines skips the read, and the scratch row stays in L2 from row to row.
- * Fused 2048x128256 float32, one thread: 0.317 -> 0.263 s; 8192x32000 0.246 -> 0.242 s (benchmarks/README.md).
- * Only from XF_STREAM_MIN_BYTES per row: a streaming store also evicts, and a smaller gradient that the
- * caller reads next (4096x1000, 16 MB) should stay in cache.  Without the streaming stores the scratch
- * row costs more than it saves (0.359 s above), so the baseline path keeps the output. */
-#ifndef XF_STREAM_MIN_BYTES
-#define XF_STREAM_MIN_BYTES (64 * 1024)
-#endif
+/* Long float32 rows where this unit is compiled for AVX2 (xf_xent_row): the sum pass keeps its
+ * exponentials in the thread's scratch row instead of the output, and the gradient pass writes the
+ * output with streaming stores.  Storing into the output made every output line travel twice: read from
+ * memory before the sum pass's first store to it (the core must own a line it writes part of), written
+ * back after the gradient pass.  A streaming store of whole lines skips the read, and the scratch row
+ * stays in L2 from row to row.  Fused 2048x128256 float32, one thread: 0.316-0.319 -> 0.266-0.283 s;
+ * 8192x32000 about 2 % (benchmarks/README.md, 2026-12-04).  Only from XF_STREAM_MIN_BYTES per row
+ * (xent_kernels.h): a streaming store also evicts, and a smaller gradient that the caller reads next
+ * (4096x1000, 16 MB) should stay in cache.  Without the streaming stores the scratch row cost more than it
+ * saved (2048x128256: 0.351-0.358 s), so the baseline unit keeps storing into the output. */
 #if defined(__AVX2__) && !XF_COMPENSATED
 #define XF_STREAMED_ROWS 1
 #else
@@ -340,8 +338,8 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
  * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo).  When `store` is
- * given (the row's output buffer, possibly the logits themselves with inplace=True), each exponential
- * is also written there, so the output pass multiplies instead of evaluating exp a second time. */
+ * given (the row's output buffer, possibly the logits themselves with inplace=True, or a long float32
+ * row's scratch row, XF_STREAMED_ROWS), each exponential is also written there, so the output pass multiplies instead of evaluating exp a second time. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
     const int normal, const int has_store, long long ahead)
@@ -958,7 +956,8 @@ XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, c
  * pass keeps each exp(x_j - m) there, exactly, and the gradient pass multiplies instead of evaluating it
  * again; float64 rows whose gradient buffer is not the logits keep them in that buffer instead (the loss
  * terms and the z-loss read x again after the sum pass).  A float32 buffer would round them, and the
- * gradient's q_j may cancel most of p_j.  The bits are those of the evaluating form either way. */
+ * gradient's q_j may cancel most of p_j.  The bits are those of the evaluating form either way.  Long
+ * float32 rows of the stored form keep their float32 exponentials there too (XF_STREAMED_ROWS). */
 XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
                                 const double *w, double *scratch)
 {

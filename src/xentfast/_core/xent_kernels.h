@@ -66,14 +66,23 @@ typedef struct {
     const xf_softmax_table_f64 *(*f64)(int path);
 } xf_softmax_exports;
 
+/* Rows of at least this many bytes of float32 keep their exponentials in the scratch row below and write
+ * the gradient by streaming stores, where the kernels are compiled for AVX2 (softmax_rows.h,
+ * XF_STREAMED_ROWS). */
+#ifndef XF_STREAM_MIN_BYTES
+#define XF_STREAM_MIN_BYTES (64 * 1024)
+#endif
+
 /* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
  * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials there, float64
- * rows in their own gradient buffer unless that buffer is the logits; long float32 rows of index targets
- * keep theirs there on the AVX2 path (XF_STREAMED_ROWS).  The Cython drivers and the FFI handlers both
- * ask here. */
-static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits)
+ * rows in their own gradient buffer unless that buffer is the logits; float32 rows of XF_STREAM_MIN_BYTES
+ * or more keep the stored form's exponentials there (the baseline path, which has no streaming stores,
+ * leaves that memory unused).  The Cython drivers and the FFI handlers both ask here. */
+static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits,
+                                        long long n_classes)
 {
-    return has_grad && (storage_is_float || (general && grad_is_logits));
+    return has_grad && ((general && (storage_is_float || grad_is_logits)) ||
+                        (storage_is_float && n_classes * (long long)sizeof(float) >= XF_STREAM_MIN_BYTES));
 }
 
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */

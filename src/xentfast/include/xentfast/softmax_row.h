@@ -40,7 +40,8 @@ typedef struct {
     int prob;            /* probability targets */
     int simple;          /* index target, eps == 0, z == 0: the exact-target-gradient path */
     int needs_terms;     /* loss needs a pass over all classes (probability targets or smoothing) */
-    int stored;          /* the sum pass keeps exp(x_j - m) in the gradient buffer (xf_rowjob_plan) */
+    int stored;          /* the sum pass keeps exp(x_j - m) in the gradient buffer, or in a long float32
+                          * row's scratch row (xf_rowjob_plan; CPU softmax_rows.h, XF_STREAMED_ROWS) */
     int has_grad;        /* a gradient follows (xf_rowjob_plan; 1 until planned): finish forms coef_per_S */
     double x_y;          /* target logit, read before any pass may overwrite the logits (inplace) */
     /* set by the max pass */
