@@ -581,6 +581,18 @@ def test_refusals_of_arguments_the_op_and_the_denominator_would_read_differently
     assert xt.cross_entropy(x.to("meta"), y.to("meta")).shape == ()
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("name", LOSSES)
+def test_double_backward_is_refused_by_name(name, reduction):
+    # README: no double backward; the error says so and names the function, not just the op
+    case = _case(name, torch.float64)
+    x = case.x.clone().requires_grad_()
+    loss = case.fn(x, case.t, reduction=reduction, **case.kw)
+    (g,) = torch.autograd.grad(loss.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=f"xentfast.torch.{name}: no second derivative"):
+        g.pow(2).sum().backward()
+
+
 def test_forward_mode_and_functorch_gradients_are_refused():
     # torch would return zero tangents through the custom ops (jvp, jacfwd, forward_ad) without a word
     x = torch.randn(3, 4, dtype=torch.float64)

@@ -35,7 +35,8 @@ Design
     reads its flags back once per call (xentfast._backend (b)); the ops are tagged
     ``cudagraph_unsafe`` so that a CUDA graph is never captured across that read or a first-use NVRTC
     compile.
-(f) Limits.  Double backward is not provided: the backward ops have no derivative of their own.
+(f) Limits.  Double backward is not provided: the backward ops have no derivative of their own, and
+    their registered one raises a RuntimeError naming the drop-in.
     Forward-mode AD is not either: torch itself would return zero tangents through these ops for
     ``torch.func.jvp``, ``jacfwd`` and ``torch.autograd.forward_ad``, so the drop-ins raise a
     RuntimeError for a dual tensor or an input under a torch.func gradient transform (``grad``, ``vjp``,
@@ -238,6 +239,15 @@ def _make_ops(loss, reduced):
         return (dinput,) + (None,) * (n_args - 1)
 
     fwd.register_autograd(backward, setup_context=setup_context)
+
+    def no_second_derivative(ctx, grad):
+        # without it torch's message names the op and asks the caller to register a formula
+        raise RuntimeError(f"xentfast.torch.{loss.name}: no second derivative (double backward, "
+                           f"create_graph=True then another backward): the gradient is a kernel call without "
+                           f"a derivative of its own; use torch.nn.functional where higher derivatives are "
+                           f"needed")
+
+    bwd.register_autograd(no_second_derivative, setup_context=lambda ctx, inputs, output: None)
     return fwd, bwd
 
 
