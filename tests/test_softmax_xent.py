@@ -247,6 +247,29 @@ def test_subnormal_class_weights_under_a_large_upstream_factor(reduction, probab
                                  err_msg=f"weight={w} label_smoothing={label_smoothing} grad_output={g}")
 
 
+@pytest.mark.parametrize("probabilities", [False, True])
+def test_subnormal_class_weights_under_large_per_row_factors(probabilities):
+    # reduction='none' with a grad_output array: the weights take the power of two that the least finite
+    # nonzero factor allows (weights [3e-320, 1, 1] with a z-loss under factors 1e300: 5.5e11 ULP before);
+    # zero, NaN and infinite factors do not limit it, and fused, backward and in-place calls agree
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 3))
+    t = rng.dirichlet(np.ones(3), 4) if probabilities else np.array([0, 1, 2, 1])
+    for w in ([3e-320, 1.0, 1.0], [5e-324, 5e-324, 2e-310]):
+        for g in ([1e300, 1e300, -1e300, 1e300], [1e30, 0.0, -(2.0**70), 1e30], [1e300, np.nan, 1e300, 1e300]):
+            kw = dict(weight=np.array(w), z_loss=0.0 if probabilities else 0.01, reduction="none")
+            g = np.array(g)
+            grad = xf.cross_entropy_backward(g, x, t, **kw)
+            exact, scale = ref.cross_entropy_grad(x, t, grad_output=g, return_scale=True, **kw)
+            assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale,
+                             err_msg=f"weight={w} grad_output={g}")
+            loss, fused = xf.cross_entropy_with_grad(x, t, grad_output=g, **kw)
+            xi = x.copy()
+            loss_i, inplace = xf.cross_entropy_with_grad(xi, t, grad_output=g, inplace=True, **kw)
+            assert np.array_equal(fused, grad, equal_nan=True) and np.array_equal(inplace, grad, equal_nan=True)
+            assert np.array_equal(loss, xf.cross_entropy(x, t, **kw)) and np.array_equal(loss_i, loss)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("label_smoothing", [0.1, 1e-3, 1.0])
 @pytest.mark.parametrize("rows", [1, 5])

@@ -336,6 +336,14 @@ def _weight_lift(w, scale):
     return max(0, min(math.frexp(scale)[1] - 1, 1021 - math.frexp(wmax)[1]))
 
 
+def _least_magnitude(xp, factors):
+    """The least |f| over the finite nonzero entries of a per-row factor array (0 if none): the one that
+    limits _weight_lift, since every factor is lowered by the same power of two."""
+    a = xp.abs(factors)
+    a = a[(a > 0) & xp.isfinite(a)]
+    return float(a.min()) if a.size else 0.0
+
+
 def _ldexp_inf(v, k):
     """v 2^k rounded once, inf where it overflows (math.ldexp raises there)."""
     try:
@@ -645,24 +653,33 @@ class _Problem:
                 self._launch_loss_then_grad(folded, g, loss, grad)
                 return
         lift = 0
-        if (grad is not None and row_scale is None and self.w is not None and (self.y is not None or self.z == 0)
-                and math.isfinite(scale) and abs(scale) >= 2.0 and self._subnormal_weights()):
+        if grad is not None and self.w is not None and (self.y is not None or self.z == 0):
             # the gradient is linear in the weights (not a z-loss over probability targets: its row
             # weight is 1); a factor below 2 magnifies nothing (and the weights' look, a transfer on a
             # device, is skipped)
-            lift = _weight_lift(self.w, scale)
+            if row_scale is None:
+                if math.isfinite(scale) and abs(scale) >= 2.0 and self._subnormal_weights():
+                    lift = _weight_lift(self.w, scale)
+            elif self._subnormal_weights():
+                # per-row factors: the power of two that the smallest of them takes (weights
+                # [3e-320, 1, 1] with a z-loss under factors 1e300: 5.5e11 ULP without it)
+                lift = _weight_lift(self.w, _least_magnitude(xp, row_scale))
         if lift:
-            # the same gradient with 2^lift w and 2^-lift scale, both exact
-            self._launch_loss_then_grad(xp.ldexp(self.w, lift), math.ldexp(scale, -lift), loss, grad)
+            # the same gradient with 2^lift w and 2^-lift times the factors, all exact
+            if row_scale is None:
+                self._launch_loss_then_grad(xp.ldexp(self.w, lift), math.ldexp(scale, -lift), loss, grad)
+            else:
+                self._launch_loss_then_grad(xp.ldexp(self.w, lift), scale, loss, grad,
+                                            row_scale=xp.ldexp(row_scale, -lift))
             return
         self._launch(self._w_or_empty(), row_scale, scale, loss, grad)
 
-    def _launch_loss_then_grad(self, grad_weights, grad_scale, loss, grad):
+    def _launch_loss_then_grad(self, grad_weights, grad_scale, loss, grad, row_scale=None):
         """The losses from the weights as given (the bits a fused pass gives them), then the gradient
-        under weights and a scalar factor rescaled for it.  The forward launch first: an in-place
-        gradient overwrites the logits it reads."""
+        under weights and factors (the scalar one, or per-row ones) rescaled for it.  The forward launch
+        first: an in-place gradient overwrites the logits it reads."""
         self._launch(self._w_or_empty(), None, 1.0, loss, None)
-        self._launch(grad_weights, None, grad_scale, self.xp.empty(self.N, dtype=np.float64), grad)
+        self._launch(grad_weights, row_scale, grad_scale, self.xp.empty(self.N, dtype=np.float64), grad)
 
     def rerun_possible(self):
         """Whether reduce() may launch the kernel on the logits again: the tiny-terms pass, taken when
