@@ -1,8 +1,8 @@
-"""xentfast.torch: the custom ops, their autograd, the reductions around them, and torch's semantics.
+"""xentfast.torch: the custom ops, their autograd, their reductions, and torch's semantics.
 
 What is checked, and against what:
-- the ops' results are the NumPy API's bits (forward rows; gradient for the same per-row upstream
-  factor), for every loss and dtype;
+- the ops' results are the NumPy API's bits (forward rows and reduced losses; the gradient for the same
+  per-row or scalar upstream value), for every loss and dtype;
 - ``torch.library.opcheck`` (schema, autograd registration, fake tensors, AOT dispatch with dynamic
   shapes) on every op and dtype, and ``gradcheck`` in float64;
 - agreement with torch.nn.functional (torchvision's formula for the focal loss) on ordinary inputs for
@@ -555,10 +555,10 @@ def test_refusals_name_the_argument():
         xt.cross_entropy(x, torch.tensor([0, 1, 7]))
 
 
-def test_refusals_of_arguments_the_op_and_the_denominator_would_read_differently():
+def test_refusals_of_arguments_the_op_schema_would_read_otherwise():
     x = torch.randn(5, 5, dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 3, 1])
-    # torch: "'ignore_index' must be int"; truncated, the op would drop label 1 and the mean count it
+    # torch: "'ignore_index' must be int"; the op's int schema would truncate it and drop label 1
     for f in (xt.cross_entropy, xt.cross_entropy_from_probs):
         with pytest.raises(TypeError, match="ignore_index: expected an int, got 1.5"):
             f(x.softmax(1), y, ignore_index=1.5)
@@ -633,7 +633,8 @@ def test_strings_and_booleans_are_not_numbers():
 @pytest.mark.parametrize("label_dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
 def test_narrow_labels_with_class_weights(label_dtype):
     # the weighted mean's denominator indexes the weights with the labels: torch reads a uint8 index as
-    # a mask (here N == C: silently the sum of all weights) and refuses int8 and int16 ones
+    # a mask (here N == C: silently the sum of all weights) and refuses int8 and int16 ones; the NumPy
+    # API reads them as labels
     x = torch.randn(5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
     w = torch.arange(1.0, 6.0, dtype=torch.float64)
     y = torch.tensor([1, 4, 2, 3, 1])
@@ -723,6 +724,25 @@ def test_compile_with_float_options_that_change_between_calls():
         torch.testing.assert_close(bce(xb, t, -v), xt.binary_cross_entropy_with_logits(xb, t, ignore_index=-v),
                                    rtol=0, atol=0)
 
+def test_compile_with_a_reduction_that_changes_between_calls():
+    # the reduced ops take reduction and empty_mean as strings: a change between calls recompiles, and
+    # every call gives the eager bits, loss and gradient; dynamic shapes too
+    x, y, _ = _batch(n=12)
+    fn = torch.compile(lambda a, b, red, em: xt.cross_entropy(a, b, reduction=red, empty_mean=em),
+                       fullgraph=True, dynamic=True)
+    for n, red, em in ((12, "mean", "nan"), (12, "sum", "nan"), (7, "mean", "zero"), (5, "sum", "zero")):
+        xc = x[:n].clone().requires_grad_()
+        xe = x[:n].clone().requires_grad_()
+        got, want = fn(xc, y[:n], red, em), xt.cross_entropy(xe, y[:n], reduction=red, empty_mean=em)
+        got.backward()
+        want.backward()
+        assert torch.equal(got, want) and torch.equal(xc.grad, xe.grad), (n, red, em)
+    # nothing to average: empty_mean decides the loss, the gradient is 0
+    ignored = torch.full((4,), -100)
+    assert fn(x[:4], ignored, "mean", "zero").item() == 0.0
+    assert math.isnan(fn(x[:4], ignored, "mean", "nan").item())
+
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_training_reproduces_torchs_loss_trajectory(dtype):
@@ -766,8 +786,7 @@ def test_cuda_gives_the_cpu_bits_on_a_side_stream(name, dtype):
     torch.cuda.current_stream().wait_stream(side)
     assert got.device.type == "cuda" and got_grad.device.type == "cuda"
     assert torch.equal(got.cpu(), want) and torch.equal(got_grad.cpu(), want_grad)
-    # the same rows summed by torch on either device: float32 rounds the float64 sum once (one ULP apart
-    # at most), float64 differs by the summation order only
+    # the mean of the CuPy and the NumPy API's reductions (each within 4 ULP of the exact mean)
     torch.testing.assert_close(mean.cpu(), case.fn(case.x, case.t, reduction="mean", **case.kw),
                                rtol=4 * torch.finfo(mean.dtype).eps, atol=0)
 

@@ -4,9 +4,10 @@ Design
 (a) Real custom ops (``torch.library.custom_op`` + ``register_fake`` + ``register_autograd``), not an
     ``autograd.Function``: Dynamo cannot trace into a Cython call, so a Function breaks the graph and
     ``torch.compile(fullgraph=True)`` fails; an op is an opaque node that compile and ``torch.export``
-    keep whole.  Each loss is one pair of ops, ``xentfast::<loss>_fwd`` (unreduced losses) and
-    ``xentfast::<loss>_bwd`` (the input's gradient for a per-row upstream gradient), generated from one
-    table (:data:`_LOSSES`) by one mechanism.
+    keep whole.  Each loss is two pairs of ops, ``xentfast::<loss>_fwd`` / ``_bwd`` (unreduced losses;
+    the input's gradient for a per-row upstream gradient) and ``_fwd_reduced`` / ``_bwd_reduced`` ('mean'
+    and 'sum'; the gradient for a 0-d upstream gradient), generated from one table (:data:`_LOSSES`) by
+    one mechanism.
 (b) The ops call xentfast's public NumPy (or CuPy) functions: ``<loss>_fwd`` / ``<loss>_bwd`` with
     ``reduction="none"``, ``<loss>_fwd_reduced`` / ``<loss>_bwd_reduced`` with the call's 'mean' or
     'sum' and ``empty_mean`` (two more string arguments in their schemas).  The backward ops call
@@ -21,8 +22,9 @@ Design
     rounded to the dtype, which overflows for a weight sum below 1 and underflows before a weight or
     ``1/p`` magnifies it.  So 'mean' and 'sum' are the NumPy API's: torch's denominators, the
     compensated sum, its 4 ULP bound, and subnormals never flushed whatever
-    ``torch.set_flush_denormal`` says.  The backward reads the 0-d upstream gradient on the host (one
-    device-to-host copy for CUDA tensors, where the validation already reads its flags back).
+    ``torch.set_flush_denormal`` says.  For CUDA tensors both reduced ops read a scalar back to the host
+    (the reduction's compensated sum; the backward's 0-d upstream gradient), as the validation already
+    reads its flags back.
 (d) Tensors reach NumPy without copies: ``t.detach().numpy()`` is a view, strided or not (xentfast
     copies only where its kernels need a row-contiguous layout), and results come back through
     ``torch.from_numpy``.  bfloat16 has no NumPy buffer format: it travels as int16 bits viewed as
@@ -426,8 +428,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
-    # an int, as torch takes it (1.5 would be truncated for the op and not for the mean's denominator),
-    # within int64 (the op's schema would refuse it with a message naming no argument)
+    # an int, as torch takes it (the op's schema would truncate 1.5 silently), within int64 (the schema
+    # would refuse a larger one with a message naming no argument)
     ignore_index = _api._check_ignore_index(ignore_index)
     return _call("cross_entropy", reduction, empty_mean, input, target, weight, ignore_index,
                  _check_float(label_smoothing, "label_smoothing"), _check_float(z_loss, "z_loss"), nan_policy)
@@ -454,8 +456,8 @@ def cross_entropy_from_probs(input, target, weight=None, size_average=None, igno
     _check_no_grad(target=target, weight=weight)
     _check_devices(input, target=target, weight=weight)
     _refuse_unsupported_differentiation(input)
-    # an int, as torch takes it (1.5 would be truncated for the op and not for the mean's denominator),
-    # within int64 (the op's schema would refuse it with a message naming no argument)
+    # an int, as torch takes it (the op's schema would truncate 1.5 silently), within int64 (the schema
+    # would refuse a larger one with a message naming no argument)
     ignore_index = _api._check_ignore_index(ignore_index)
     return _call("cross_entropy_from_probs", reduction, empty_mean, input, target, weight, ignore_index,
                  None if eps is None else _check_float(eps, "eps"), nan_policy)
