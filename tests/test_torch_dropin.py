@@ -724,6 +724,7 @@ def test_compile_with_float_options_that_change_between_calls():
         torch.testing.assert_close(bce(xb, t, -v), xt.binary_cross_entropy_with_logits(xb, t, ignore_index=-v),
                                    rtol=0, atol=0)
 
+
 def test_compile_with_a_reduction_that_changes_between_calls():
     # the reduced ops take reduction and empty_mean as strings: a change between calls recompiles, and
     # every call gives the eager bits, loss and gradient; dynamic shapes too
@@ -741,7 +742,6 @@ def test_compile_with_a_reduction_that_changes_between_calls():
     ignored = torch.full((4,), -100)
     assert fn(x[:4], ignored, "mean", "zero").item() == 0.0
     assert math.isnan(fn(x[:4], ignored, "mean", "nan").item())
-
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
