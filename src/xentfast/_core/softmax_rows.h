@@ -339,7 +339,8 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
  * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo).  When `store` is
  * given (the row's output buffer, possibly the logits themselves with inplace=True, or a long float32
- * row's scratch row, XF_STREAMED_ROWS), each exponential is also written there, so the output pass multiplies instead of evaluating exp a second time. */
+ * row's scratch row, XF_STREAMED_ROWS), each exponential is also written there, so the output pass
+ * multiplies instead of evaluating exp a second time. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
     const int normal, const int has_store, long long ahead)
