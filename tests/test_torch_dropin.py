@@ -846,17 +846,19 @@ def test_half_losses_are_float32_and_gradients_half(name, dtype):
     assert mean.dtype == torch.float32
 
 
-@pytest.mark.parametrize("which", ["fwd", "bwd"])
+@pytest.mark.parametrize("which", ["fwd", "bwd", "fwd-mean", "bwd-sum"])
 @pytest.mark.parametrize("dtype", HALF, ids=ids)
 @pytest.mark.parametrize("name", LOSSES)
 def test_opcheck_half(name, dtype, which):
     case = _half_case(name, dtype)
-    fwd, bwd = xt._OPS[name]
-    if which == "fwd":
-        torch.library.opcheck(fwd, (case.x.clone().requires_grad_(), case.t) + case.op_args)
+    reduced = "-" in which
+    fwd, bwd = (xt._REDUCED_OPS if reduced else xt._OPS)[name]
+    args = case.op_args + ((which.split("-")[1], "nan") if reduced else ())
+    if which.startswith("fwd"):
+        torch.library.opcheck(fwd, (case.x.clone().requires_grad_(), case.t) + args)
     else:
-        rows = fwd(case.x, case.t, *case.op_args)
-        torch.library.opcheck(bwd, (torch.ones_like(rows), case.x, case.t) + case.op_args)
+        rows = fwd(case.x, case.t, *args)
+        torch.library.opcheck(bwd, (torch.ones_like(rows), case.x, case.t) + args)
 
 
 def test_bfloat16_mean_is_the_float32_mean_of_exact_rows():
