@@ -73,6 +73,10 @@ cdef extern from "xent_kernels.h" nogil:
     void xf_dd_add(double *hi, double *lo, double b_hi, double b_lo)
     void xf_terms_merge(double *acc, const double *blk)
 
+    ctypedef struct xf_row_scratch:
+        pass
+    xf_row_scratch *xf_row_scratch_new(long long n_classes)
+    void xf_row_scratch_release(xf_row_scratch *s)
     ctypedef struct xf_softmax_table_f32:
         void (*max_block)(const float *, long long, long long, xf_rowmax *) noexcept nogil
         void (*sumexp_block)(const float *, long long, double, long long, int, double *, double *,
@@ -84,7 +88,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_max)(const float *, long long, xf_rowjob *) noexcept nogil
         void (*row_sum)(const float *, long long, xf_rowjob *, float *, double *) noexcept nogil
         double (*xent_row)(const float *, float *, long long, xf_rowjob *, const float *,
-                           const double *, double *) noexcept nogil
+                           const double *, xf_row_scratch *) noexcept nogil
         void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double, int) noexcept nogil
@@ -103,7 +107,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_max)(const double *, long long, xf_rowjob *) noexcept nogil
         void (*row_sum)(const double *, long long, xf_rowjob *, double *, double *) noexcept nogil
         double (*xent_row)(const double *, double *, long long, xf_rowjob *, const double *,
-                           const double *, double *) noexcept nogil
+                           const double *, xf_row_scratch *) noexcept nogil
         void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double, int) noexcept nogil
@@ -218,7 +222,7 @@ cdef inline void _fill(floating *out, Py_ssize_t n, double v) noexcept nogil:
 
 
 cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, const XentArgs *a,
-                          Py_ssize_t i, double *scratch) noexcept nogil:
+                          Py_ssize_t i, xf_row_scratch *scratch) noexcept nogil:
     cdef xf_rowjob job
     cdef Py_ssize_t C = a.C
     if _row_ignored(a, i):
@@ -440,7 +444,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     cdef const floating *xp
     cdef const floating *tp = NULL
     cdef floating *gp = NULL
-    cdef double *scratch = NULL
+    cdef xf_row_scratch *scratch = NULL
     cdef bint want_scratch
     cdef bint groups
     cdef bint ok = True
@@ -474,11 +478,12 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
                 fp_thread = xf_fp_ieee_enter()
                 # exponentials kept between passes (xf_xent_row: the general gradient's, and long
                 # float32 rows' stored ones); without the memory the rows evaluate them again, or store
-                # them in the gradient, to the same bits
-                scratch = <double *>malloc(C * sizeof(double)) if want_scratch else NULL
+                # them in the gradient, to the same bits.  Releasing it writes the last long float32
+                # row's pending gradient (xf_row_scratch).
+                scratch = xf_row_scratch_new(C) if want_scratch else NULL
                 for i in prange(N, schedule="guided"):
                     loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)
-                free(scratch)
+                xf_row_scratch_release(scratch)
                 xf_fp_ieee_leave(fp_thread)
     if not ok:
         raise MemoryError("cross-entropy: no memory for the per-block state of the row passes")

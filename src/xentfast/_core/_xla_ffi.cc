@@ -145,7 +145,7 @@ void on_threads(int nt, long long n_tasks, const Body &body)
 // "none"), the row's upstream factor g[i] (double, exact) when there is one.  Returns the row's loss.
 template <typename T, typename L>
 double xent_one_row(const T *x, const L *y, const T *t, const T *g, long long i, long long C, double z,
-                    T *grad, double *scratch)
+                    T *grad, xf_row_scratch *scratch)
 {
     if (y != nullptr && y[i] == kSkip) {
         if (grad != nullptr) {
@@ -210,7 +210,10 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
-    std::unique_ptr<double[]> scratch(want_scratch ? new (std::nothrow) double[C] : nullptr);
+    // released on this thread after its last row: that writes the last long float32 row's pending
+    // gradient (xf_row_scratch)
+    std::unique_ptr<xf_row_scratch, void (*)(xf_row_scratch *)> scratch(
+        want_scratch ? xf_row_scratch_new(C) : nullptr, xf_row_scratch_release);
 #pragma omp for schedule(guided)
     for (long long i = 0; i < N; ++i) {
         const double l = xent_one_row<T, L>(x, y, t, g, i, C, z, grad, scratch.get());

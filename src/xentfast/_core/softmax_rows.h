@@ -328,6 +328,89 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #define XF_STREAMED_ROWS 0
 #endif
 
+#if XF_STREAMED_ROWS
+/* out_j = (float)((double)kept_j * f) for n elements, a multiple of 8, by streaming stores to a 32-byte
+ * aligned `out`: each lane converts, multiplies and rounds once, as the scalar form. */
+static inline __attribute__((always_inline)) void xf_stream_scaled(const float *kept, float *out, long long n,
+                                                                   __m256d vf)
+{
+    long long j;
+    for (j = 0; j < n; j += 8) {
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + j)), vf));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + j + 4)), vf));
+        _mm_stream_ps(out + j, lo);
+        _mm_stream_ps(out + j + 4, hi);
+    }
+}
+
+/* the pending gradient's element j (xf_row_scratch), by ordinary store */
+static inline void xf_pending_put(xf_row_scratch *p, long long j)
+{
+    p->out[j] = (j == p->target) ? (float)p->target_grad : (float)((double)p->kept[j] * p->factor);
+}
+
+/* n elements of a pending gradient from its `done` on, n a multiple of 8, `done` 32-byte aligned in `out`
+ * (xf_pending_start).  The target entry goes into its group before the group is stored: an ordinary store
+ * after a streaming one to the same line would need a fence to land last, and a fence per row waits for
+ * every line in flight. */
+static inline __attribute__((always_inline)) void xf_pending_stream(xf_row_scratch *p, long long n)
+{
+    const float *kept = p->kept + p->done;
+    float *out = p->out + p->done;
+    const __m256d vf = _mm256_set1_pd(p->factor);
+    const long long t = p->target - p->done;
+    if (t >= 0 && t < n) {
+        const long long g = t & ~7LL;
+        float group[8] __attribute__((aligned(32)));
+        xf_stream_scaled(kept, out, g, vf);
+        _mm_store_ps(group, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + g)), vf)));
+        _mm_store_ps(group + 4, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + g + 4)), vf)));
+        group[t - g] = (float)p->target_grad;
+        _mm256_stream_ps(out + g, _mm256_load_ps(group));
+        xf_stream_scaled(kept + g + 8, out + g + 8, n - g - 8, vf);
+    } else {
+        xf_stream_scaled(kept, out, n, vf);
+    }
+    p->done += n;
+}
+
+/* The rest of a pending gradient.  `fence`: also order its streaming stores (and those of the rows before)
+ * before the caller's next reads and the other threads' (the driver's release after its last row). */
+static void xf_pending_finish(xf_row_scratch *p, int fence)
+{
+    long long j;
+    if (p->pending) {
+        xf_pending_stream(p, (p->n - p->done) & ~7LL);
+        for (j = p->done; j < p->n; j++) {
+            xf_pending_put(p, j);
+        }
+        p->pending = 0;
+    }
+    if (fence) {
+        _mm_sfence();
+    }
+}
+
+/* One chunk's share of the pending gradient, written by the next row's sum pass before each chunk of
+ * its exponentials (xf_sumexp_block_form): 64 floats, four whole lines (xf_pending_start aligns them),
+ * for ~25 ns of arithmetic on one core, so the write-combining buffers drain while the exponentials run.
+ * Written after the sum pass instead, the same stores stalled it for as long as memory took to take them
+ * (benchmarks/README.md).  Both rows keep their exponentials in the same scratch row: the pending one
+ * starts at most 15 elements in (the alignment), and each chunk at position a of the row (a multiple of
+ * 64: XF_BLOCK is one) comes after a / 64 + 1 steps, so the pending gradient has read [0, a + 64) before
+ * the chunk overwrites [a, a + 64); where fewer than 64 elements are left, the step writes them all, and
+ * the row's partial last chunk finishes the rest first.  One row instead of two halves left the L2 cache
+ * room for the logits: 2048x128256, one core, 0.26 -> 0.23 s. */
+static inline __attribute__((always_inline)) void xf_pending_step(xf_row_scratch *p)
+{
+    if (p->done + XF_CHUNK <= p->n) {
+        xf_pending_stream(p, XF_CHUNK);
+    } else if (p->pending) {
+        xf_pending_finish(p, 0);
+    }
+}
+#endif
+
 #if XF_COMPENSATED
 #define XF_STORE_SCALE 1.0
 #define XF_STORE_UNSCALE 1.0
@@ -343,7 +426,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * multiplies instead of evaluating exp a second time. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
-    const int normal, const int has_store, long long ahead)
+    const int normal, const int has_store, long long ahead, xf_row_scratch *pend, const int has_pend)
 {
     double acc[XF_LANES], cmp[XF_LANES];
     int k;
@@ -372,6 +455,12 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
                 __builtin_prefetch(pfw + i, 1, 3);
             }
         }
+#if XF_STREAMED_ROWS
+        if (has_pend) {
+            /* before this chunk's stores take the places the pending gradient reads (xf_pending_step) */
+            xf_pending_step(pend);
+        }
+#endif
 #pragma omp simd
         for (i = 0; i < XF_CHUNK; i++) {
             double e = XF_EXP_FORM(normal, x[j + i], m);
@@ -402,6 +491,15 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
             buf[skip - j] = e_skip;
         }
     }
+#if XF_STREAMED_ROWS
+    if (has_pend && j < n) {
+        /* the row's last, partial chunk: all the rest first */
+        xf_pending_finish(pend, 0);
+    }
+#else
+    (void)pend;
+    (void)has_pend;
+#endif
     for (; j + XF_LANES <= n; j += XF_LANES) {
 #pragma omp simd
         for (k = 0; k < XF_LANES; k++) {
@@ -453,30 +551,45 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
  * masked store (vmaskmovps with an all-ones mask), which AMD's Zen cores execute as many
  * micro-operations; the fused float32 sum pass spent about a third of its time there. */
 XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m, long long skip, int normal,
-                                            double *hi, double *lo, XF_T *store, double *keep, long long ahead)
+                                            double *hi, double *lo, XF_T *store, double *keep, long long ahead,
+                                            xf_row_scratch *pend)
 {
+#if XF_STREAMED_ROWS
+    /* `pend` (or NULL): a pending gradient to write a chunk at a time (xf_pending_step); only with a store */
+    if (pend && store) {
+        if (normal == 1) {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, pend, 1);
+        } else if (normal == 2) {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead, pend, 1);
+        } else {
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead, pend, 1);
+        }
+        return;
+    }
+#endif
+    (void)pend;
     if (keep) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, 0, 0);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, 0, 0);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, 0, 0);
         }
     } else if (store) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, 0, 0);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead, 0, 0);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead, 0, 0);
         }
     } else if (normal == 1) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead, 0, 0);
     } else if (normal == 2) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 2, 0, ahead);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 2, 0, ahead, 0, 0);
     } else {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead, 0, 0);
     }
 }
 
@@ -484,7 +597,7 @@ XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m
 XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long long skip, int normal,
                                       double *hi, double *lo, XF_T *store)
 {
-    XF_FN(xf_sumexp_block_ahead)(x, n, m, skip, normal, hi, lo, store, 0, 0);
+    XF_FN(xf_sumexp_block_ahead)(x, n, m, skip, normal, hi, lo, store, 0, 0, 0);
 }
 
 /* Pass 3's ordinary case, vectorized: the loss term and q_j of each element of a chunk (x, t, w at its
@@ -675,35 +788,27 @@ static inline double xf_stored_factor_f32(const xf_rowjob *job)
 #endif
 
 #if XF_STREAMED_ROWS
-/* Pass 4 of a stored float32 row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above): the stored
- * form's out_j = kept_j * f, the same bits (each lane converts the float to double, multiplies and rounds
- * once, as the scalar loop), written by streaming stores from the first 32-byte boundary of `out` on; the
- * fence orders them before the target entry's ordinary store and before the caller's next reads. */
-XF_KERNEL void XF_FN(xf_xent_grad_streamed)(const XF_T *kept, XF_T *out, long long n, long long offset,
-                                           const xf_rowjob *job)
+/* Pass 4 of a stored float32 row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above), left
+ * pending in `p` (xf_row_scratch): the stored form's out_j = kept_j * f, the same bits, written by the
+ * next row's sum pass or by xf_pending_finish.  The elements before the first 32-byte boundary of `out`
+ * are written here, so that the streaming stores start aligned. */
+XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const XF_T *kept, XF_T *out, long long n,
+                                      const xf_rowjob *job)
 {
-    const long long y = job->y - offset;
-    const int has_y = (y >= 0 && y < n);
-    const double g_y = has_y ? XF_FN(xf_stored_target_grad)(job) : 0.0;
     const double f = xf_stored_factor_f32(job);
-    long long j = 0;
-    for (; j < n && (((unsigned long long)(out + j)) & 31); j++) {
-        out[j] = (XF_T)((double)kept[j] * f);
+    long long j;
+    p->kept = kept;
+    p->out = out;
+    p->n = n;
+    p->factor = f;
+    p->target = (job->y >= 0 && job->y < n) ? job->y : -1;
+    p->target_grad = (p->target >= 0) ? XF_FN(xf_stored_target_grad)(job) : 0.0;
+    p->pending = 1;
+    p->write = xf_pending_finish;
+    for (j = 0; j < n && (((unsigned long long)(out + j)) & 63); j++) {
+        xf_pending_put(p, j);
     }
-    const __m256d vf = _mm256_set1_pd(f);
-    for (; j + 8 <= n; j += 8) {
-        const __m256 e = _mm256_loadu_ps(kept + j);
-        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)), vf));
-        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)), vf));
-        _mm256_stream_ps(out + j, _mm256_set_m128(hi, lo));
-    }
-    for (; j < n; j++) {
-        out[j] = (XF_T)((double)kept[j] * f);
-    }
-    _mm_sfence();
-    if (has_y) {
-        out[y] = (XF_T)g_y;
-    }
+    p->done = j;
 }
 #endif
 
@@ -884,7 +989,9 @@ XF_KERNEL void XF_FN(xf_row_max)(const XF_T *x, long long C, xf_rowjob *job)
     XF_FN(xf_row_mask_form)(x, C, job);
 }
 
-XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep)
+/* `pend` (or NULL): a pending gradient the sum pass writes as it goes (xf_pending_step) */
+XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep,
+                                         xf_row_scratch *pend)
 {
     long long b0;
     if (job->status != XF_ROW_OK) {
@@ -896,7 +1003,8 @@ XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_
         long long skip = job->argmax - b0;
         double bhi, blo;
         XF_FN(xf_sumexp_block_ahead)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1,
-                                     job->exp_normal, &bhi, &blo, store ? store + b0 : 0, keep ? keep + b0 : 0, C);
+                                     job->exp_normal, &bhi, &blo, store ? store + b0 : 0, keep ? keep + b0 : 0, C,
+                                     pend);
         if (b0 == 0) {
             /* the first block as it is: xf_lanes_to_dd's pair is normalized (bhi = fl(bhi + blo)), so
              * adding it to (0, 0) returns it unchanged, as the phased path's merge does */
@@ -911,6 +1019,11 @@ XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_
     /* reads x again: rows that may need it are never given a store aliasing x (xf_rowjob_plan) */
     xf_rowjob_rescue_tiny_sum(job, x, C);
 #endif
+}
+
+XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep)
+{
+    XF_FN(xf_row_sum_writing)(x, C, job, store, keep, 0);
 }
 
 /* Per-row loss terms of a whole row (soft targets / smoothing), block by block. */
@@ -953,34 +1066,46 @@ XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, c
 
 /* The one-thread-per-row driver: statistics, loss, gradient.  Returns the row loss (double; the
  * caller reduces or rounds it).  grad may be NULL (forward only) and may alias x (inplace).
- * scratch (or NULL): C doubles of the calling thread's own.  On rows the general gradient serves, the sum
- * pass keeps each exp(x_j - m) there, exactly, and the gradient pass multiplies instead of evaluating it
- * again; float64 rows whose gradient buffer is not the logits keep them in that buffer instead (the loss
- * terms and the z-loss read x again after the sum pass).  A float32 buffer would round them, and the
- * gradient's q_j may cancel most of p_j.  The bits are those of the evaluating form either way.  Long
- * float32 rows of the stored form keep their float32 exponentials there too (XF_STREAMED_ROWS). */
+ * scratch (or NULL): the calling thread's own (xf_row_scratch, xent_kernels.h), the same for all the rows
+ * it runs, and released by the driver after the last of them.  On rows the general gradient serves, the
+ * sum pass keeps each exp(x_j - m) in its row, exactly, and the gradient pass multiplies instead of
+ * evaluating it again; float64 rows whose gradient buffer is not the logits keep them in that buffer
+ * instead (the loss terms and the z-loss read x again after the sum pass).  A float32 buffer would round
+ * them, and the gradient's q_j may cancel most of p_j.  The bits are those of the evaluating form either
+ * way.  Long float32 rows of the stored form keep their float32 exponentials there too, and leave their
+ * gradient pending for the next row's sum pass to write (XF_STREAMED_ROWS): it is whole only once the
+ * driver has released the scratch. */
 XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
-                                const double *w, double *scratch)
+                                const double *w, xf_row_scratch *scratch)
 {
     long long b0;
+    double *const row = scratch ? scratch->row : 0;
     XF_FN(xf_row_max)(x, C, job);
     xf_rowjob_plan(job, (job->y >= 0) ? (double)x[job->y] : 0.0, grad != 0);
     double *keep = 0;
     if (grad && !job->simple && job->status == XF_ROW_OK) {
 #if XF_COMPENSATED
-        keep = (grad != x) ? (double *)grad : scratch;
+        keep = (grad != x) ? (double *)grad : row;
 #else
-        keep = scratch;
+        keep = row;
 #endif
     }
     XF_T *kept = 0;
+    xf_row_scratch *pending = 0;
 #if XF_STREAMED_ROWS
     if (grad && scratch && job->stored && job->status == XF_ROW_OK &&
         C * (long long)sizeof(XF_T) >= XF_STREAM_MIN_BYTES) {
-        kept = (XF_T *)scratch;
+        /* the pending gradient's exponentials are there too: the sum pass writes it as it goes
+         * (xf_pending_step) */
+        kept = (XF_T *)row;
+        pending = scratch->pending ? scratch : 0;
     }
 #endif
-    XF_FN(xf_row_sum)(x, C, job, job->stored ? (kept ? kept : grad) : 0, keep);
+    if (!kept) {
+        /* this row may keep its exponentials where the pending gradient reads them */
+        xf_row_scratch_finish(scratch);
+    }
+    XF_FN(xf_row_sum_writing)(x, C, job, job->stored ? (kept ? kept : grad) : 0, keep, pending);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
@@ -992,15 +1117,15 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
             for (b0 = 0; b0 < C; b0++) {
                 grad[b0] = (XF_T)XF_NAN;
             }
+        } else if (kept) {
+#if XF_STREAMED_ROWS
+            /* the previous row's last chunks (the sum pass wrote the rest), then this row pending */
+            xf_row_scratch_finish(scratch);
+            XF_FN(xf_pending_start)(scratch, kept, grad, C, job);
+#endif
         } else {
             for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
                 long long nb = (C - b0 < XF_BLOCK) ? C - b0 : XF_BLOCK;
-#if XF_STREAMED_ROWS
-                if (kept) {
-                    XF_FN(xf_xent_grad_streamed)(kept + b0, grad + b0, nb, b0, job);
-                    continue;
-                }
-#endif
                 XF_FN(xf_xent_grad_block)(x + b0, grad + b0, nb, b0, job, t ? t + b0 : 0, w ? w + b0 : 0,
                                           keep ? keep + b0 : 0);
             }

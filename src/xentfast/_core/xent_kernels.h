@@ -7,6 +7,7 @@
 #define XENTFAST_XENT_KERNELS_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "xentfast/softmax_row.h"
 
@@ -27,6 +28,62 @@
 #define XF_HAVE_AVX2_PATH 0
 #endif
 
+/* A row driver's per-thread memory for xf_xent_row (softmax_rows.h): `row`, C doubles, where rows keep
+ * exponentials between passes, and a long float32 row whose gradient is still being written
+ * (XF_STREAMED_ROWS): the next row's sum pass writes it a chunk at a time between its exponentials, so
+ * the gradient's stores overlap that pass's arithmetic instead of following it.  A driver makes one per
+ * thread with xf_row_scratch_new, passes it to every row that thread runs, and after the last of them
+ * calls xf_row_scratch_release on that thread, which completes the pending gradient: before it the
+ * output is not whole. */
+typedef struct xf_row_scratch {
+    double *row;
+    /* the pending gradient, when `pending`: out_j = (float)(kept_j * factor) for j in [done, n), but
+     * out[target] = target_grad.  `write` (set by the unit that left one, else NULL) writes the rest,
+     * and with `fence` orders the streaming stores of every row it left before the caller's next reads. */
+    int pending;
+    void (*write)(struct xf_row_scratch *, int fence);
+    const float *kept;
+    float *out;
+    long long n, done, target;
+    double factor, target_grad;
+} xf_row_scratch;
+
+/* NULL when either allocation fails: the rows then run without scratch, to the same bits */
+static inline xf_row_scratch *xf_row_scratch_new(long long n_classes)
+{
+    xf_row_scratch *s = (xf_row_scratch *)malloc(sizeof(xf_row_scratch));
+    if (s == NULL) {
+        return NULL;
+    }
+    s->row = (double *)malloc((size_t)n_classes * sizeof(double));
+    if (s->row == NULL) {
+        free(s);
+        return NULL;
+    }
+    s->pending = 0;
+    s->write = NULL;
+    return s;
+}
+
+/* Completes a pending gradient, so that the scratch row is free again (xf_xent_row) */
+static inline void xf_row_scratch_finish(xf_row_scratch *s)
+{
+    if (s != NULL && s->pending) {
+        s->write(s, 0);
+    }
+}
+
+static inline void xf_row_scratch_release(xf_row_scratch *s)
+{
+    if (s != NULL) {
+        if (s->write != NULL) {
+            s->write(s, 1);
+        }
+        free(s->row);
+        free(s);
+    }
+}
+
 /* One table of entry points per storage type; the Cython driver calls only through these. */
 #define XF_DECLARE_TABLE(T, SFX)                                                                          \
     typedef struct {                                                                                      \
@@ -38,7 +95,8 @@
                            const double *, const double *);                                               \
         void (*row_max)(const T *, long long, xf_rowjob *);                                              \
         void (*row_sum)(const T *, long long, xf_rowjob *, T *, double *);                               \
-        double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *, double *); \
+        double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *,            \
+                           xf_row_scratch *);                                                             \
         void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
         void (*log_softmax_block)(const T *, T *, long long, double, double, int);                       \
         void (*softmax_block)(const T *, T *, long long, double, double);                                \
