@@ -72,7 +72,7 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
 
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 def test_long_float32_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction):
-    # rows of 64 KB and more keep their exponentials in a scratch row and write the gradient by streaming
+    # rows of 16 KB and more keep their exponentials in a scratch row and write the gradient by streaming
     # stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS), each row's gradient while the next row
     # of the same thread runs its sum pass (xf_pending_step); the baseline path stores them into the
     # output buffer and scales them there.

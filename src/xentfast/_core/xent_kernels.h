@@ -128,7 +128,7 @@ typedef struct {
  * the gradient by streaming stores, where the kernels are compiled for AVX2 (softmax_rows.h,
  * XF_STREAMED_ROWS). */
 #ifndef XF_STREAM_MIN_BYTES
-#define XF_STREAM_MIN_BYTES (64 * 1024)
+#define XF_STREAM_MIN_BYTES (16 * 1024)
 #endif
 
 /* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
