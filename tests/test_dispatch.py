@@ -71,38 +71,44 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean"])
-def test_long_float32_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction):
+@pytest.mark.parametrize("n_classes", [_xent.BLOCK, 3 * _xent.BLOCK + 7, 4 * _xent.BLOCK + 13])
+def test_long_float32_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction, n_classes):
     # rows of 16 KB and more keep their exponentials in a scratch row and write the gradient by streaming
     # stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS), each row's gradient while the next row
     # of the same thread runs its sum pass (xf_pending_step); the baseline path stores them into the
     # output buffer and scales them there.
-    # Every path, thread count, an out= that starts 4 bytes past a 32-byte boundary and inplace=True
-    # must give the same bits.  An odd row length puts each row's start at another alignment; the rows
-    # differ in where their target lies (in the unaligned head, at a group's edges, in the last partial
+    # Every path, thread count, out= buffers starting 1, 5 and 15 floats past a 64-byte boundary and
+    # inplace=True must give the same bits.  The row lengths: one block, a multiple of 64 (no partial
+    # chunk), and odd lengths that put each row's start at another alignment, one of them between the
+    # streaming threshold (16 KB) and the old one (64 KB).  The rows differ in where their target lies
+    # (first entries, which fall in the unaligned head for some offsets, a group's edges, the last partial
     # chunk, last, ignored), and between them lie rows that stream nothing (NaN; a spread beyond the
     # stored form's, which keeps its exponentials in the same scratch row)
     rng = np.random.default_rng(3)
-    C = 4 * _xent.BLOCK + 13
+    C = n_classes
     x = (rng.standard_normal((14, C)) * 20).astype(np.float32)
     x[1, C - 1] = 300.0
     x[5, 9] = np.nan
     x[8, 100] = 1000.0
-    y = np.array([0, C - 1, 17, C // 2, -100, 3, 2, 64 * 5 + 63, 64 * 7, -100, C - 9, C - 70, 4096, 1])
+    y = np.array([0, C - 1, 17, C // 2, -100, 3, 2, 64 * 5 + 63, 64 * 7, -100, C - 9, C - 70, C - 64, 1])
     _xent.set_cpu_path("baseline")
     want = xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=1)
     for path in PATHS:
         _xent.set_cpu_path(path)
         for n_threads in (1, 2):
-            buf = np.empty(x.size + 8, np.float32)
-            buf = buf[(-buf.ctypes.data // 4 + 1) % 8:][:x.size].reshape(x.shape)
+            results = [xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads)]
+            for offset in (1, 5, 15):
+                buf = np.empty(x.size + 16, np.float32)
+                buf = buf[(-buf.ctypes.data // 4 + offset) % 16:][:x.size].reshape(x.shape)
+                assert buf.ctypes.data % 64 == 4 * offset
+                results.append(xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads,
+                                                          out=buf))
             inplace = x.copy()
-            for got in (xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads),
-                        xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads, out=buf),
-                        xf.cross_entropy_with_grad(inplace, y, reduction=reduction, n_threads=n_threads,
-                                                   inplace=True)):
+            results.append(xf.cross_entropy_with_grad(inplace, y, reduction=reduction, n_threads=n_threads,
+                                                      inplace=True))
+            for got in results:
                 for a, b in zip(got, want):
                     assert np.array_equal(a, b, equal_nan=True), (path, n_threads)
-    assert buf.ctypes.data % 32 == 4
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

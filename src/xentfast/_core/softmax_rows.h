@@ -313,13 +313,13 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #endif
 
 /* Long float32 rows where this unit is compiled for AVX2 (xf_xent_row): the sum pass keeps its
- * exponentials in the thread's scratch row instead of the output, and the gradient pass writes the
- * output with streaming stores.  Storing into the output made every output line travel twice: read from
+ * exponentials in the thread's scratch row instead of the output, and the gradient goes out by streaming
+ * stores, during the same thread's next row (xf_pending_step) or at the driver's release.  Storing into the output made every output line travel twice: read from
  * memory before the sum pass's first store to it (the core must own a line it writes part of), written
  * back after the gradient pass.  A streaming store of whole lines skips the read, and the scratch row
  * stays in L2 from row to row.  Fused 2048x128256 float32, one thread: 0.316-0.319 -> 0.266-0.283 s;
- * 8192x32000 about 2 % (benchmarks/README.md, 2026-12-04); with each row's gradient written during the
- * next row's sum pass (xf_pending_step), 0.26 -> 0.23 s and 0.24 -> 0.21 s.  Only from
+ * 8192x32000 about 2 % (benchmarks/README.md, 2026-12-04), the gradient then written after the row's
+ * own sum pass; written during the next row's, 0.27 -> 0.23 s and 0.25 -> 0.21 s.  Only from
  * XF_STREAM_MIN_BYTES per row (xent_kernels.h): rows of 2048 classes ran 5-9 % slower streamed (a row's
  * fixed costs: the pending gradient's start, its partial chunks), rows of 4096 and more 10-13 % faster,
  * even where the caller reads the gradient next (a 16 MB gradient, 4096x4096).  Without the streaming
@@ -352,7 +352,7 @@ static inline void xf_pending_put(xf_row_scratch *p, long long j)
     p->out[j] = (j == p->target) ? (float)p->target_grad : (float)((double)p->kept[j] * p->factor);
 }
 
-/* n elements of a pending gradient from its `done` on, n a multiple of 8, `done` 32-byte aligned in `out`
+/* n elements of a pending gradient from its `done` on, n a multiple of 8, `done` 64-byte aligned in `out`
  * (xf_pending_start).  The target entry goes into its group before the group is stored: an ordinary store
  * after a streaming one to the same line would need a fence to land last, and a fence per row waits for
  * every line in flight. */
@@ -402,8 +402,10 @@ static void xf_pending_finish(xf_row_scratch *p, int fence)
  * starts at most 15 elements in (the alignment), and each chunk at position a of the row (a multiple of
  * 64: XF_BLOCK is one) comes after a / 64 + 1 steps, so the pending gradient has read [0, a + 64) before
  * the chunk overwrites [a, a + 64); where fewer than 64 elements are left, the step writes them all, and
- * the row's partial last chunk finishes the rest first.  One row instead of two halves left the L2 cache
- * room for the logits: 2048x128256, one core, 0.26 -> 0.23 s. */
+ * the row's partial last chunk finishes the rest first.  One scratch row shared this way instead of one
+ * per row (two halves of the scratch) left the L2 cache room for the logits: 2048x128256, one core,
+ * 0.26 -> 0.23 s. */
+typedef char xf_blocks_are_whole_chunks[(XF_BLOCK % XF_CHUNK == 0) ? 1 : -1];
 static inline __attribute__((always_inline)) void xf_pending_step(xf_row_scratch *p)
 {
     if (p->done + XF_CHUNK <= p->n) {
@@ -793,8 +795,8 @@ static inline double xf_stored_factor_f32(const xf_rowjob *job)
 #if XF_STREAMED_ROWS
 /* Pass 4 of a stored float32 row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above), left
  * pending in `p` (xf_row_scratch): the stored form's out_j = kept_j * f, the same bits, written by the
- * next row's sum pass or by xf_pending_finish.  The elements before the first 32-byte boundary of `out`
- * are written here, so that the streaming stores start aligned. */
+ * next row's sum pass or by xf_pending_finish.  The elements before the first 64-byte boundary of `out`
+ * are written here, so that each step of the streaming stores fills whole lines. */
 XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const XF_T *kept, XF_T *out, long long n,
                                       const xf_rowjob *job)
 {
