@@ -256,10 +256,13 @@ def test_subnormal_results_survive_xla(path, dtype, shape):
     assert_same_bits(dy, -(gb * xb))
 
 
-@pytest.mark.parametrize("shape", [(64, 1024), (1, 40000)], ids=["many-rows", "one-long-row"])
+@pytest.mark.parametrize("shape", [(64, 1024), (1, 40000), (13, 4101)],
+                         ids=["many-rows", "one-long-row", "long-rows"])
 def test_same_bits_on_several_threads(path, shape):
     """Sizes where the kernels start OpenMP teams (one thread per 16384 elements): the FFI handlers run
-    rows on threads, the NumPy API splits a lone long row into blocks; the bits agree either way."""
+    rows on threads, the NumPy API splits a lone long row into blocks; the bits agree either way.  Rows
+    of 16 KB and more leave each gradient for the thread's next row to write (softmax_rows.h,
+    xf_pending_step), and the handler's release writes the last one's."""
     rng = np.random.default_rng(11)
     x = (4 * rng.standard_normal(shape)).astype(np.float32)
     y = rng.integers(0, shape[1], shape[0])
