@@ -314,17 +314,18 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 
 /* Long float32 rows where this unit is compiled for AVX2 (xf_xent_row): the sum pass keeps its
  * exponentials in the thread's scratch row instead of the output, and the gradient goes out by streaming
- * stores, during the same thread's next row (xf_pending_step) or at the driver's release.  Storing into the output made every output line travel twice: read from
- * memory before the sum pass's first store to it (the core must own a line it writes part of), written
- * back after the gradient pass.  A streaming store of whole lines skips the read, and the scratch row
- * stays in L2 from row to row.  Fused 2048x128256 float32, one thread: 0.316-0.319 -> 0.266-0.283 s;
- * 8192x32000 about 2 % (benchmarks/README.md, 2026-12-04), the gradient then written after the row's
- * own sum pass; written during the next row's, 0.27 -> 0.23 s and 0.25 -> 0.21 s.  Only from
- * XF_STREAM_MIN_BYTES per row (xent_kernels.h): rows of 2048 classes ran 5-9 % slower streamed (a row's
- * fixed costs: the pending gradient's start, its partial chunks), rows of 4096 and more 10-13 % faster,
- * even where the caller reads the gradient next (a 16 MB gradient, 4096x4096).  Without the streaming
- * stores the scratch row cost more than it saved (2048x128256: 0.351-0.358 s), so the baseline unit keeps
- * storing into the output. */
+ * stores, during the same thread's next row (xf_pending_step) or at the driver's release.  Storing into
+ * the output made every output line travel twice: read from memory before the sum pass's first store to
+ * it (the core must own a line it writes part of), written back after the gradient pass.  A streaming
+ * store of whole lines skips the read, and the scratch row stays in L2 from row to row.  Fused
+ * 2048x128256 float32, one thread: 0.316-0.319 -> 0.266-0.283 s; 8192x32000 about 2 %
+ * (benchmarks/README.md, 2026-12-04), the gradient then written after the row's own sum pass; written
+ * during the next row's, 0.27 -> 0.23 s and 0.25 -> 0.21 s.  Only from XF_STREAM_MIN_BYTES per row
+ * (xent_kernels.h): rows of 2048 classes ran 5-9 % slower streamed (a row's fixed costs: the pending
+ * gradient's start, its partial chunks), rows of 4096 and more 10-13 % faster, even where the caller
+ * reads the gradient next (a 16 MB gradient, 4096x4096).  Without the streaming stores the scratch row
+ * cost more than it saved (2048x128256: 0.351-0.358 s), so the baseline unit keeps storing into the
+ * output. */
 #if defined(__AVX2__) && !XF_COMPENSATED
 #define XF_STREAMED_ROWS 1
 #else
