@@ -1041,6 +1041,25 @@ def test_more_than_2_to_31_elements():
     assert_ulp_close(loss[4:], np.array([want_last], dtype=object), 2)
 
 
+@pytest.mark.slow
+def test_fused_gradient_beyond_2_to_31_elements():
+    # rows of 32768 float32 classes (128 KB): on the AVX2 path each row's gradient is written during the
+    # thread's next row (softmax_rows.h, xf_pending_step), so the last rows' places lie past 2^31
+    # elements in the output; a wrapped offset writes or reads some other row.  Zero-page logits again,
+    # with a few rows drawn; the 8.6 GB gradient is real memory
+    n, c = 65540, 32768
+    x = np.zeros((n, c), dtype=np.float32)
+    assert x.size > 2**31 and (n - 3) * c > 2**31
+    rng = np.random.default_rng(1)
+    drawn = [0, n // 2, n - 3, n - 2, n - 1]
+    x[drawn] = (rng.standard_normal((len(drawn), c)) * 3).astype(np.float32)
+    y = (np.arange(n) * 7919) % c
+    loss, grad = xf.cross_entropy_with_grad(x, y, reduction="none", n_threads=2)
+    for r in drawn + [1, n - 4]:
+        want_loss, want_grad = xf.cross_entropy_with_grad(x[r:r + 1], y[r:r + 1], reduction="none", n_threads=1)
+        assert loss[r] == want_loss[0] and np.array_equal(grad[r], want_grad[0]), r
+
+
 # ---- a subnormal upstream factor ---------------------------------------------------------------------
 
 _BIG = np.finfo(np.float64).max
