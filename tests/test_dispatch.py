@@ -72,21 +72,22 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
 
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 @pytest.mark.parametrize("n_classes", [_xent.BLOCK, 3 * _xent.BLOCK + 7, 4 * _xent.BLOCK + 13])
-def test_long_float32_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction, n_classes):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction, n_classes, dtype):
     # rows of 16 KB and more keep their exponentials in a scratch row and write the gradient by streaming
     # stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS), each row's gradient while the next row
     # of the same thread runs its sum pass (xf_pending_step); the baseline path stores them into the
     # output buffer and scales them there.
-    # Every path, thread count, out= buffers starting 1, 5 and 15 floats past a 64-byte boundary and
+    # Every path, thread count, out= buffers starting 1, 5 and 15 elements past a 64-byte boundary and
     # inplace=True must give the same bits.  The row lengths: one block, a multiple of 64 (no partial
-    # chunk), and odd lengths that put each row's start at another alignment, one of them between the
-    # streaming threshold (16 KB) and the old one (64 KB).  The rows differ in where their target lies
+    # chunk), and odd lengths that put each row's start at another alignment, one of them (float32)
+    # between the streaming threshold (16 KB) and the old one (64 KB).  The rows differ in where their target lies
     # (first entries, which fall in the unaligned head for some offsets, a group's edges, the last partial
     # chunk, last, ignored), and between them lie rows that stream nothing (NaN; a spread beyond the
     # stored form's, which keeps its exponentials in the same scratch row)
     rng = np.random.default_rng(3)
     C = n_classes
-    x = (rng.standard_normal((14, C)) * 20).astype(np.float32)
+    x = (rng.standard_normal((14, C)) * 20).astype(dtype)
     x[1, C - 1] = 300.0
     x[5, 9] = np.nan
     x[8, 100] = 1000.0
@@ -98,9 +99,10 @@ def test_long_float32_rows_with_a_streamed_gradient_keep_the_bits(restore_path, 
         for n_threads in (1, 2):
             results = [xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads)]
             for offset in (1, 5, 15):
-                buf = np.empty(x.size + 16, np.float32)
-                buf = buf[(-buf.ctypes.data // 4 + offset) % 16:][:x.size].reshape(x.shape)
-                assert buf.ctypes.data % 64 == 4 * offset
+                size = x.itemsize
+                buf = np.empty(x.size + 64 // size, dtype)
+                buf = buf[(-buf.ctypes.data // size + offset) % (64 // size):][:x.size].reshape(x.shape)
+                assert buf.ctypes.data % 64 == (size * offset) % 64
                 results.append(xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads,
                                                           out=buf))
             inplace = x.copy()

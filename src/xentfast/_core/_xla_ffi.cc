@@ -203,15 +203,15 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
         return;
     }
     const int nt = threads_for(N * C);
-    // exponentials kept between passes (xent_kernels.h: the general gradient's, long float32 rows'
-    // stored ones); no label smoothing here
+    // exponentials kept between passes (xent_kernels.h: the general gradient's, long rows' stored
+    // ones); no label smoothing here
     const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,
                                                     sizeof(T) == sizeof(float), 0, C);
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
-    // released on this thread after its last row: that writes the last long float32 row's pending
-    // gradient (xf_row_scratch)
+    // released on this thread after its last row: that writes the last long row's pending gradient
+    // (xf_row_scratch)
     std::unique_ptr<xf_row_scratch, void (*)(xf_row_scratch *)> scratch(
         want_scratch ? xf_row_scratch_new(C) : nullptr, xf_row_scratch_release);
 #pragma omp for schedule(guided)

@@ -312,7 +312,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #define XF_STORE_AHEAD_BYTES 4096
 #endif
 
-/* Long float32 rows where this unit is compiled for AVX2 (xf_xent_row): the sum pass keeps its
+/* Long rows of the stored form where this unit is compiled for AVX2 (xf_xent_row): the sum pass keeps its
  * exponentials in the thread's scratch row instead of the output, and the gradient goes out by streaming
  * stores, during the same thread's next row (xf_pending_step) or at the driver's release.  Storing into
  * the output made every output line travel twice: read from memory before the sum pass's first store to
@@ -325,68 +325,108 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * gradient's start, its partial chunks), rows of 4096 and more 10-13 % faster, even where the caller
  * reads the gradient next (a 16 MB gradient, 4096x4096).  Without the streaming stores the scratch row
  * cost more than it saved (2048x128256: 0.351-0.358 s), so the baseline unit keeps storing into the
- * output. */
-#if defined(__AVX2__) && !XF_COMPENSATED
+ * output.  float64 rows, whose stored form kept the exponentials in the output too, likewise from 2048
+ * classes (16 KB): fused 8192x8000, one thread, 0.119 -> 0.104 s, 1024x64000 0.150 -> 0.113 s; rows of
+ * 2048 0.113 -> 0.104 s. */
+#if defined(__AVX2__)
 #define XF_STREAMED_ROWS 1
 #else
 #define XF_STREAMED_ROWS 0
 #endif
 
 #if XF_STREAMED_ROWS
-/* out_j = (float)((double)kept_j * f) for n elements, a multiple of 8, by streaming stores to a 32-byte
- * aligned `out`: each lane converts, multiplies and rounds once, as the scalar form. */
-static inline __attribute__((always_inline)) void xf_stream_scaled(const float *kept, float *out, long long n,
-                                                                   __m256d vf)
+/* elements per 32-byte streaming store */
+#define XF_STREAM_LANES (32 / (int)sizeof(XF_T))
+
+/* The stored form's gradient entry from its kept exponential k, the bits of xf_xent_grad_block's stored
+ * path: float32 (double)k * f rounded once to float, float64 (k * coef_per_S) * coef_mult. */
+static inline __attribute__((always_inline)) XF_T XF_FN(xf_pending_value)(const xf_row_scratch *p, XF_T k)
 {
+#if XF_COMPENSATED
+    return (k * p->factor) * p->factor2;
+#else
+    return (XF_T)((double)k * p->factor);
+#endif
+}
+
+/* xf_pending_value of n kept exponentials, n a multiple of XF_STREAM_LANES, into `out`, 32-byte aligned,
+ * by streaming stores when `stream` (a literal), else by aligned ordinary stores: each lane makes the
+ * operations of the scalar form. */
+static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const xf_row_scratch *p,
+                                                                           const XF_T *kept, XF_T *out,
+                                                                           long long n, const int stream)
+{
+    const __m256d vf = _mm256_set1_pd(p->factor);
     long long j;
+#if XF_COMPENSATED
+    const __m256d vm = _mm256_set1_pd(p->factor2);
+    for (j = 0; j < n; j += 4) {
+        const __m256d v = _mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(kept + j), vf), vm);
+        if (stream) {
+            _mm256_stream_pd(out + j, v);
+        } else {
+            _mm256_store_pd(out + j, v);
+        }
+    }
+#else
     for (j = 0; j < n; j += 8) {
         const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + j)), vf));
         const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + j + 4)), vf));
-        _mm_stream_ps(out + j, lo);
-        _mm_stream_ps(out + j + 4, hi);
+        if (stream) {
+            _mm_stream_ps(out + j, lo);
+            _mm_stream_ps(out + j + 4, hi);
+        } else {
+            _mm_store_ps(out + j, lo);
+            _mm_store_ps(out + j + 4, hi);
+        }
     }
+#endif
 }
 
 /* the pending gradient's element j (xf_row_scratch), by ordinary store */
-static inline void xf_pending_put(xf_row_scratch *p, long long j)
+static inline void XF_FN(xf_pending_put)(xf_row_scratch *p, long long j)
 {
-    p->out[j] = (j == p->target) ? (float)p->target_grad : (float)((double)p->kept[j] * p->factor);
+    XF_T *out = (XF_T *)p->out;
+    out[j] = (j == p->target) ? (XF_T)p->target_grad : XF_FN(xf_pending_value)(p, ((const XF_T *)p->kept)[j]);
 }
 
-/* n elements of a pending gradient from its `done` on, n a multiple of 8, `done` 64-byte aligned in `out`
- * (xf_pending_start).  The target entry goes into its group before the group is stored: an ordinary store
- * after a streaming one to the same line would need a fence to land last, and a fence per row waits for
- * every line in flight. */
-static inline __attribute__((always_inline)) void xf_pending_stream(xf_row_scratch *p, long long n)
+/* n elements of a pending gradient from its `done` on, n a multiple of XF_STREAM_LANES, `done` 64-byte
+ * aligned in `out` (xf_pending_start).  The target entry goes into its group before the group is stored:
+ * an ordinary store after a streaming one to the same line would need a fence to land last, and a fence
+ * per row waits for every line in flight. */
+static inline __attribute__((always_inline)) void XF_FN(xf_pending_stream)(xf_row_scratch *p, long long n)
 {
-    const float *kept = p->kept + p->done;
-    float *out = p->out + p->done;
-    const __m256d vf = _mm256_set1_pd(p->factor);
+    const XF_T *kept = (const XF_T *)p->kept + p->done;
+    XF_T *out = (XF_T *)p->out + p->done;
     const long long t = p->target - p->done;
     if (t >= 0 && t < n) {
-        const long long g = t & ~7LL;
-        float group[8] __attribute__((aligned(32)));
-        xf_stream_scaled(kept, out, g, vf);
-        _mm_store_ps(group, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + g)), vf)));
-        _mm_store_ps(group + 4, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + g + 4)), vf)));
-        group[t - g] = (float)p->target_grad;
+        const long long g = t & ~(long long)(XF_STREAM_LANES - 1);
+        XF_T group[XF_STREAM_LANES] __attribute__((aligned(32)));
+        XF_FN(xf_pending_values)(p, kept, out, g, 1);
+        XF_FN(xf_pending_values)(p, kept + g, group, XF_STREAM_LANES, 0);
+        group[t - g] = (XF_T)p->target_grad;
+        XF_FN(xf_pending_values)(p, kept + g + XF_STREAM_LANES, out + g + XF_STREAM_LANES,
+                                 n - g - XF_STREAM_LANES, 1);
+#if XF_COMPENSATED
+        _mm256_stream_pd(out + g, _mm256_load_pd(group));
+#else
         _mm256_stream_ps(out + g, _mm256_load_ps(group));
-        xf_stream_scaled(kept + g + 8, out + g + 8, n - g - 8, vf);
+#endif
     } else {
-        xf_stream_scaled(kept, out, n, vf);
+        XF_FN(xf_pending_values)(p, kept, out, n, 1);
     }
     p->done += n;
 }
 
 /* The rest of a pending gradient.  `fence`: also order its streaming stores (and those of the rows before)
  * before the caller's next reads and the other threads' (the driver's release after its last row). */
-static void xf_pending_finish(xf_row_scratch *p, int fence)
+static void XF_FN(xf_pending_finish)(xf_row_scratch *p, int fence)
 {
     long long j;
     if (p->pending) {
-        xf_pending_stream(p, (p->n - p->done) & ~7LL);
+        XF_FN(xf_pending_stream)(p, (p->n - p->done) & ~(long long)(XF_STREAM_LANES - 1));
         for (j = p->done; j < p->n; j++) {
-            xf_pending_put(p, j);
+            XF_FN(xf_pending_put)(p, j);
         }
         p->pending = 0;
     }
@@ -396,23 +436,23 @@ static void xf_pending_finish(xf_row_scratch *p, int fence)
 }
 
 /* One chunk's share of the pending gradient, written by the next row's sum pass before each chunk of
- * its exponentials (xf_sumexp_block_form): 64 floats, four whole lines (xf_pending_start aligns them),
- * for ~25 ns of arithmetic on one core, so the write-combining buffers drain while the exponentials run.
- * Written after the sum pass instead, the same stores stalled it for as long as memory took to take them
- * (benchmarks/README.md).  Both rows keep their exponentials in the same scratch row: the pending one
- * starts at most 15 elements in (the alignment), and each chunk at position a of the row (a multiple of
- * 64: XF_BLOCK is one) comes after a / 64 + 1 steps, so the pending gradient has read [0, a + 64) before
- * the chunk overwrites [a, a + 64); where fewer than 64 elements are left, the step writes them all, and
- * the row's partial last chunk finishes the rest first.  One scratch row shared this way instead of one
- * per row (two halves of the scratch) left the L2 cache room for the logits: 2048x128256, one core,
- * 0.26 -> 0.23 s. */
-typedef char xf_blocks_are_whole_chunks[(XF_BLOCK % XF_CHUNK == 0) ? 1 : -1];
-static inline __attribute__((always_inline)) void xf_pending_step(xf_row_scratch *p)
+ * its exponentials (xf_sumexp_block_form): 64 elements, whole lines (xf_pending_start aligns them), for
+ * ~25 ns of arithmetic on one core (float32; ~90 ns float64), so the write-combining buffers drain while
+ * the exponentials run.  Written after the sum pass instead, the same stores stalled it for as long as
+ * memory took to take them (benchmarks/README.md).  Both rows keep their exponentials in the same scratch
+ * row: the pending one starts at most 15 elements in (the alignment), and each chunk at position a of the
+ * row (a multiple of 64: XF_BLOCK is one) comes after a / 64 + 1 steps, so the pending gradient has read
+ * [0, a + 64) before the chunk overwrites [a, a + 64); where fewer than 64 elements are left, the step
+ * writes them all, and the row's partial last chunk finishes the rest first.  One scratch row shared this
+ * way instead of one per row (two halves of the scratch) left the L2 cache room for the logits:
+ * 2048x128256 float32, one core, 0.26 -> 0.23 s. */
+typedef char XF_FN(xf_blocks_are_whole_chunks)[(XF_BLOCK % XF_CHUNK == 0 && XF_CHUNK % 16 == 0) ? 1 : -1];
+static inline __attribute__((always_inline)) void XF_FN(xf_pending_step)(xf_row_scratch *p)
 {
     if (p->done + XF_CHUNK <= p->n) {
-        xf_pending_stream(p, XF_CHUNK);
+        XF_FN(xf_pending_stream)(p, XF_CHUNK);
     } else if (p->pending) {
-        xf_pending_finish(p, 0);
+        XF_FN(xf_pending_finish)(p, 0);
     }
 }
 #endif
@@ -427,9 +467,9 @@ static inline __attribute__((always_inline)) void xf_pending_step(xf_row_scratch
 
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
  * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo).  When `store` is
- * given (the row's output buffer, possibly the logits themselves with inplace=True, or a long float32
- * row's scratch row, XF_STREAMED_ROWS), each exponential is also written there, so the output pass
- * multiplies instead of evaluating exp a second time. */
+ * given (the row's output buffer, possibly the logits themselves with inplace=True, or a long row's
+ * scratch row, XF_STREAMED_ROWS), each exponential is also written there, so the output pass multiplies
+ * instead of evaluating exp a second time. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
     const int normal, const int has_store, long long ahead, xf_row_scratch *pend, const int has_pend)
@@ -464,7 +504,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
 #if XF_STREAMED_ROWS
         if (has_pend) {
             /* before this chunk's stores take the places the pending gradient reads (xf_pending_step) */
-            xf_pending_step(pend);
+            XF_FN(xf_pending_step)(pend);
         }
 #endif
 #pragma omp simd
@@ -500,7 +540,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
 #if XF_STREAMED_ROWS
     if (has_pend && j < n) {
         /* the row's last, partial chunk: all the rest first */
-        xf_pending_finish(pend, 0);
+        XF_FN(xf_pending_finish)(pend, 0);
     }
 #else
     (void)pend;
@@ -794,25 +834,30 @@ static inline double xf_stored_factor_f32(const xf_rowjob *job)
 #endif
 
 #if XF_STREAMED_ROWS
-/* Pass 4 of a stored float32 row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above), left
- * pending in `p` (xf_row_scratch): the stored form's out_j = kept_j * f, the same bits, written by the
- * next row's sum pass or by xf_pending_finish.  The elements before the first 64-byte boundary of `out`
- * are written here, so that each step of the streaming stores fills whole lines. */
+/* Pass 4 of a stored row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above), left pending in `p`
+ * (xf_row_scratch): the stored form's gradient, the same bits, written by the next row's sum pass or by
+ * xf_pending_finish.  The elements before the first 64-byte boundary of `out` are written here, so that
+ * each step of the streaming stores fills whole lines. */
 XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const XF_T *kept, XF_T *out, long long n,
                                       const xf_rowjob *job)
 {
-    const double f = xf_stored_factor_f32(job);
     long long j;
     p->kept = kept;
     p->out = out;
     p->n = n;
-    p->factor = f;
+#if XF_COMPENSATED
+    p->factor = job->coef_per_S;
+    p->factor2 = job->coef_mult;
+#else
+    p->factor = xf_stored_factor_f32(job);
+    p->factor2 = 1.0;
+#endif
     p->target = (job->y >= 0 && job->y < n) ? job->y : -1;
     p->target_grad = (p->target >= 0) ? XF_FN(xf_stored_target_grad)(job) : 0.0;
     p->pending = 1;
-    p->write = xf_pending_finish;
+    p->write = XF_FN(xf_pending_finish);
     for (j = 0; j < n && (((unsigned long long)(out + j)) & 63); j++) {
-        xf_pending_put(p, j);
+        XF_FN(xf_pending_put)(p, j);
     }
     p->done = j;
 }
@@ -1078,9 +1123,9 @@ XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, c
  * evaluating it again; float64 rows whose gradient buffer is not the logits keep them in that buffer
  * instead (the loss terms and the z-loss read x again after the sum pass).  A float32 buffer would round
  * them, and the gradient's q_j may cancel most of p_j.  The bits are those of the evaluating form either
- * way.  Long float32 rows of the stored form keep their float32 exponentials there too, and leave their
- * gradient pending for the next row's sum pass to write (XF_STREAMED_ROWS): it is whole only once the
- * driver has released the scratch. */
+ * way.  Long rows of the stored form keep their stored exponentials there too, and leave their gradient
+ * pending for the next row's sum pass to write (XF_STREAMED_ROWS): it is whole only once the driver has
+ * released the scratch. */
 XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
                                 const double *w, xf_row_scratch *scratch)
 {

@@ -29,7 +29,7 @@
 #endif
 
 /* A row driver's per-thread memory for xf_xent_row (softmax_rows.h): `row`, C doubles, where rows keep
- * exponentials between passes, and a long float32 row whose gradient is still being written
+ * exponentials between passes, and a long row (of the stored form) whose gradient is still being written
  * (XF_STREAMED_ROWS): the next row's sum pass writes it a chunk at a time between its exponentials, so
  * the gradient's stores overlap that pass's arithmetic instead of following it.  A driver makes one per
  * thread with xf_row_scratch_new, passes it to every row that thread runs, and after the last of them
@@ -37,15 +37,16 @@
  * output is not whole. */
 typedef struct xf_row_scratch {
     double *row;
-    /* the pending gradient, when `pending`: out_j = (float)(kept_j * factor) for j in [done, n), but
-     * out[target] = target_grad.  `write` (set by the unit that left one, else NULL) writes the rest,
-     * and with `fence` orders the streaming stores of every row it left before the caller's next reads. */
+    /* the pending gradient, when `pending`: out_j = (float)(kept_j * factor) for j in [done, n) (float64:
+     * (kept_j * factor) * factor2), but out[target] = target_grad.  `write` (set by the unit that left
+     * one, else NULL) writes the rest, and with `fence` orders the streaming stores of every row it left
+     * before the caller's next reads. */
     int pending;
     void (*write)(struct xf_row_scratch *, int fence);
-    const float *kept;
-    float *out;
+    const void *kept; /* the row's storage type, as `out` */
+    void *out;
     long long n, done, target;
-    double factor, target_grad;
+    double factor, factor2, target_grad;
 } xf_row_scratch;
 
 /* NULL when either allocation fails: the rows then run without scratch, to the same bits */
@@ -124,7 +125,7 @@ typedef struct {
     const xf_softmax_table_f64 *(*f64)(int path);
 } xf_softmax_exports;
 
-/* Rows of at least this many bytes of float32 keep their exponentials in the scratch row below and write
+/* Rows of at least this many bytes keep their stored form's exponentials in the scratch row below and write
  * the gradient by streaming stores, where the kernels are compiled for AVX2 (softmax_rows.h,
  * XF_STREAMED_ROWS). */
 #ifndef XF_STREAM_MIN_BYTES
@@ -133,14 +134,14 @@ typedef struct {
 
 /* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
  * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials there, float64
- * rows in their own gradient buffer unless that buffer is the logits; float32 rows of XF_STREAM_MIN_BYTES
- * or more keep the stored form's exponentials there (the baseline path, which has no streaming stores,
- * leaves that memory unused).  The Cython drivers and the FFI handlers both ask here. */
+ * rows in their own gradient buffer unless that buffer is the logits; rows of XF_STREAM_MIN_BYTES or more
+ * keep the stored form's exponentials there (the baseline path, which has no streaming stores, leaves that
+ * memory unused).  The Cython drivers and the FFI handlers both ask here. */
 static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits,
                                         long long n_classes)
 {
-    return has_grad && ((general && (storage_is_float || grad_is_logits)) ||
-                        (storage_is_float && n_classes * (long long)sizeof(float) >= XF_STREAM_MIN_BYTES));
+    const long long row_bytes = n_classes * (long long)(storage_is_float ? sizeof(float) : sizeof(double));
+    return has_grad && ((general && (storage_is_float || grad_is_logits)) || row_bytes >= XF_STREAM_MIN_BYTES);
 }
 
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
