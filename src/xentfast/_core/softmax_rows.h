@@ -1734,8 +1734,10 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_STORE_SCALE
 #undef XF_STORE_UNSCALE
 #undef XF_STREAMED_ROWS
+#undef XF_STREAM_LANES
 #undef XF_EXP_MINUS
 #undef XF_EXP_MINUS_NORMAL
+#undef XF_EXP_MINUS_MASKED
 #undef XF_EXP_FORM
 #undef XF_CHUNK
 #undef XF_MAX_LANES
