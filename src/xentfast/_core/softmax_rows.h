@@ -321,7 +321,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * 2048x128256 float32, one thread: 0.316-0.319 -> 0.266-0.283 s; 8192x32000 about 2 %
  * (benchmarks/README.md, 2026-12-04), the gradient then written after the row's own sum pass; written
  * during the next row's, 0.27 -> 0.23 s and 0.25 -> 0.21 s.  Only from XF_STREAM_MIN_BYTES per row
- * (xent_kernels.h): rows of 2048 classes ran 5-9 % slower streamed (a row's fixed costs: the pending
+ * (xent_kernels.h): float32 rows of 2048 classes ran 5-9 % slower streamed (a row's fixed costs: the pending
  * gradient's start, its partial chunks), rows of 4096 and more 10-13 % faster, even where the caller
  * reads the gradient next (a 16 MB gradient, 4096x4096).  Without the streaming stores the scratch row
  * cost more than it saved (2048x128256: 0.351-0.358 s), so the baseline unit keeps storing into the
@@ -440,12 +440,12 @@ static void XF_FN(xf_pending_finish)(xf_row_scratch *p, int fence)
  * ~25 ns of arithmetic on one core (float32; ~90 ns float64), so the write-combining buffers drain while
  * the exponentials run.  Written after the sum pass instead, the same stores stalled it for as long as
  * memory took to take them (benchmarks/README.md).  Both rows keep their exponentials in the same scratch
- * row: the pending one starts at most 15 elements in (the alignment), and each chunk at position a of the
- * row (a multiple of 64: XF_BLOCK is one) comes after a / 64 + 1 steps, so the pending gradient has read
- * [0, a + 64) before the chunk overwrites [a, a + 64); where fewer than 64 elements are left, the step
- * writes them all, and the row's partial last chunk finishes the rest first.  One scratch row shared this
- * way instead of one per row (two halves of the scratch) left the L2 cache room for the logits:
- * 2048x128256 float32, one core, 0.26 -> 0.23 s. */
+ * row: the pending one starts at most 15 elements in (the alignment; 7 for float64), and each chunk at
+ * position a of the row (a multiple of 64: XF_BLOCK is one) comes after a / 64 + 1 steps, so the pending
+ * gradient has read [0, a + 64) before the chunk overwrites [a, a + 64); where fewer than 64 elements are
+ * left, the step writes them all, and the row's partial last chunk finishes the rest first.  One scratch
+ * row shared this way instead of one per row (two halves of the scratch) left the L2 cache room for the
+ * logits: 2048x128256 float32, one core, 0.26 -> 0.23 s. */
 typedef char XF_FN(xf_blocks_are_whole_chunks)[(XF_BLOCK % XF_CHUNK == 0 && XF_CHUNK % 16 == 0) ? 1 : -1];
 static inline __attribute__((always_inline)) void XF_FN(xf_pending_step)(xf_row_scratch *p)
 {
