@@ -334,22 +334,25 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #define XF_STREAMED_ROWS 0
 #endif
 
+/* The stored form's gradient entry from its kept exponential k and the row's factors (xf_stored_factors):
+ * float32 (double)k * f rounded once to float, float64 (k * coef_per_S) * coef_mult, the recompute path's
+ * bits.  The output pass (xf_xent_grad_block) and the pending gradients (xf_pending_put) both take it from
+ * here; xf_pending_values is its vector form. */
+static inline __attribute__((always_inline)) XF_T XF_FN(xf_stored_entry)(XF_T k, double f, double f2)
+{
+#if XF_COMPENSATED
+    return (k * f) * f2;
+#else
+    (void)f2;
+    return (XF_T)((double)k * f);
+#endif
+}
+
 #if XF_STREAMED_ROWS
 /* elements per 32-byte streaming store */
 #define XF_STREAM_LANES (32 / (int)sizeof(XF_T))
 
-/* The stored form's gradient entry from its kept exponential k, the bits of xf_xent_grad_block's stored
- * path: float32 (double)k * f rounded once to float, float64 (k * coef_per_S) * coef_mult. */
-static inline __attribute__((always_inline)) XF_T XF_FN(xf_pending_value)(const xf_row_scratch *p, XF_T k)
-{
-#if XF_COMPENSATED
-    return (k * p->factor) * p->factor2;
-#else
-    return (XF_T)((double)k * p->factor);
-#endif
-}
-
-/* xf_pending_value of n kept exponentials, n a multiple of XF_STREAM_LANES, into `out`, 32-byte aligned,
+/* xf_stored_entry of n kept exponentials, n a multiple of XF_STREAM_LANES, into `out`, 32-byte aligned,
  * by streaming stores when `stream` (a literal), else by aligned ordinary stores: each lane makes the
  * operations of the scalar form. */
 static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const xf_row_scratch *p,
@@ -387,7 +390,8 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const
 static inline void XF_FN(xf_pending_put)(xf_row_scratch *p, long long j)
 {
     XF_T *out = (XF_T *)p->out;
-    out[j] = (j == p->target) ? (XF_T)p->target_grad : XF_FN(xf_pending_value)(p, ((const XF_T *)p->kept)[j]);
+    out[j] = (j == p->target) ? (XF_T)p->target_grad
+                              : XF_FN(xf_stored_entry)(((const XF_T *)p->kept)[j], p->factor, p->factor2);
 }
 
 /* n elements of a pending gradient from its `done` on, n a multiple of XF_STREAM_LANES, `done` 64-byte
@@ -825,13 +829,18 @@ XF_KERNEL inline double XF_FN(xf_stored_target_grad)(const xf_rowjob *job)
     return xf_target_grad(job, XF_EXP_MINUS((XF_T)job->x_y, job->m));
 }
 
-#if !XF_COMPENSATED
-/* float32's stored form: one factor for the kept exponentials (the row's coef / S and unscaling). */
-static inline double xf_stored_factor_f32(const xf_rowjob *job)
+/* The stored form's factors for xf_stored_entry: float32 one factor for the kept exponentials (the row's
+ * coef / S and unscaling), float64 coef_per_S and coef_mult. */
+static inline void XF_FN(xf_stored_factors)(const xf_rowjob *job, double *f, double *f2)
 {
-    return ((job->coef * job->coef_mult) / job->S) * XF_STORE_UNSCALE;
-}
+#if XF_COMPENSATED
+    *f = job->coef_per_S;
+    *f2 = job->coef_mult;
+#else
+    *f = ((job->coef * job->coef_mult) / job->S) * XF_STORE_UNSCALE;
+    *f2 = 1.0;
 #endif
+}
 
 #if XF_STREAMED_ROWS
 /* Pass 4 of a stored row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above), left pending in `p`
@@ -845,13 +854,7 @@ XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const XF_T *kept, XF_T
     p->kept = kept;
     p->out = out;
     p->n = n;
-#if XF_COMPENSATED
-    p->factor = job->coef_per_S;
-    p->factor2 = job->coef_mult;
-#else
-    p->factor = xf_stored_factor_f32(job);
-    p->factor2 = 1.0;
-#endif
+    XF_FN(xf_stored_factors)(job, &p->factor, &p->factor2);
     p->target = (job->y >= 0 && job->y < n) ? job->y : -1;
     p->target_grad = (p->target >= 0) ? XF_FN(xf_stored_target_grad)(job) : 0.0;
     p->pending = 1;
@@ -905,18 +908,12 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         const long long y = job->y - offset;
         const int has_y = (y >= 0 && y < n);
         const double g_y = has_y ? XF_FN(xf_stored_target_grad)(job) : 0.0;
-#if XF_COMPENSATED
+        double f, f2;
+        XF_FN(xf_stored_factors)(job, &f, &f2);
 #pragma omp simd
         for (j = 0; j < n; j++) {
-            out[j] = (XF_T)(((double)out[j] * coef_per_S) * mult);  /* the recompute path's exact bits */
+            out[j] = XF_FN(xf_stored_entry)(out[j], f, f2);
         }
-#else
-        const double f = xf_stored_factor_f32(job);
-#pragma omp simd
-        for (j = 0; j < n; j++) {
-            out[j] = (XF_T)((double)out[j] * f);
-        }
-#endif
         if (has_y) {
             out[y] = (XF_T)g_y;
         }
