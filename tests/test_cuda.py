@@ -1525,6 +1525,48 @@ def _check_wrapper_guards(cp, rec):
         _cuda.target_weight_sum_device(cp.zeros(3, dtype=np.int64), cp.zeros(4), -100, True, 5)
 
 
+class _OptInCheckingModule:
+    """Kernels that refuse, as the driver does (CUDA_ERROR_INVALID_VALUE), a launch with more than 48 KB
+    of dynamic shared memory unless that same kernel raised its own limit first."""
+
+    class Kernel:
+        def __init__(self, expr, launched):
+            self.expr, self.launched, self.max_dynamic_shared_size_bytes = expr, launched, 0
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            assert shared_mem <= max(48 * 1024, self.max_dynamic_shared_size_bytes), (
+                f"{self.expr}: launched with {shared_mem} bytes of shared memory without opting in")
+            self.launched.append((self.expr, shared_mem))
+
+    def __init__(self):
+        self.smem_set, self.kernels, self.launched = {}, {}, []
+
+    def kernel(self, expr):
+        return self.kernels.setdefault(expr, self.Kernel(expr, self.launched))
+
+
+@pytest.mark.parametrize("wrapper", ["softmax_xent z_loss", "softmax_family lse"])
+def test_every_kernel_launched_past_48_kb_of_shared_memory_opts_in(wrapper):
+    # the z-loss rows' second kernel once ran with the first one's shared memory but without its opt-in:
+    # every long-row launch with the row cached failed on the GPU
+    N, C = 3, 20000
+    mod = _OptInCheckingModule()
+    with fake_gpu() as (cp, rec), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_cuda, "_module", lambda dtype, source="kernels.cu": mod)
+        mp.setattr(_cuda, "_smem_limit", lambda: 227 * 1024)
+        mp.setenv("XENTFAST_CUDA_CACHE_ROW", "1")
+        x = cp.zeros((N, C), dtype=np.float32)
+        if wrapper == "softmax_xent z_loss":
+            e64 = cp.empty(0, dtype=np.float64)
+            _cuda.softmax_xent(x, cp.zeros(N, dtype=np.int64), cp.empty((0, 0), dtype=np.float32), e64, -100,
+                               0.0, 1e-4, e64, 1.0, cp.zeros(N), cp.zeros((N, C), dtype=np.float32), 1, True,
+                               False, False, False, True)
+        else:
+            _cuda.softmax_family(x, cp.zeros((N, C), dtype=np.float32), cp.zeros(N), 1, 1, True)
+    assert len(mod.launched) == 2, mod.launched
+    assert mod.launched[0][1] > 48 * 1024  # the case this test is about
+
+
 # ---------------------------------------------------------------------------------------------------
 # (d) on a GPU
 
@@ -1937,3 +1979,43 @@ def test_api_logsumexp_of_cancelling_rows_on_cupy(dtype):
         assert_same_bits(cp.asnumpy(xf.logsumexp(cp.asarray(x))), lse_c, f"logsumexp C={row.size}")
         exact = ref.logsumexp(x)
         assert_ulp_close(lse_c, exact, BOUND[np.dtype(dtype)])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_api_more_than_2_to_31_elements_on_cupy():
+    # every kernel family on arrays past 2^31 elements: the drawn rows past that offset must carry the bits
+    # the CPU gives them alone (a 32-bit element index would wrap onto other rows).  ~45 GB of device memory
+    cp = _api_on_gpu()
+    n, c = 65540, 32768
+    assert n * c > 2**31 and (n - 3) * c > 2**31
+    rng = np.random.default_rng(10)
+    drawn = [0, n // 2, n - 3, n - 1]
+    rows = (rng.standard_normal((len(drawn), c)) * 3).astype(np.float32)
+    labels = rng.integers(0, c, len(drawn))
+    x = cp.zeros((n, c), dtype=cp.float32)
+    x[cp.asarray(drawn)] = cp.asarray(rows)
+    y = cp.zeros(n, dtype=cp.int64)
+    y[cp.asarray(drawn)] = cp.asarray(labels)
+
+    def check(what, got, want):
+        assert_same_bits(cp.asnumpy(got[cp.asarray(drawn)]), want, what)
+
+    loss, grad = xf.cross_entropy_with_grad(x, y, reduction="none")
+    want_loss, want_grad = xf.cross_entropy_with_grad(rows, labels, reduction="none")
+    check("cross_entropy_with_grad loss", loss, want_loss)
+    check("cross_entropy_with_grad gradient", grad, want_grad)
+    del loss, grad
+    check("log_softmax", xf.log_softmax(x), xf.log_softmax(rows))
+    t = (x > 0).astype(cp.float32)
+    _, grad = xf.binary_cross_entropy_with_logits_with_grad(x, t, reduction="sum")
+    check("binary_cross_entropy_with_logits gradient", grad,
+          xf.binary_cross_entropy_with_logits_with_grad(rows, (rows > 0).astype(np.float32), reduction="sum")[1])
+    del grad, t
+    p = xf.softmax(x)
+    loss, grad = xf.cross_entropy_from_probs_with_grad(p, y, reduction="none")
+    want_p = xf.softmax(rows)
+    want_loss, want_grad = xf.cross_entropy_from_probs_with_grad(want_p, labels, reduction="none")
+    check("softmax", p, want_p)
+    check("cross_entropy_from_probs loss", loss, want_loss)
+    check("cross_entropy_from_probs gradient", grad, want_grad)

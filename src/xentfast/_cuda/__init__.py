@@ -341,7 +341,7 @@ def _smem_limit():
         return _DEFAULT_SMEM
 
 
-def _launch_config(mod, expr, C, itemsize):
+def _launch_config(C, itemsize):
     nt = threads_for(C)
     cache = os.environ.get("XENTFAST_CUDA_CACHE_ROW", "0") not in ("", "0")
     limit = _smem_limit()
@@ -351,10 +351,17 @@ def _launch_config(mod, expr, C, itemsize):
     if smem > limit:
         raise ValueError(f"input: rows of {C} classes need {smem} bytes of shared memory per block, more than "
                          f"this GPU's {limit}; split rows are not implemented yet")
+    return nt, int(cache), smem
+
+
+def _launch(mod, expr, grid, block, args, smem=0):
+    """Launch one kernel of `mod`.  Past the default 48 KB of dynamic shared memory a launch fails
+    (CUDA_ERROR_INVALID_VALUE) unless that kernel opted in first; the opt-in is per kernel, so it is
+    made here, for whichever kernel is launched, not once per launch configuration."""
     if smem > _DEFAULT_SMEM and mod.smem_set.get(expr, 0) < smem:
         mod.kernel(expr).max_dynamic_shared_size_bytes = smem
         mod.smem_set[expr] = smem
-    return nt, int(cache), smem
+    mod.kernel(expr)(grid, block, args, shared_mem=smem)
 
 
 def _grid(N):
@@ -429,17 +436,16 @@ def softmax_xent(x, y, t, w, ignore_index, eps, z, row_scale, scale, loss, grad,
         return
     with _cupy().cuda.Device(dev):
         mod = _module(x.dtype)
-        expr = f"xf_softmax_xent_kernel<{_DTYPES[x.dtype]}>"
-        nt, cache, smem = _launch_config(mod, expr, C, x.dtype.itemsize)
+        nt, cache, smem = _launch_config(C, x.dtype.itemsize)
         # z-loss rows that need the exact logsumexp are flagged here and redone by a second kernel (kernels.cu)
         z_redo = _cupy().zeros(N, dtype=np.uint8) if z != 0 else None
         args = (x, y if has_y else _NULL, t if has_t else _NULL, w if has_w else _NULL,
                 row_scale if has_row_scale else _NULL, loss, grad if has_grad else _NULL, np.int64(N), np.int64(C),
                 np.int64(ignore_index), np.float64(eps), np.float64(z), np.float64(scale), np.float64(loss_scale),
                 np.int32(cache), z_redo if z_redo is not None else _NULL)
-        mod.kernel(expr)((_grid(N),), (nt,), args, shared_mem=smem)
+        _launch(mod, f"xf_softmax_xent_kernel<{_DTYPES[x.dtype]}>", (_grid(N),), (nt,), args, smem)
         if z_redo is not None:
-            mod.kernel(f"xf_xent_z_exact_kernel<{_DTYPES[x.dtype]}>")((_grid(N),), (nt,), args, shared_mem=smem)
+            _launch(mod, f"xf_xent_z_exact_kernel<{_DTYPES[x.dtype]}>", (_grid(N),), (nt,), args, smem)
 
 
 def softmax_family(x, out, lse, mode, n_threads, has_lse):
@@ -456,13 +462,12 @@ def softmax_family(x, out, lse, mode, n_threads, has_lse):
     cp = _cupy()
     with cp.cuda.Device(dev):
         mod = _module(x.dtype)
-        expr = f"xf_softmax_family_kernel<{_DTYPES[x.dtype]}>"
-        nt, cache, smem = _launch_config(mod, expr, C, x.dtype.itemsize)
+        nt, cache, smem = _launch_config(C, x.dtype.itemsize)
         # rows whose logsumexp cancels are flagged here and recomputed by a second kernel (kernels.cu)
         redo = cp.empty(N, dtype=np.uint8) if has_lse else None
         args = (x, out if mode != 0 else _NULL, lse if has_lse else _NULL, redo if has_lse else _NULL, np.int64(N),
                 np.int64(C), np.int32(mode), np.int32(cache))
-        mod.kernel(expr)((_grid(N),), (nt,), args, shared_mem=smem)
+        _launch(mod, f"xf_softmax_family_kernel<{_DTYPES[x.dtype]}>", (_grid(N),), (nt,), args, smem)
         if has_lse:
             mod.kernel(f"xf_lse_exact_kernel<{_DTYPES[x.dtype]}>")(
                 (min(-(-N // 128), 65535),), (128,), (x, lse, redo, np.int64(N), np.int64(C)))
