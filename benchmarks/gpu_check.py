@@ -20,10 +20,13 @@ import numpy as np
 
 SHAPES = [(8192, 128256), (32768, 32000)]
 # (label, environment); every variant compiles its own module once (NVRTC, ~2 s)
+# "64 regs": the kernel held to 64 registers (kernels.cu, XF_CU_XENT_MIN_BLOCKS), so that more blocks fit
 VARIANTS = [
     ("cpu-order", {}),
-    ("cpu-order nt=512", {"XENTFAST_CUDA_THREADS": "512"}),
-    ("cpu-order cached row", {"XENTFAST_CUDA_CACHE_ROW": "1"}),
+    ("cpu-order nt=128", {"XENTFAST_CUDA_THREADS": "128"}),
+    ("cpu-order 64 regs", {"XENTFAST_CUDA_XENT_MIN_BLOCKS": "2"}),
+    ("cpu-order 64 regs nt=512", {"XENTFAST_CUDA_XENT_MIN_BLOCKS": "2", "XENTFAST_CUDA_THREADS": "512"}),
+    ("cpu-order 64 regs nt=128", {"XENTFAST_CUDA_XENT_MIN_BLOCKS": "2", "XENTFAST_CUDA_THREADS": "128"}),
     ("tree-order", {"XENTFAST_CUDA_ORDER": "tree"}),
 ]
 REPS = int(os.environ.get("XF_BENCH_REPS", "10"))
@@ -208,6 +211,11 @@ def main():
 
     print(f"NVRTC {_nvrtc.version()} from {_nvrtc.library_path()}")
     rows = []
+
+    def add(row):  # printed as it comes too: a run cut short by its time limit still reports
+        rows.append(row)
+        print(f"  {row[0]}x{row[1]} {row[2]}: " + (f"{row[3] * 1e3:.3f} ms" if row[3] else "-") + f"  {row[6]}",
+              flush=True)
     for N, C in SHAPES:
         rng = cp.random.default_rng(0)
         x = rng.standard_normal((N, C), dtype=cp.float32) * 3
@@ -229,24 +237,25 @@ def main():
                     t_c = timed(call)
                     nt = xc.threads_for(C)
                 except Exception as exc:  # report and go on: one run, one table
-                    rows.append((N, C, label, None, None, None, f"FAILED: {type(exc).__name__}: {exc}"))
+                    add((N, C, label, None, None, None, f"FAILED: {type(exc).__name__}: {exc}"))
                     continue
                 for what, t in (("kernel", t_k), ("call", t_c)):
                     ratio = (t_torch / t) if t_torch else None
                     note = f"nt={nt}; {bits}" + (f"; first launch {first:.2f}s" if what == "kernel" else "")
-                    rows.append((N, C, f"{label} {what}", t, must_move / t / bw, ratio, note))
+                    add((N, C, f"{label} {what}", t, must_move / t / bw, ratio, note))
                 del kernel, call, loss, grad
                 cp.get_default_memory_pool().free_all_blocks()
         t_api = api_time(x, y)
         if t_api:
-            rows.append((N, C, "api cross_entropy_with_grad", t_api, must_move / t_api / bw,
+            add((N, C, "api cross_entropy_with_grad", t_api, must_move / t_api / bw,
                          t_torch / t_api if t_torch else None, "public API on CuPy arrays"))
-        rows.append((N, C, "torch F.cross_entropy fwd+bwd", t_torch, must_move / t_torch / bw if t_torch else None,
+        add((N, C, "torch F.cross_entropy fwd+bwd", t_torch, must_move / t_torch / bw if t_torch else None,
                      1.0 if t_torch else None, torch_info))
         del x, y
         cp.get_default_memory_pool().free_all_blocks()
 
-    rows += binary_rows(bw)
+    for row in binary_rows(bw):
+        add(row)
     print(f"\n{'shape':>14} {'variant':34} {'ms':>8} {'of copy BW':>10} {'x torch':>8}  notes")
     for N, C, label, t, frac, ratio, note in rows:
         ms = f"{t * 1e3:8.3f}" if t else f"{'-':>8}"

@@ -271,6 +271,7 @@ NVCC_JOBS = {
     **{f"cubin-order{order}": (_NVCC_CUBIN + [f"-DXF_CU_TREE_ORDER={order}"], INSTANTIATE, "k.cubin")
        for order in (0, 1)},
     "cubin-binary": (_NVCC_CUBIN, BIN_INSTANTIATE, "k.cubin"),
+    "cubin-xent-min-blocks2": (_NVCC_CUBIN + ["-DXF_CU_XENT_MIN_BLOCKS=2"], INSTANTIATE, "k.cubin"),
     **{f"{kind}-{unit}": (args, src, out)
        for unit, src in sorted(NVCC_UNITS.items())
        for kind, args, out in (
@@ -283,6 +284,7 @@ NVCC_JOBS = {
 NVCC_JOBS_OF_CHECK = {
     "test_nvcc_cubin_sm90_no_spills": lambda order: [f"cubin-order{order}"],
     "test_nvcc_binary_and_reduce_cubin_sm90_no_spills": lambda: ["cubin-binary"],
+    "test_nvcc_xent_min_blocks_2_holds_64_registers": lambda: ["cubin-xent-min-blocks2"],
     "test_nvcc_ptx_has_no_fma_and_no_ftz":
         lambda unit: [f"ptx-emulated-fma-{unit}", f"ptx-{unit}", f"ptx-default-fmad-{unit}"],
     "test_nvcc_host_and_device_object": lambda unit: [f"object-{unit}"],
@@ -383,6 +385,18 @@ def test_nvcc_cubin_sm90_no_spills(nvcc_runs, order):
     if order == 0:  # the shipped configuration must not spill; the counterfactual is only reported
         spilling = {k: usage[k] for k in kernels if usage[k][1] or usage[k][2]}
         assert not spilling, f"register spills: {spilling}"
+
+
+@pytest.mark.nvcc
+def test_nvcc_xent_min_blocks_2_holds_64_registers(nvcc_runs):
+    # the benchmarks' "64 regs" variant (XENTFAST_CUDA_XENT_MIN_BLOCKS=2): 4 blocks of 256 threads per
+    # multiprocessor need at most 64 registers a thread (65536 in all); its spills are reported, not refused
+    log, _ = _nvcc_result(nvcc_runs, "cubin-xent-min-blocks2")
+    usage = parse_ptxas(log)
+    _report("nvcc -cubin -arch=sm_90 -DXF_CU_XENT_MIN_BLOCKS=2:", usage)
+    kernels = [k for k in usage if "xf_softmax_xent_kernel" in k]
+    assert len(kernels) == 2, usage
+    assert all(usage[k][0] is not None and usage[k][0] <= 64 for k in kernels), usage
 
 
 @pytest.mark.nvcc
@@ -536,6 +550,15 @@ def test_compile_options():
         assert o in opts
     assert any(o.startswith("-I") and o.endswith("include") for o in opts)
     assert any(o.startswith("-I") and o.endswith("_core") for o in opts)  # binary.cu: binary_kernels.h
+    assert not any("XF_CU_XENT_MIN_BLOCKS" in o for o in opts)
+
+
+def test_xent_min_blocks_option(monkeypatch):
+    monkeypatch.setenv("XENTFAST_CUDA_XENT_MIN_BLOCKS", "2")
+    assert "-DXF_CU_XENT_MIN_BLOCKS=2" in _cuda.compile_options()
+    monkeypatch.setenv("XENTFAST_CUDA_XENT_MIN_BLOCKS", "3")
+    with pytest.raises(ValueError, match="XENTFAST_CUDA_XENT_MIN_BLOCKS"):
+        _cuda.compile_options()
 
 
 def test_import_needs_neither_cupy_nor_a_gpu():

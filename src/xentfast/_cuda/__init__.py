@@ -166,6 +166,16 @@ def summation_order():
     return order
 
 
+def xent_min_blocks():
+    """Blocks of 512 threads the cross-entropy kernel must fit per multiprocessor (kernels.cu,
+    XF_CU_XENT_MIN_BLOCKS: 1, the default, or 2, which holds it to 64 registers), from
+    ``XENTFAST_CUDA_XENT_MIN_BLOCKS``.  Never changes the bits."""
+    value = os.environ.get("XENTFAST_CUDA_XENT_MIN_BLOCKS", "1") or "1"
+    if value not in ("1", "2"):
+        raise ValueError(f"XENTFAST_CUDA_XENT_MIN_BLOCKS: expected 1 or 2, got {value!r}")
+    return int(value)
+
+
 def compile_options():
     """NVRTC options without ``-arch`` (kernels.cu (e) says why each is there)."""
     # --maxrregcount=128 is what __launch_bounds__(512) allows anyway; without it ptxas (NVRTC 12.9) held
@@ -174,6 +184,8 @@ def compile_options():
             "-ftz=false", "--maxrregcount=128")
     if summation_order() == "tree":
         opts += ("-DXF_CU_TREE_ORDER=1",)
+    if xent_min_blocks() != 1:
+        opts += (f"-DXF_CU_XENT_MIN_BLOCKS={xent_min_blocks()}",)
     return opts
 
 
@@ -284,7 +296,7 @@ def _module(dtype, source="kernels.cu"):
     dev = cp.cuda.runtime.getDevice()
     if source == "reduce.cu":
         dtype = np.float64  # no storage type: one module per device
-    key = (dev, source, np.dtype(dtype).name, summation_order())
+    key = (dev, source, np.dtype(dtype).name, compile_options())
     mod = _modules.get(key)
     if mod is None:
         with _lock:

@@ -63,6 +63,13 @@
 #endif
 
 #define XF_CU_MAX_THREADS 512
+/* Blocks of XF_CU_MAX_THREADS threads that xf_softmax_xent_kernel must fit on one multiprocessor: 1 lets
+ * ptxas take up to 128 registers (it takes 72 and spills nothing), 2 holds it to 64 (and it spills ~24
+ * bytes), so that 4 blocks of 256 threads, or 2 of 512, fit instead of 3 and 1.  Which pays is for a
+ * GPU to say (xentfast._cuda: XENTFAST_CUDA_XENT_MIN_BLOCKS; benchmarks/gpu_check.py measures both). */
+#ifndef XF_CU_XENT_MIN_BLOCKS
+#define XF_CU_XENT_MIN_BLOCKS 1
+#endif
 /* 0: the CPU's summation order, same bits (c), the default.  1: the counterfactual of (g). */
 #ifndef XF_CU_TREE_ORDER
 #define XF_CU_TREE_ORDER 0
@@ -647,7 +654,7 @@ __device__ __forceinline__ void xf_cu_xent_rows(const T *x, const long long *y, 
  * xf_cu_row_z_lse.  Dynamic shared memory: 8 * xf_cu_scratch_doubles(nt, C) bytes (+ C * sizeof(T)
  * with cache_row). */
 template <typename T>
-__global__ void __launch_bounds__(XF_CU_MAX_THREADS)
+__global__ void __launch_bounds__(XF_CU_MAX_THREADS, XF_CU_XENT_MIN_BLOCKS)
 xf_softmax_xent_kernel(const T *x, const long long *y, const T *t, const double *w, const double *row_scale,
                        double *loss, T *grad, long long N, long long C, long long ignore_index, double eps,
                        double z, double scale, double loss_scale, int cache_row, unsigned char *z_redo)
