@@ -258,16 +258,16 @@ def test_subnormal_results_survive_xla(path, dtype, shape):
 
 @pytest.mark.parametrize("shape", [(64, 1024), (1, 40000), (13, 4101)],
                          ids=["many-rows", "one-long-row", "long-rows"])
-def test_same_bits_on_several_threads(path, shape):
+def test_same_bits_on_several_threads(path, dtype, shape):
     """Sizes where the kernels start OpenMP teams (one thread per 16384 elements): the FFI handlers run
     rows on threads, the NumPy API splits a lone long row into blocks; the bits agree either way.  Rows
-    of 16 KB and more leave each gradient for the thread's next row to write (softmax_rows.h,
-    xf_pending_step), and the handler's release writes the last one's."""
+    of 16 KB and more (4096 float32 or 2048 float64 classes) leave each gradient for the thread's next
+    row to write (softmax_rows.h, xf_pending_step), and the handler's release writes the last one's."""
     rng = np.random.default_rng(11)
-    x = (4 * rng.standard_normal(shape)).astype(np.float32)
+    x = (4 * rng.standard_normal(shape)).astype(dtype)
     y = rng.integers(0, shape[1], shape[0])
-    yb = (rng.random(shape) < 0.3).astype(np.float32)
-    g = (0.5 + rng.random(shape[0])).astype(np.float32)
+    yb = (rng.random(shape) < 0.3).astype(dtype)
+    g = (0.5 + rng.random(shape[0])).astype(dtype)
     loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(x, jnp.asarray(y)), jnp.asarray(x), ct=g)
     assert_same_bits(loss, xf.cross_entropy(x, y, reduction="none"))
     assert_same_bits(dx, xf.cross_entropy_backward(g, x, y, reduction="none"))
