@@ -271,7 +271,6 @@ NVCC_JOBS = {
     **{f"cubin-order{order}": (_NVCC_CUBIN + [f"-DXF_CU_TREE_ORDER={order}"], INSTANTIATE, "k.cubin")
        for order in (0, 1)},
     "cubin-binary": (_NVCC_CUBIN, BIN_INSTANTIATE, "k.cubin"),
-    "cubin-xent-min-blocks2": (_NVCC_CUBIN + ["-DXF_CU_XENT_MIN_BLOCKS=2"], INSTANTIATE, "k.cubin"),
     **{f"{kind}-{unit}": (args, src, out)
        for unit, src in sorted(NVCC_UNITS.items())
        for kind, args, out in (
@@ -282,9 +281,8 @@ NVCC_JOBS = {
 }
 # the jobs each check reads, from its parameters (a job missing here is still compiled, when first asked for)
 NVCC_JOBS_OF_CHECK = {
-    "test_nvcc_cubin_sm90_no_spills": lambda order: [f"cubin-order{order}"],
+    "test_nvcc_cubin_sm90_registers_and_spills": lambda order: [f"cubin-order{order}"],
     "test_nvcc_binary_and_reduce_cubin_sm90_no_spills": lambda: ["cubin-binary"],
-    "test_nvcc_xent_min_blocks_2_holds_64_registers": lambda: ["cubin-xent-min-blocks2"],
     "test_nvcc_ptx_has_no_fma_and_no_ftz":
         lambda unit: [f"ptx-emulated-fma-{unit}", f"ptx-{unit}", f"ptx-default-fmad-{unit}"],
     "test_nvcc_host_and_device_object": lambda unit: [f"object-{unit}"],
@@ -361,6 +359,21 @@ def parse_ptxas(log):
     return {k: tuple(v) for k, v in out.items()}
 
 
+# kernels.cu, XF_CU_XENT_MIN_BLOCKS: the cross-entropy row kernel is held to 64 registers (4 blocks of 256
+# threads per multiprocessor) and may spill this much, measured faster so on an H200 than spill-free at 72
+XENT_KERNEL_REGISTERS, XENT_KERNEL_SPILL_BYTES = 64, 32
+
+
+def _over_budget(usage, kernels):
+    """{kernel: usage} of the row kernels that spill (the cross-entropy kernel: beyond its budget)."""
+    def ok(k):
+        regs, stores, loads = usage[k]
+        if "xf_softmax_xent_kernel" in k:
+            return regs <= XENT_KERNEL_REGISTERS and max(stores, loads) <= XENT_KERNEL_SPILL_BYTES
+        return not (stores or loads)
+    return {k: usage[k] for k in kernels if not ok(k)}
+
+
 def _report(title, usage):
     print(f"\n{title}")
     for k, (regs, st_, ld) in sorted(usage.items()):
@@ -370,7 +383,7 @@ def _report(title, usage):
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("order", [0, 1], ids=["cpu-order", "tree-order"])
-def test_nvcc_cubin_sm90_no_spills(nvcc_runs, order):
+def test_nvcc_cubin_sm90_registers_and_spills(nvcc_runs, order):
     log, _ = _nvcc_result(nvcc_runs, f"cubin-order{order}")
     usage = parse_ptxas(log)
     _report(f"nvcc -cubin -arch=sm_90 (XF_CU_TREE_ORDER={order}):", usage)
@@ -382,21 +395,8 @@ def test_nvcc_cubin_sm90_no_spills(nvcc_runs, order):
     # kernels must not spill
     exact = [k for k in usage if "xf_lse_exact_kernel" in k or "xf_lse_cancelling" in k or "z_exact" in k]
     assert len([k for k in exact if "kernel" in k]) == 4, usage
-    if order == 0:  # the shipped configuration must not spill; the counterfactual is only reported
-        spilling = {k: usage[k] for k in kernels if usage[k][1] or usage[k][2]}
-        assert not spilling, f"register spills: {spilling}"
-
-
-@pytest.mark.nvcc
-def test_nvcc_xent_min_blocks_2_holds_64_registers(nvcc_runs):
-    # the benchmarks' "64 regs" variant (XENTFAST_CUDA_XENT_MIN_BLOCKS=2): 4 blocks of 256 threads per
-    # multiprocessor need at most 64 registers a thread (65536 in all); its spills are reported, not refused
-    log, _ = _nvcc_result(nvcc_runs, "cubin-xent-min-blocks2")
-    usage = parse_ptxas(log)
-    _report("nvcc -cubin -arch=sm_90 -DXF_CU_XENT_MIN_BLOCKS=2:", usage)
-    kernels = [k for k in usage if "xf_softmax_xent_kernel" in k]
-    assert len(kernels) == 2, usage
-    assert all(usage[k][0] is not None and usage[k][0] <= 64 for k in kernels), usage
+    if order == 0:  # the shipped configuration; the counterfactual is only reported
+        assert not _over_budget(usage, kernels), f"register spills: {_over_budget(usage, kernels)}"
 
 
 @pytest.mark.nvcc
@@ -471,7 +471,7 @@ def test_nvrtc_builds_the_shipped_kernels(kernel_cache, dtype, source, monkeypat
 @needs_nvrtc
 @pytest.mark.parametrize("source", _cuda.SOURCES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_nvrtc_registers_and_no_spills(dtype, source):
+def test_nvrtc_registers_and_spills(dtype, source):
     code, _ = _cuda.kernel_source(source)
     res = _nvrtc.compile(code, source, _cuda.compile_options() + ("-arch=sm_90", "-Xptxas=-v"),
                          _cuda.name_expressions(dtype, source))
@@ -483,8 +483,8 @@ def test_nvrtc_registers_and_no_spills(dtype, source):
     # besides the kernels only the out-of-line rare paths (kernels.cu) may appear: the exact logsumexp
     # and the z-loss's exact rows
     assert all("xf_lse_cancelling" in k or "xf_cu_z_exact" in k for k in set(usage) - kernels), usage
-    # xf_xent_z_exact_kernel redoes rare rows (a few dozen bytes of spills, float64)
-    assert not {k: usage[k] for k in kernels if (usage[k][1] or usage[k][2]) and "z_exact" not in k}
+    # xf_xent_z_exact_kernel redoes rare rows (a few dozen bytes of spills)
+    assert not _over_budget(usage, [k for k in kernels if "z_exact" not in k])
 
 
 @needs_nvrtc
@@ -550,12 +550,12 @@ def test_compile_options():
         assert o in opts
     assert any(o.startswith("-I") and o.endswith("include") for o in opts)
     assert any(o.startswith("-I") and o.endswith("_core") for o in opts)  # binary.cu: binary_kernels.h
-    assert not any("XF_CU_XENT_MIN_BLOCKS" in o for o in opts)
+    assert "-DXF_CU_XENT_MIN_BLOCKS=2" in opts
 
 
 def test_xent_min_blocks_option(monkeypatch):
-    monkeypatch.setenv("XENTFAST_CUDA_XENT_MIN_BLOCKS", "2")
-    assert "-DXF_CU_XENT_MIN_BLOCKS=2" in _cuda.compile_options()
+    monkeypatch.setenv("XENTFAST_CUDA_XENT_MIN_BLOCKS", "1")
+    assert "-DXF_CU_XENT_MIN_BLOCKS=1" in _cuda.compile_options()
     monkeypatch.setenv("XENTFAST_CUDA_XENT_MIN_BLOCKS", "3")
     with pytest.raises(ValueError, match="XENTFAST_CUDA_XENT_MIN_BLOCKS"):
         _cuda.compile_options()

@@ -168,9 +168,9 @@ def summation_order():
 
 def xent_min_blocks():
     """Blocks of 512 threads the cross-entropy kernel must fit per multiprocessor (kernels.cu,
-    XF_CU_XENT_MIN_BLOCKS: 1, the default, or 2, which holds it to 64 registers), from
-    ``XENTFAST_CUDA_XENT_MIN_BLOCKS``.  Never changes the bits."""
-    value = os.environ.get("XENTFAST_CUDA_XENT_MIN_BLOCKS", "1") or "1"
+    XF_CU_XENT_MIN_BLOCKS: 2, the default, holds it to 64 registers; 1 lets it take 72 and fit fewer
+    blocks), from ``XENTFAST_CUDA_XENT_MIN_BLOCKS``.  Never changes the bits."""
+    value = os.environ.get("XENTFAST_CUDA_XENT_MIN_BLOCKS", "2") or "2"
     if value not in ("1", "2"):
         raise ValueError(f"XENTFAST_CUDA_XENT_MIN_BLOCKS: expected 1 or 2, got {value!r}")
     return int(value)
@@ -178,15 +178,14 @@ def xent_min_blocks():
 
 def compile_options():
     """NVRTC options without ``-arch`` (kernels.cu (e) says why each is there)."""
-    # --maxrregcount=128 is what __launch_bounds__(512) allows anyway; without it ptxas (NVRTC 12.9) held
-    # the float32 cross-entropy kernel to 64 registers and spilled (tests/test_cuda.py reports the counts)
+    # --maxrregcount=128 is what __launch_bounds__(512) allows anyway (kernels without a minimum block
+    # count: the cross-entropy kernel's XF_CU_XENT_MIN_BLOCKS sets its own bound); tests/test_cuda.py
+    # reports the counts
     opts = ("-std=c++17", f"-I{_dir('include')}", f"-I{_dir('_core')}", "--fmad=false",
             "-ftz=false", "--maxrregcount=128")
     if summation_order() == "tree":
         opts += ("-DXF_CU_TREE_ORDER=1",)
-    if xent_min_blocks() != 1:
-        opts += (f"-DXF_CU_XENT_MIN_BLOCKS={xent_min_blocks()}",)
-    return opts
+    return opts + (f"-DXF_CU_XENT_MIN_BLOCKS={xent_min_blocks()}",)
 
 
 def name_expressions(dtype, source="kernels.cu"):

@@ -63,12 +63,15 @@
 #endif
 
 #define XF_CU_MAX_THREADS 512
-/* Blocks of XF_CU_MAX_THREADS threads that xf_softmax_xent_kernel must fit on one multiprocessor: 1 lets
- * ptxas take up to 128 registers (it takes 72 and spills nothing), 2 holds it to 64 (and it spills ~24
- * bytes), so that 4 blocks of 256 threads, or 2 of 512, fit instead of 3 and 1.  Which pays is for a
- * GPU to say (xentfast._cuda: XENTFAST_CUDA_XENT_MIN_BLOCKS; benchmarks/gpu_check.py measures both). */
+/* Blocks of XF_CU_MAX_THREADS threads that xf_softmax_xent_kernel must fit on one multiprocessor.  2 holds
+ * it to 64 registers, so 4 blocks of 256 threads fit (32 warps), at the price of a 24-28 byte spill; 1 let
+ * ptxas take 72 registers, spill-free, and only 3 blocks fit (1 of 512 threads).  The row's steps wait on
+ * memory and on the thread that merges the blocks, so resident warps pay more than the spill costs: on
+ * an H200 (benchmarks/README.md, GPU) 8192x128256 float32 took 11.6 ms against 20.1 (13.8 in an
+ * earlier run), 32768x32000 14.7 against 21.0 (17.3).  xentfast._cuda passes it on every build
+ * (XENTFAST_CUDA_XENT_MIN_BLOCKS); the default here is for the compile checks. */
 #ifndef XF_CU_XENT_MIN_BLOCKS
-#define XF_CU_XENT_MIN_BLOCKS 1
+#define XF_CU_XENT_MIN_BLOCKS 2
 #endif
 /* 0: the CPU's summation order, same bits (c), the default.  1: the counterfactual of (g). */
 #ifndef XF_CU_TREE_ORDER
