@@ -9,9 +9,10 @@ reduce.cu (a)).
 Design
 (a) Lazy: importing this module imports neither CuPy nor NVRTC.  ``import xentfast`` works without
     CuPy, without a driver and without a GPU; :func:`gpu_available` probes the device safely.
-(b) Compilation: once per (device, source, dtype), on first use, through NVRTC (:mod:`._nvrtc`), with
-    ``-std=c++17 -I<include> -I<_core> --fmad=false -ftz=false --maxrregcount=128 -arch=sm_XX``
-    (reduce.cu has no storage type: one module per device).  Not through
+(b) Compilation: once per (device, source, dtype, build option), on first use, through NVRTC
+    (:mod:`._nvrtc`), with ``-std=c++17 -I<include> -I<_core> --fmad=false -ftz=false --maxrregcount=128
+    -arch=sm_XX``, and for kernels.cu ``-DXF_CU_XENT_MIN_BLOCKS=2`` (the cross-entropy kernel held to 64
+    registers) (reduce.cu has no storage type: one module per device).  Not through
     ``cupy.RawModule(code=...)``: CuPy appends ``-ftz=true`` after the caller's options and NVRTC honours
     the last one, which flushes subnormal float32 inputs and outputs (kernels.cu (e)).  The cubin is
     loaded with ``cupy.RawModule(path=...)``.
@@ -28,8 +29,9 @@ Design
     ``*_device`` forms return CuPy arrays, so a caller can batch the one device-to-host copy.
 (e) Launch shape: a block of nt threads per row (kernels.cu (b)); nt never changes the bits.
     ``XENTFAST_CUDA_THREADS`` (a power of two in [32, 512]) and ``XENTFAST_CUDA_CACHE_ROW`` (0 / 1:
-    keep the row in shared memory) override the defaults, for benchmarking; so does
-    ``XENTFAST_CUDA_ORDER=tree`` (kernels.cu (g): a faster order whose bits may differ from the CPU's).
+    keep the row in shared memory) override the defaults, for benchmarking; so do
+    ``XENTFAST_CUDA_ORDER=tree`` (kernels.cu (g): an order whose bits may differ from the CPU's) and
+    ``XENTFAST_CUDA_XENT_MIN_BLOCKS=1`` (the cross-entropy kernel without its 64-register bound).
 """
 
 import hashlib
@@ -48,6 +50,7 @@ __all__ = [
     "kernel_source",
     "compile_options",
     "summation_order",
+    "xent_min_blocks",
     "name_expressions",
     "softmax_xent",
     "softmax_family",
@@ -176,8 +179,8 @@ def xent_min_blocks():
     return int(value)
 
 
-def compile_options():
-    """NVRTC options without ``-arch`` (kernels.cu (e) says why each is there)."""
+def compile_options(source="kernels.cu"):
+    """NVRTC options of `source` without ``-arch`` (kernels.cu (e) says why each is there)."""
     # --maxrregcount=128 is what __launch_bounds__(512) allows anyway (kernels without a minimum block
     # count: the cross-entropy kernel's XF_CU_XENT_MIN_BLOCKS sets its own bound); tests/test_cuda.py
     # reports the counts
@@ -185,7 +188,9 @@ def compile_options():
             "-ftz=false", "--maxrregcount=128")
     if summation_order() == "tree":
         opts += ("-DXF_CU_TREE_ORDER=1",)
-    return opts + (f"-DXF_CU_XENT_MIN_BLOCKS={xent_min_blocks()}",)
+    if _source_name(source) == "kernels.cu":
+        opts += (f"-DXF_CU_XENT_MIN_BLOCKS={xent_min_blocks()}",)
+    return opts
 
 
 def name_expressions(dtype, source="kernels.cu"):
@@ -249,7 +254,7 @@ def build_module_file(dtype, cc, source="kernels.cu"):
     if source == "reduce.cu":
         dtype = np.float64  # no storage type: one module
     arch, target = _arch_for(int(cc))
-    opts = compile_options() + (f"-arch={arch}",)
+    opts = compile_options(source) + (f"-arch={arch}",)
     names = name_expressions(dtype, source)
     key = hashlib.sha256(json.dumps([digest, [o for o in opts if not o.startswith("-I")], names,
                                      list(_nvrtc.version()), target]).encode()).hexdigest()[:32]
@@ -295,7 +300,9 @@ def _module(dtype, source="kernels.cu"):
     dev = cp.cuda.runtime.getDevice()
     if source == "reduce.cu":
         dtype = np.float64  # no storage type: one module per device
-    key = (dev, source, np.dtype(dtype).name, compile_options())
+    # the options that select a build (compile_options() itself costs ~30 us: resource lookups)
+    key = (dev, source, np.dtype(dtype).name, summation_order(),
+           xent_min_blocks() if _source_name(source) == "kernels.cu" else None)
     mod = _modules.get(key)
     if mod is None:
         with _lock:
@@ -370,8 +377,10 @@ def _launch(mod, expr, grid, block, args, smem=0):
     (CUDA_ERROR_INVALID_VALUE) unless that kernel opted in first; the opt-in is per kernel, so it is
     made here, for whichever kernel is launched, not once per launch configuration."""
     if smem > _DEFAULT_SMEM and mod.smem_set.get(expr, 0) < smem:
-        mod.kernel(expr).max_dynamic_shared_size_bytes = smem
-        mod.smem_set[expr] = smem
+        with _lock:  # two threads raising one kernel's limit: the larger value must win
+            if mod.smem_set.get(expr, 0) < smem:
+                mod.kernel(expr).max_dynamic_shared_size_bytes = smem
+                mod.smem_set[expr] = smem
     mod.kernel(expr)(grid, block, args, shared_mem=smem)
 
 
@@ -620,6 +629,12 @@ def target_weight_sum_device(y, w, ignore_index, has_w, C):
         out = cp.zeros(1, dtype=np.float64)
         if y.size == 0:
             return out
+        if not has_w:
+            # a sum of ones is the count of kept rows: every partial sum is an integer below 2^53, exact
+            # in any order, so a parallel sum has the serial kernel's bits without its one thread's
+            # walk over every label (~0.1 us a row)
+            kept = (y != np.int64(ignore_index)) & (y >= 0) & (y < np.int64(C))
+            return kept.sum(dtype=np.float64).reshape(1)
         _module(np.float64, "reduce.cu").kernel("xf_target_weight_sum_kernel")(
             (1,), (1,), (y, w if has_w else _NULL, np.int64(y.size), np.int64(ignore_index), np.int64(C), out))
         return out

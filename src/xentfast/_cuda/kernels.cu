@@ -1,9 +1,9 @@
 /* xentfast/_cuda/kernels.cu: the softmax family on the GPU (cross-entropy fused loss + gradient,
  * forward only, log_softmax, softmax, logsumexp), templated on the storage type (float, double).
  *
- * Compiled at run time by xentfast._cuda through NVRTC with "-std=c++17 -I<include> --fmad=false
- * -ftz=false --maxrregcount=128" (see (e)), and at CI time by nvcc
- * (tests/test_cuda.py).
+ * Compiled at run time by xentfast._cuda through NVRTC with "-std=c++17 -I<include> -I<_core>
+ * --fmad=false -ftz=false --maxrregcount=128 -DXF_CU_XENT_MIN_BLOCKS=2" (see (e) and XF_CU_XENT_MIN_BLOCKS
+ * below), and at CI time by nvcc (tests/test_cuda.py).
  *
  * Design
  * (a) One formula.  Every number is computed by the functions the CPU kernels use: the shared header

@@ -11,9 +11,11 @@
  *     a scratch array of 2 * nb doubles.  A thread's block is 8 KiB of consecutive doubles: a warp's
  *     loads are not coalesced, but each 32-byte sector serves four consecutive iterations from L1, and
  *     65536 threads sum 2^26 elements (1024 additions each, in 8 independent lanes, not 2^26).
- * (b) target_weight_sum stays the CPU's index-order double-double sum (one thread; its bits are those
- *     of _xent.target_weight_sum, which is serial); labels outside [0, C) that are not ignore_index are
- *     skipped, so no label can read outside the weights (the API rejects such labels anyway).
+ * (b) target_weight_sum with class weights stays the CPU's index-order double-double sum (one thread;
+ *     its bits are those of _xent.target_weight_sum, which is serial); labels outside [0, C) that are not
+ *     ignore_index are skipped, so no label can read outside the weights (the API rejects such labels
+ *     anyway).  Without weights the sum is a count, exact in any order: xentfast._cuda counts in
+ *     parallel and does not launch this kernel.
  * (c) Host model (tests/cuda_model/binary_model.cpp): with XF_CUDA == 0 the tree runs with a team whose
  *     step(f) calls f(tid) for every tid in turn, as kernels.cu (f).
  */

@@ -21,7 +21,7 @@
 #  define XF_CUDA 1
 #  define XF_HD __host__ __device__ __forceinline__
    /* rare, heavy paths (exact logsumexp of cancelling rows): kept out of line so that their registers
-    * and local arrays do not weigh on the hot kernel (no spills there, tests/test_cuda.py) */
+    * and local arrays do not weigh on the hot kernels (their register and spill budgets: tests/test_cuda.py) */
 #  define XF_HD_COLD __host__ __device__ __noinline__
 #  define XF_RESTRICT __restrict__
 #  if !defined(__CUDACC_RTC__)
