@@ -1607,7 +1607,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     XF_T kept[XF_GROUP_MAX_C][R];
     double m[R], hi[R], lo[R], f[R];
     long long argmax[R];
-    int ok[R], ignored[R];
+    int ok[R];
     unsigned done = 0;
     long long j;
     int r;
@@ -1625,9 +1625,6 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
             done |= (unsigned)(ok[r] != 0) << r;
         }
         return done;
-    }
-    for (r = 0; r < R; r++) {
-        ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
     }
     if (mode == 1) {
         double log_s[R];
@@ -1667,7 +1664,13 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
         }
     }
 #if defined(__AVX2__)
-    j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, out);
+    {
+        int ignored[R];
+        for (r = 0; r < R; r++) {
+            ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
+        }
+        j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, out);
+    }
 #endif
     for (r = 0; r < R; r++) {
         if (ok[r]) {
