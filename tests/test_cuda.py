@@ -1685,9 +1685,13 @@ def test_gpu_meets_the_contract(dtype, data):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("threads", ["", "32", "512"])
 @pytest.mark.parametrize("cache_row", ["0", "1"])
-def test_gpu_long_rows_every_launch_shape(dtype, threads, cache_row, monkeypatch):
+@pytest.mark.parametrize("min_blocks", ["2", "1"], ids=["64-registers", "72-registers"])
+def test_gpu_long_rows_every_launch_shape(dtype, threads, cache_row, min_blocks, monkeypatch):
+    # every launch shape, and both register budgets of the cross-entropy kernel (kernels.cu
+    # XF_CU_XENT_MIN_BLOCKS: another register allocation of the same code must give the same bits)
     monkeypatch.setenv("XENTFAST_CUDA_THREADS", threads)
     monkeypatch.setenv("XENTFAST_CUDA_CACHE_ROW", cache_row)
+    monkeypatch.setenv("XENTFAST_CUDA_XENT_MIN_BLOCKS", min_blocks)
     for a in _long_row_problems(dtype):
         lc, gc = cpu_xent(a)
         lg, gg = gpu_xent(a)
