@@ -2,10 +2,12 @@
 
 Run by benchmarks/gpu_check.sh under `compute-sanitizer --tool memcheck` where that tool is installed:
 the shapes are chosen to end rows and grids off the kernels' tile edges (C = 1, 3, 1001, 40003; N = 1,
-7), where an out-of-bounds read or write would live.  Each call is also compared with the CPU bit for
+7), where an out-of-bounds read or write would live; the long rows also run cached in shared memory and
+with the cross-entropy kernel's other register budget.  Each call is also compared with the CPU bit for
 bit, so the script fails on a wrong number even where no checker runs.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -68,6 +70,18 @@ def main():
             q = (1 / (1 + np.exp(-x.astype(np.float64)))).astype(dtype)
             check(f"binary_cross_entropy_with_grad {tag}", xf.binary_cross_entropy_with_grad, q, t,
                   reduction="sum")
+    # the long rows again with each row cached in shared memory (past the default 48 KB: the kernels'
+    # opt-in) and the 72-register build of the cross-entropy kernel
+    for env_name, value in (("XENTFAST_CUDA_CACHE_ROW", "1"), ("XENTFAST_CUDA_XENT_MIN_BLOCKS", "1")):
+        os.environ[env_name] = value
+        for dtype in (np.float32, np.float64):
+            x = (rng.standard_normal((3, 40003)) * 5).astype(dtype)
+            y = rng.integers(0, 40003, 3)
+            tag = f"{np.dtype(dtype).name} 3x40003 {env_name}={value}"
+            check(f"cross_entropy_with_grad z_loss {tag}", xf.cross_entropy_with_grad, x, y, z_loss=1e-3)
+            check(f"log_softmax {tag}", xf.log_softmax, x)
+            check(f"logsumexp {tag}", xf.logsumexp, x)
+        del os.environ[env_name]
     print(f"{calls} calls on the GPU, {len(failures)} with other bits than the CPU's")
     return 1 if failures else 0
 
