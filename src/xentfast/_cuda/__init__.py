@@ -179,6 +179,12 @@ def xent_min_blocks():
     return int(value)
 
 
+def _build_variant(source):
+    """The environment's choices that select a build of `source`: (summation order, the cross-entropy
+    kernel's blocks per multiprocessor, None for the sources without that kernel)."""
+    return summation_order(), (xent_min_blocks() if _source_name(source) == "kernels.cu" else None)
+
+
 def compile_options(source="kernels.cu"):
     """NVRTC options of `source` without ``-arch`` (kernels.cu (e) says why each is there)."""
     # --maxrregcount=128 is what __launch_bounds__(512) allows anyway (kernels without a minimum block
@@ -186,10 +192,11 @@ def compile_options(source="kernels.cu"):
     # reports the counts
     opts = ("-std=c++17", f"-I{_dir('include')}", f"-I{_dir('_core')}", "--fmad=false",
             "-ftz=false", "--maxrregcount=128")
-    if summation_order() == "tree":
+    order, min_blocks = _build_variant(source)
+    if order == "tree":
         opts += ("-DXF_CU_TREE_ORDER=1",)
-    if _source_name(source) == "kernels.cu":
-        opts += (f"-DXF_CU_XENT_MIN_BLOCKS={xent_min_blocks()}",)
+    if min_blocks is not None:
+        opts += (f"-DXF_CU_XENT_MIN_BLOCKS={min_blocks}",)
     return opts
 
 
@@ -300,9 +307,8 @@ def _module(dtype, source="kernels.cu"):
     dev = cp.cuda.runtime.getDevice()
     if source == "reduce.cu":
         dtype = np.float64  # no storage type: one module per device
-    # the options that select a build (compile_options() itself costs ~30 us: resource lookups)
-    key = (dev, source, np.dtype(dtype).name, summation_order(),
-           xent_min_blocks() if _source_name(source) == "kernels.cu" else None)
+    # the choices that select a build, not compile_options() itself (~30 us of resource lookups a call)
+    key = (dev, source, np.dtype(dtype).name) + _build_variant(source)
     mod = _modules.get(key)
     if mod is None:
         with _lock:
