@@ -18,12 +18,14 @@ import time
 
 import numpy as np
 
-SHAPES = [(8192, 128256), (32768, 32000)]
+SHAPES = [(8192, 128256), (32768, 32000), (131072, 4096)]
 # (label, environment); every variant compiles its own module once (NVRTC, ~2 s)
 # "72 regs": the cross-entropy kernel without its 64-register bound (kernels.cu, XF_CU_XENT_MIN_BLOCKS)
 VARIANTS = [
     ("cpu-order", {}),
+    ("cpu-order nt=64", {"XENTFAST_CUDA_THREADS": "64"}),
     ("cpu-order nt=128", {"XENTFAST_CUDA_THREADS": "128"}),
+    ("cpu-order nt=256", {"XENTFAST_CUDA_THREADS": "256"}),
     ("cpu-order nt=512", {"XENTFAST_CUDA_THREADS": "512"}),
     ("cpu-order 72 regs", {"XENTFAST_CUDA_XENT_MIN_BLOCKS": "1"}),
     ("cpu-order cached row", {"XENTFAST_CUDA_CACHE_ROW": "1"}),

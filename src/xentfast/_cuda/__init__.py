@@ -76,6 +76,7 @@ SOURCES = ("kernels.cu", "binary.cu", "reduce.cu")
 XF_DDSUM_BLOCK = 1024    # elements per dd_sum block (xentfast/ddsum.h)
 _TREE_THREADS = 1024     # XF_CU_TREE_THREADS in reduce.cu
 _ELEM_THREADS = 256      # threads per block of the elementwise kernels
+_ELEMENTWISE_THREADS = 128  # most threads per row that threads_for adds beyond the chains (see there)
 _ROW_THREADS = 128       # threads per block of the dd_sum block partials (a thread per partial)
 _CE_TEAM = 32            # threads per row of xf_ce_probs_kernel (binary.cu XF_CU_CE_TEAM)
 _CE_ROWS = 4             # rows per CUDA block of xf_ce_probs_kernel (binary.cu XF_CU_CE_ROWS)
@@ -328,8 +329,14 @@ def _n_blocks(C):
 
 
 def threads_for(C):
-    """Threads per row: enough for every (block, lane) chain, and at least ~16 elements per thread for
-    the elementwise steps, a power of two in [32, 512].  Never changes the bits."""
+    """Threads per row: enough for every (block, lane) chain, and up to 128 more for the elementwise
+    steps (~16 elements per thread), a power of two in [32, 512].  Never changes the bits.
+
+    The sum steps use one thread per chain (8 per 4096 classes) and leave the rest idle, so threads
+    beyond the chains only pay in the max and gradient steps while they take room on the multiprocessor
+    from other rows.  On an H200 (benchmarks/README.md, GPU), 32768x32000 float32 (64 chains) took
+    12.1-12.6 ms with 128 threads against 14.1-14.7 with 256 (two runs), 131072x4096 (8 chains) 9.4
+    against 12.0, and 8192x128256 (256 chains, so 256 threads either way) was within 2 % for 64-256."""
     env = os.environ.get("XENTFAST_CUDA_THREADS")
     if env:
         nt = int(env)
@@ -340,7 +347,7 @@ def threads_for(C):
     nt = 32
     while nt < min(chains, _MAX_THREADS):
         nt *= 2
-    while nt < 256 and nt * 16 < C:
+    while nt < _ELEMENTWISE_THREADS and nt * 16 < C:
         nt *= 2
     return nt
 
