@@ -9,6 +9,9 @@ kernels on a few rows of the same data.
 xentfast rows:  "kernel" times _cuda.softmax_xent alone; "call" adds what api.py does around it for
 reduction='mean' (denominator and double-double sum of the row losses, two device syncs), through the
 _cuda wrappers; "api" times xentfast.cross_entropy_with_grad on CuPy arrays when api.py dispatches them.
+
+Narrower runs: XF_BENCH_SHAPES="NxC,..." (float32 shapes), XF_BENCH_VARIANTS="label;label" (labels of
+VARIANTS), XF_BENCH_BINARY=0 (no binary-family rows), XF_BENCH_REPS (timed runs per median, 10).
 """
 
 import contextlib
@@ -19,6 +22,8 @@ import time
 import numpy as np
 
 SHAPES = [(8192, 128256), (32768, 32000), (131072, 4096)]
+if os.environ.get("XF_BENCH_SHAPES"):  # e.g. "131072x4096,65536x8192": other shapes (float32)
+    SHAPES = [tuple(int(v) for v in shape.split("x")) for shape in os.environ["XF_BENCH_SHAPES"].split(",")]
 # (label, environment); every variant compiles its own module once (NVRTC, ~2 s)
 # "72 regs": the cross-entropy kernel without its 64-register bound (kernels.cu, XF_CU_XENT_MIN_BLOCKS)
 VARIANTS = [
@@ -28,9 +33,12 @@ VARIANTS = [
     ("cpu-order nt=256", {"XENTFAST_CUDA_THREADS": "256"}),
     ("cpu-order nt=512", {"XENTFAST_CUDA_THREADS": "512"}),
     ("cpu-order 72 regs", {"XENTFAST_CUDA_XENT_MIN_BLOCKS": "1"}),
+    ("cpu-order global row", {"XENTFAST_CUDA_CACHE_ROW": "0"}),
     ("cpu-order cached row", {"XENTFAST_CUDA_CACHE_ROW": "1"}),
     ("tree-order", {"XENTFAST_CUDA_ORDER": "tree"}),
 ]
+if os.environ.get("XF_BENCH_VARIANTS"):  # e.g. "cpu-order;cpu-order cached row": only these labels
+    VARIANTS = [v for v in VARIANTS if v[0] in os.environ["XF_BENCH_VARIANTS"].split(";")]
 REPS = int(os.environ.get("XF_BENCH_REPS", "10"))
 
 
@@ -225,7 +233,7 @@ def main():
         must_move = 2 * x.nbytes
         t_torch, torch_info = torch_time(x, y)
         for label, values in VARIANTS:
-            if "CACHE_ROW" in "".join(values) and C * 4 + 64 * 1024 > 227 * 1024:
+            if values.get("XENTFAST_CUDA_CACHE_ROW") == "1" and C * 4 + 64 * 1024 > 227 * 1024:
                 continue  # the row cannot stay in shared memory
             with env(values):
                 try:
@@ -256,8 +264,9 @@ def main():
         del x, y
         cp.get_default_memory_pool().free_all_blocks()
 
-    for row in binary_rows(bw):
-        add(row)
+    if os.environ.get("XF_BENCH_BINARY", "1") != "0":
+        for row in binary_rows(bw):
+            add(row)
     print(f"\n{'shape':>14} {'variant':34} {'ms':>8} {'of copy BW':>10} {'x torch':>8}  notes")
     for N, C, label, t, frac, ratio, note in rows:
         ms = f"{t * 1e3:8.3f}" if t else f"{'-':>8}"

@@ -591,6 +591,19 @@ def test_launch_shape():
     assert _cuda.threads_for(1000) == 64
 
 
+def test_rows_of_at_most_16_kb_stay_in_shared_memory_unless_told(monkeypatch):
+    monkeypatch.setattr(_cuda, "_smem_limit", lambda: 227 * 1024)
+    monkeypatch.delenv("XENTFAST_CUDA_CACHE_ROW", raising=False)
+    cached = lambda C, itemsize: _cuda._launch_config(C, itemsize)[1]
+    assert cached(1, 4) == cached(4096, 4) == cached(2048, 8) == 1
+    assert cached(4097, 4) == cached(2049, 8) == cached(128256, 4) == 0
+    monkeypatch.setenv("XENTFAST_CUDA_CACHE_ROW", "0")
+    assert cached(1000, 4) == 0
+    monkeypatch.setenv("XENTFAST_CUDA_CACHE_ROW", "1")
+    assert cached(32000, 4) == 1
+    assert cached(10**6, 4) == 0  # past the shared memory: global rows, not an error
+
+
 # ---------------------------------------------------------------------------------------------------
 # (c) the host model: kernels.cu on the CPU, against the CPU kernels
 

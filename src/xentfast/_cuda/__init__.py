@@ -29,7 +29,8 @@ Design
     ``*_device`` forms return CuPy arrays, so a caller can batch the one device-to-host copy.
 (e) Launch shape: a block of nt threads per row (kernels.cu (b)); nt never changes the bits.
     ``XENTFAST_CUDA_THREADS`` (a power of two in [32, 512]) and ``XENTFAST_CUDA_CACHE_ROW`` (0 / 1:
-    keep the row in shared memory) override the defaults, for benchmarking; so do
+    keep the row in shared memory; by default rows of at most _CACHE_ROW_MAX_BYTES) override the
+    defaults, for benchmarking; so do
     ``XENTFAST_CUDA_ORDER=tree`` (kernels.cu (g): an order whose bits may differ from the CPU's) and
     ``XENTFAST_CUDA_XENT_MIN_BLOCKS=1`` (the cross-entropy kernel without its 64-register bound).
 """
@@ -77,6 +78,12 @@ XF_DDSUM_BLOCK = 1024    # elements per dd_sum block (xentfast/ddsum.h)
 _TREE_THREADS = 1024     # XF_CU_TREE_THREADS in reduce.cu
 _ELEM_THREADS = 256      # threads per block of the elementwise kernels
 _ELEMENTWISE_THREADS = 128  # most threads per row that threads_for adds beyond the chains (see there)
+# Rows of at most this many bytes are kept in shared memory by default (kernels.cu: cache_row; same bits):
+# read from global memory once instead of three times, while short enough that the blocks resident per
+# multiprocessor stay many.  H200, float32, 2 GiB of logits (benchmarks/README.md, GPU), cached against
+# global, ms: 1024 classes 11.12 / 11.14, 2048 8.42 / 9.61, 4096 7.91 / 9.58, 8192 8.53 / 7.95 (32 KB
+# rows: now slower), 16384 10.83 / 7.56, 32000 48.6 / 12.2.
+_CACHE_ROW_MAX_BYTES = 16 * 1024
 _ROW_THREADS = 128       # threads per block of the dd_sum block partials (a thread per partial)
 _CE_TEAM = 32            # threads per row of xf_ce_probs_kernel (binary.cu XF_CU_CE_TEAM)
 _CE_ROWS = 4             # rows per CUDA block of xf_ce_probs_kernel (binary.cu XF_CU_CE_ROWS)
@@ -374,7 +381,8 @@ def _smem_limit():
 
 def _launch_config(C, itemsize):
     nt = threads_for(C)
-    cache = os.environ.get("XENTFAST_CUDA_CACHE_ROW", "0") not in ("", "0")
+    env = os.environ.get("XENTFAST_CUDA_CACHE_ROW", "")
+    cache = env != "0" if env else C * itemsize <= _CACHE_ROW_MAX_BYTES
     limit = _smem_limit()
     smem = smem_bytes(nt, C, itemsize, cache)
     if cache and smem > limit:
