@@ -585,8 +585,8 @@ def test_launch_shape():
         nt = _cuda.threads_for(C)
         assert 32 <= nt <= 512 and nt & (nt - 1) == 0
     assert _cuda.threads_for(128256) >= 8 * 32  # one thread per (block, lane) chain
-    # beyond the chains, at most 128 threads for the elementwise steps: idle threads in the sum steps
-    # hold room that other rows could use (threads_for's docstring has the measurement)
+    # past the chains, the elementwise steps grow a row's threads only up to 128: idle threads in the sum
+    # steps hold room that other rows could use (threads_for's docstring has the measurement)
     assert _cuda.threads_for(32000) == 128 and _cuda.threads_for(4096) == 128
     assert _cuda.threads_for(1000) == 64
 

@@ -77,7 +77,7 @@ SOURCES = ("kernels.cu", "binary.cu", "reduce.cu")
 XF_DDSUM_BLOCK = 1024    # elements per dd_sum block (xentfast/ddsum.h)
 _TREE_THREADS = 1024     # XF_CU_TREE_THREADS in reduce.cu
 _ELEM_THREADS = 256      # threads per block of the elementwise kernels
-_ELEMENTWISE_THREADS = 128  # most threads per row that threads_for adds beyond the chains (see there)
+_ELEMENTWISE_THREADS = 128  # threads_for grows a row's threads past its chains only up to this (see there)
 # Rows of at most this many bytes are kept in shared memory by default (kernels.cu: cache_row; same bits):
 # read from global memory once instead of three times, while short enough that the blocks resident per
 # multiprocessor stay many.  H200, float32, 2 GiB of logits (benchmarks/README.md, GPU), cached against
@@ -336,8 +336,9 @@ def _n_blocks(C):
 
 
 def threads_for(C):
-    """Threads per row: enough for every (block, lane) chain, and up to 128 more for the elementwise
-    steps (~16 elements per thread), a power of two in [32, 512].  Never changes the bits.
+    """Threads per row: enough for every (block, lane) chain; where the chains are fewer than 128, more
+    for the elementwise steps (~16 elements per thread), up to 128 in all; a power of two in [32, 512].
+    Never changes the bits.
 
     The sum steps use one thread per chain (8 per 4096 classes) and leave the rest idle, so threads
     beyond the chains only pay in the max and gradient steps while they take room on the multiprocessor
