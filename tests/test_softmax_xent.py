@@ -108,8 +108,9 @@ def test_long_rows_of_the_softmax_family_within_bound(dtype, classes, data):
 
 @pytest.mark.parametrize("C", [2, 300, 5000], ids=["short-row-group", "row", "blocks"])
 def test_float32_kept_exponentials_under_a_huge_factor(C):
-    # the sum pass keeps float32 exp(x_j - m) 2^64 in the buffer, on float32's subnormal grid below e^-131.7;
-    # a factor past 2^62 magnified that to 1e7 ULP (+7.2e-36 came out 0): such rows recompute them now
+    # the sum pass once kept float32 exp(x_j - m) 2^64 in the buffer, on float32's subnormal grid below
+    # e^-131.7; a factor past 2^62 magnified that to 1e7 ULP (+7.2e-36 came out 0).  The exponentials are
+    # kept as doubles now (softmax_rows.h xf_stored_entry), and these rows stay pinned
     x = np.zeros((3, C), np.float32)
     x[0, 1:], x[1, 1:], x[2, 1:] = -150.0, -140.0, -np.linspace(100.0, 160.0, C - 1)
     y = np.array([0, 0, 0])
@@ -121,6 +122,45 @@ def test_float32_kept_exponentials_under_a_huge_factor(C):
     grad = xf.cross_entropy_backward(g, x, y, reduction="none")
     assert_ulp_close(grad, ref.cross_entropy_grad(x, y, reduction="none", grad_output=g.astype(np.float64)),
                      BOUND[np.dtype(np.float32)] + 1)
+
+
+# Where each float32 index-target row's gradient is formed: 8 rows side by side, the row kernel (its
+# exponentials kept in the thread's scratch row), long rows streamed out during the next row, a row split
+# into per-block tasks (fewer rows than threads), and the logits' own buffer (inplace).
+ROUNDED_ONCE_LAYOUTS = {
+    "short-row-group": dict(rows=64, classes=10),
+    "group-200": dict(rows=16, classes=200),
+    "row": dict(rows=8, classes=1000),
+    "row-inplace": dict(rows=8, classes=1000, inplace=True),
+    "streamed": dict(rows=4, classes=5000, n_threads=2),
+    "streamed-inplace": dict(rows=4, classes=5000, n_threads=2, inplace=True),
+    "phased": dict(rows=1, classes=9000, n_threads=2),
+}
+
+
+@pytest.mark.parametrize("layout", list(ROUNDED_ONCE_LAYOUTS))
+def test_float32_gradient_is_rounded_once(layout):
+    # Every float32 gradient entry but the target's is (e_j * coef_per_S) * coef_mult in double, rounded
+    # once to float: e_j within ~2^-32 relative (the float32 exponential), coef / S within half a double
+    # ULP, so the entry is within 0.5 + ~0.005 float ULP of the exact p_j.  Until 2026-12-04 e_j was kept as
+    # a float between the passes, a second rounding: up to ~1 ULP, a quarter of the entries one ULP off.
+    # Same on every CPU path (the paths must agree bit for bit anyway, tests/test_dispatch.py).
+    from xentfast._core import _xent
+    spec = dict(ROUNDED_ONCE_LAYOUTS[layout])
+    rows, classes = spec.pop("rows"), spec.pop("classes")
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((rows, classes)) * 4.0).astype(np.float32)
+    y = rng.integers(0, classes, rows)
+    exact = ref.cross_entropy_grad(x, y, reduction="sum")
+    before = _xent.cpu_path()
+    try:
+        for path in _xent.available_cpu_paths():
+            _xent.set_cpu_path(path)
+            xin = x.copy()
+            grad = xf.cross_entropy_with_grad(xin, y, reduction="sum", **spec)[1]
+            assert_ulp_close(grad, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
+    finally:
+        _xent.set_cpu_path(before)
 
 
 def _case(x, t, dtype, weight=None, eps=0.0, z=0.0):

@@ -332,7 +332,10 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
             b0 = (task % nb) * XF_BLOCK
             blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
             skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
-            store = grad + i * C + b0 if jobs[i].stored else NULL
+            # float64 stored rows keep their exponentials in the gradient, exact there; a float32 buffer
+            # would round them, so float32 rows evaluate them again in pass 4 (softmax_rows.h
+            # xf_stored_entry: the same bits as keeping the doubles)
+            store = grad + i * C + b0 if jobs[i].stored and floating is double else NULL
             if floating is float:
                 K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
                                  &bsum[2 * task + 1], store)

@@ -334,18 +334,16 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #define XF_STREAMED_ROWS 0
 #endif
 
-/* The stored form's gradient entry from its kept exponential k and the row's factors (xf_stored_factors):
- * float32 (double)k * f rounded once to float, float64 (k * coef_per_S) * coef_mult, the recompute path's
- * bits.  The output pass (xf_xent_grad_block) and the pending gradients (xf_pending_put) both take it from
- * here; xf_pending_values is its vector form. */
-static inline __attribute__((always_inline)) XF_T XF_FN(xf_stored_entry)(XF_T k, double f, double f2)
+/* The stored form's gradient entry from its kept exponential k, exp(x_j - m) as the double the sum pass
+ * made, and the row's factors coef_per_S and coef_mult (xf_stored_factors): (k * coef_per_S) * coef_mult
+ * rounded once to the storage type, the recompute path's bits for both types.  Until 2026-12-04 float32
+ * rows kept k as a float (scaled by 2^64) and multiplied by one factor; rounding k to float and widening it
+ * back cost ~16 % of the fused 8192x32000 call, and the gradient two roundings instead of one.  The output
+ * pass (xf_xent_grad_block) and the pending gradients (xf_pending_put) both take it from here;
+ * xf_pending_values is its vector form. */
+static inline __attribute__((always_inline)) XF_T XF_FN(xf_stored_entry)(double k, double f, double f2)
 {
-#if XF_COMPENSATED
-    return (k * f) * f2;
-#else
-    (void)f2;
-    return (XF_T)((double)k * f);
-#endif
+    return (XF_T)((k * f) * f2);
 }
 
 #if XF_STREAMED_ROWS
@@ -356,13 +354,13 @@ static inline __attribute__((always_inline)) XF_T XF_FN(xf_stored_entry)(XF_T k,
  * by streaming stores when `stream` (a literal), else by aligned ordinary stores: each lane makes the
  * operations of the scalar form. */
 static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const xf_row_scratch *p,
-                                                                           const XF_T *kept, XF_T *out,
+                                                                           const double *kept, XF_T *out,
                                                                            long long n, const int stream)
 {
     const __m256d vf = _mm256_set1_pd(p->factor);
+    const __m256d vm = _mm256_set1_pd(p->factor2);
     long long j;
 #if XF_COMPENSATED
-    const __m256d vm = _mm256_set1_pd(p->factor2);
     for (j = 0; j < n; j += 4) {
         const __m256d v = _mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(kept + j), vf), vm);
         if (stream) {
@@ -373,8 +371,8 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const
     }
 #else
     for (j = 0; j < n; j += 8) {
-        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + j)), vf));
-        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(kept + j + 4)), vf));
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(kept + j), vf), vm));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(kept + j + 4), vf), vm));
         if (stream) {
             _mm_stream_ps(out + j, lo);
             _mm_stream_ps(out + j + 4, hi);
@@ -391,7 +389,7 @@ static inline void XF_FN(xf_pending_put)(xf_row_scratch *p, long long j)
 {
     XF_T *out = (XF_T *)p->out;
     out[j] = (j == p->target) ? (XF_T)p->target_grad
-                              : XF_FN(xf_stored_entry)(((const XF_T *)p->kept)[j], p->factor, p->factor2);
+                              : XF_FN(xf_stored_entry)(p->kept[j], p->factor, p->factor2);
 }
 
 /* n elements of a pending gradient from its `done` on, n a multiple of XF_STREAM_LANES, `done` 64-byte
@@ -400,7 +398,7 @@ static inline void XF_FN(xf_pending_put)(xf_row_scratch *p, long long j)
  * per row waits for every line in flight. */
 static inline __attribute__((always_inline)) void XF_FN(xf_pending_stream)(xf_row_scratch *p, long long n)
 {
-    const XF_T *kept = (const XF_T *)p->kept + p->done;
+    const double *kept = p->kept + p->done;
     XF_T *out = (XF_T *)p->out + p->done;
     const long long t = p->target - p->done;
     if (t >= 0 && t < n) {
@@ -594,9 +592,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
  * otherwise wait on that memory (the hardware prefetcher does not follow a new row across the page
  * boundary).  Measured on one core: fused 4096x1000 float64 4.4 -> 3.8 ns per element, 256x32000 float32
  * 2.07 -> 1.73, 4096x1000 float32 1.88 -> 1.82. */
-/* `keep` (or NULL): where to leave each exp(x_j - m) as the double it is (the general gradient's, see
- * xf_xent_row); a literal NULL in its own copies, so the rows without it run the loops they ran before.
- * A row never has both: `store` serves the simple rows (job->stored), `keep` the general ones.
+/* `keep` (or NULL): where to leave each exp(x_j - m) as the double it is (see xf_xent_row); a literal NULL
+ * in its own copies, so the rows without it run the loops they ran before.  A row never has both: `store`
+ * serves softmax and float64 stored rows whose gradient buffer holds their exponentials, `keep` the rest.
  * `store` is a literal too (has_store): a store under a run-time test inside the vectorized loop became a
  * masked store (vmaskmovps with an all-ones mask), which AMD's Zen cores execute as many
  * micro-operations; the fused float32 sum pass spent about a third of its time there. */
@@ -605,14 +603,15 @@ XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m
                                             xf_row_scratch *pend)
 {
 #if XF_STREAMED_ROWS
-    /* `pend` (or NULL): a pending gradient to write a chunk at a time (xf_pending_step); only with a store */
-    if (pend && store) {
+    /* `pend` (or NULL): a pending gradient to write a chunk at a time (xf_pending_step); only where the
+     * exponentials are kept (the scratch row it reads from too) */
+    if (pend && keep) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, pend, 1);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, pend, 1);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead, pend, 1);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, pend, 1);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead, pend, 1);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, pend, 1);
         }
         return;
     }
@@ -829,17 +828,11 @@ XF_KERNEL inline double XF_FN(xf_stored_target_grad)(const xf_rowjob *job)
     return xf_target_grad(job, XF_EXP_MINUS((XF_T)job->x_y, job->m));
 }
 
-/* The stored form's factors for xf_stored_entry: float32 one factor for the kept exponentials (the row's
- * coef / S and unscaling), float64 coef_per_S and coef_mult. */
+/* The stored form's factors for xf_stored_entry */
 static inline void XF_FN(xf_stored_factors)(const xf_rowjob *job, double *f, double *f2)
 {
-#if XF_COMPENSATED
     *f = job->coef_per_S;
     *f2 = job->coef_mult;
-#else
-    *f = ((job->coef * job->coef_mult) / job->S) * XF_STORE_UNSCALE;
-    *f2 = 1.0;
-#endif
 }
 
 #if XF_STREAMED_ROWS
@@ -847,7 +840,7 @@ static inline void XF_FN(xf_stored_factors)(const xf_rowjob *job, double *f, dou
  * (xf_row_scratch): the stored form's gradient, the same bits, written by the next row's sum pass or by
  * xf_pending_finish.  The elements before the first 64-byte boundary of `out` are written here, so that
  * each step of the streaming stores fills whole lines. */
-XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const XF_T *kept, XF_T *out, long long n,
+XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const double *kept, XF_T *out, long long n,
                                       const xf_rowjob *job)
 {
     long long j;
@@ -867,11 +860,12 @@ XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const XF_T *kept, XF_T
 #endif
 
 /* Pass 4 of a block: the gradient  out_j = coef * p_j - scale * q_j  (p_j = e_j / S), see xf_rowjob.
- * coef p_j is (e_j * coef_per_S) * coef_mult (xf_rowjob_div_S) on every path but float32's `stored` one,
- * whose kept exponentials are float32 already and whose one factor's double roundings cannot show.
+ * coef p_j is (e_j * coef_per_S) * coef_mult (xf_rowjob_div_S) on every path, whether e_j is evaluated
+ * here or kept from the sum pass.
  * `out` may alias `x` (inplace): each element is read before it is written, and every row statistic was
  * computed by the earlier passes.  `keep` (or NULL): the block's exponentials as the sum pass left them
- * (xf_xent_row), read by the general gradient instead of evaluated again; `out` itself for float64. */
+ * (xf_xent_row), read instead of evaluated again: the general gradient's (`out` itself for float64) and
+ * float32's stored rows'. */
 XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long long offset,
                                      const xf_rowjob *job, const XF_T *t, const double *w, const double *keep)
 {
@@ -901,10 +895,10 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         }
         return;
     }
-#endif
     if (job->stored) {
-        /* the sum pass left exp(x_j - m) (times XF_STORE_SCALE) in `out`; x may already be overwritten
-         * (inplace), so the target entry comes from the saved x_y */
+        /* the sum pass left exp(x_j - m) in `out` (float64 only: float32's keeps them in `keep`, or the
+         * loop below evaluates them again); x may already be overwritten (inplace), so the target entry
+         * comes from the saved x_y */
         const long long y = job->y - offset;
         const int has_y = (y >= 0 && y < n);
         const double g_y = has_y ? XF_FN(xf_stored_target_grad)(job) : 0.0;
@@ -919,13 +913,20 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         }
         return;
     }
+#endif
     if (job->simple) {
         /* index target, no smoothing, no z-loss: q is scale*w_y at y only */
         const long long y = job->y - offset;
         const int has_y = (y >= 0 && y < n);
         /* read before the loop: with inplace=True the loop overwrites x[y] */
         const double g_y = has_y ? xf_target_grad(job, XF_EXP_MINUS(x[y], m)) : 0.0;
-        if (job->exp_normal == 2) {
+        if (keep) {
+            /* float32's stored rows: the sum pass's exponentials, the same doubles */
+#pragma omp simd
+            for (j = 0; j < n; j++) {
+                out[j] = XF_FN(xf_stored_entry)(keep[j], coef_per_S, mult);
+            }
+        } else if (job->exp_normal == 2) {
             /* masked classes beyond the stored rows' spread (a finite mask, xf_row_mask_form): the sum
              * pass's form, the same bits as the general one */
 #pragma omp simd
@@ -1119,10 +1120,12 @@ XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, c
  * sum pass keeps each exp(x_j - m) in its row, exactly, and the gradient pass multiplies instead of
  * evaluating it again; float64 rows whose gradient buffer is not the logits keep them in that buffer
  * instead (the loss terms and the z-loss read x again after the sum pass).  A float32 buffer would round
- * them, and the gradient's q_j may cancel most of p_j.  The bits are those of the evaluating form either
- * way.  Long rows of the stored form keep their stored exponentials there too, and leave their gradient
- * pending for the next row's sum pass to write (XF_STREAMED_ROWS): it is whole only once the driver has
- * released the scratch. */
+ * them, and the gradient's q_j may cancel most of p_j.  Rows of the stored form keep theirs in the scratch
+ * row too where the storage is float32, in the gradient buffer where it is float64 (exact there, inplace
+ * included).  The bits are those of the evaluating form every way, and without a scratch row the rows
+ * evaluate the exponentials again.  Long rows of the stored form keep their exponentials in the scratch
+ * row whatever the type, and leave their gradient pending for the next row's sum pass to write
+ * (XF_STREAMED_ROWS): it is whole only once the driver has released the scratch. */
 XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
                                 const double *w, xf_row_scratch *scratch)
 {
@@ -1131,29 +1134,36 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     XF_FN(xf_row_max)(x, C, job);
     xf_rowjob_plan(job, (job->y >= 0) ? (double)x[job->y] : 0.0, grad != 0);
     double *keep = 0;
-    if (grad && !job->simple && job->status == XF_ROW_OK) {
+    if (grad && job->status == XF_ROW_OK) {
 #if XF_COMPENSATED
-        keep = (grad != x) ? (double *)grad : row;
+        if (!job->simple) {
+            keep = (grad != x) ? (double *)grad : row;
+        }
 #else
-        keep = row;
+        if (!job->simple || job->stored) {
+            keep = row;
+        }
 #endif
     }
-    XF_T *kept = 0;
+    int streamed = 0;
     xf_row_scratch *pending = 0;
 #if XF_STREAMED_ROWS
     if (grad && scratch && job->stored && job->status == XF_ROW_OK &&
         C * (long long)sizeof(XF_T) >= XF_STREAM_MIN_BYTES) {
         /* the pending gradient's exponentials are there too: the sum pass writes it as it goes
          * (xf_pending_step) */
-        kept = (XF_T *)row;
+        keep = row;
+        streamed = 1;
         pending = scratch->pending ? scratch : 0;
     }
 #endif
-    if (!kept) {
+    if (!streamed) {
         /* this row may keep its exponentials where the pending gradient reads them */
         xf_row_scratch_finish(scratch);
     }
-    XF_FN(xf_row_sum_writing)(x, C, job, job->stored ? (kept ? kept : grad) : 0, keep, pending);
+    /* float64 stored rows not streamed keep their exponentials in the gradient buffer (exact there) */
+    XF_T *store = (XF_COMPENSATED && job->stored && !streamed) ? grad : 0;
+    XF_FN(xf_row_sum_writing)(x, C, job, store, keep, pending);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
@@ -1165,11 +1175,11 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
             for (b0 = 0; b0 < C; b0++) {
                 grad[b0] = (XF_T)XF_NAN;
             }
-        } else if (kept) {
+        } else if (streamed) {
 #if XF_STREAMED_ROWS
             /* the previous row's last chunks (the sum pass wrote the rest), then this row pending */
             xf_row_scratch_finish(scratch);
-            XF_FN(xf_pending_start)(scratch, kept, grad, C, job);
+            XF_FN(xf_pending_start)(scratch, keep, grad, C, job);
 #endif
         } else {
             for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
@@ -1233,19 +1243,19 @@ typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_G
                                                       XF_GROUP_C_LIMIT(1) <= XF_GROUP_MAX_C) ? 1 : -1];
 
 #if defined(__AVX2__)
-/* A group's output rows from its kept buffer (the fused gradient from the kept exponentials; softmax's
- * and log_softmax's outputs, xf_short_rows_family): kept holds the group's rows side by side
- * (kept[j][r]) and the output wants each row whole, so blocks of kept are transposed in
- * registers (float: 8 columns x 8 rows by unpack, shuffle and permute; double: 4 x 4, each half of the
- * group), and each row's entries get the element loop's operations (float: widened, multiplied by f[r]
- * in double, rounded once; double: multiplied by f[r], the loop's `* 1.0` being exact) and are stored
- * at once.  The loop it replaces compiled to ~4 instructions per float entry, a permute-and-blend
- * gather for every 8 entries of one row.  Only rows done and not ignored are written: the others are the
- * caller's, and a row left to the row kernel may be the logits themselves (inplace).  Returns the first
- * column not written. */
-#if XF_COMPENSATED
+/* A group's output rows from a buffer that holds the group's rows side by side (kept[j][r]) while the
+ * output wants each row whole, so blocks of it are transposed in registers (double: 4 x 4, each half of
+ * the group; float: 8 columns x 8 rows by unpack, shuffle and permute), and each row's entries get the
+ * element loop's operations and are stored at once.  xf_group_grad_columns: the fused gradient from the
+ * kept exponentials, doubles for either storage type, multiplied by f[r] (the loop's `* 1.0` being exact)
+ * and rounded once to the storage type.  xf_group_family_columns: softmax's and log_softmax's outputs
+ * (xf_short_rows_family) from a buffer of the storage type (float: widened, multiplied by f[r] in double,
+ * rounded once; double: xf_group_grad_columns).  The loop they replace compiled to ~4 instructions per
+ * float entry, a permute-and-blend gather for every 8 entries of one row.  Only rows done and not ignored
+ * are written: the others are the caller's, and a row left to the row kernel may be the logits themselves
+ * (inplace).  Both return the first column not written. */
 XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_columns)(
-    const double *kept, long long C, const double *f, const int *ok, const int *ignored, double *grad)
+    const double *kept, long long C, const double *f, const int *ok, const int *ignored, XF_T *grad)
 {
     long long j0;
     int r, half;
@@ -1263,16 +1273,26 @@ XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_co
             rows[3] = _mm256_permute2f128_pd(b1, b3, 0x31);
             for (r = 0; r < 4; r++) {
                 if (ok[half + r] && !ignored[half + r]) {
-                    _mm256_storeu_pd(grad + (half + r) * C + j0,
-                                     _mm256_mul_pd(rows[r], _mm256_set1_pd(f[half + r])));
+                    const __m256d v = _mm256_mul_pd(rows[r], _mm256_set1_pd(f[half + r]));
+#if XF_COMPENSATED
+                    _mm256_storeu_pd(grad + (half + r) * C + j0, v);
+#else
+                    _mm_storeu_ps(grad + (half + r) * C + j0, _mm256_cvtpd_ps(v));
+#endif
                 }
             }
         }
     }
     return j0;
 }
+#if XF_COMPENSATED
+XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_family_columns)(
+    const double *kept, long long C, const double *f, const int *ok, const int *ignored, double *out)
+{
+    return XF_FN(xf_group_grad_columns)(kept, C, f, ok, ignored, out);
+}
 #else
-XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_columns)(
+XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_family_columns)(
     const float *kept, long long C, const double *f, const int *ok, const int *ignored, float *grad)
 {
     long long j0;
@@ -1321,11 +1341,12 @@ typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 
 
 /* The group's sums of exp(x_j - m) in the exponential form `form` (a literal: 1 normal, 2 masked, see
  * XF_EXP_FORM), as xf_sumexp_block_form adds them: element j into lane j % XF_LANES, in order, the argmax
- * as 0.0; with want_kept each exponential also as the sum pass stores it. */
+ * as 0.0; each exponential also kept (want_kept, a literal): 1 in `kept` as softmax's sum pass stores it,
+ * 2 in `kept_d` as the double it is (the gradient's, as xf_xent_row keeps them). */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
-    XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], const double *m, const long long *argmax,
-    double (*acc)[XF_GROUP_ROWS], double (*cmp)[XF_GROUP_ROWS], long long C, const int want_kept,
-    const int form)
+    XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], double (*kept_d)[XF_GROUP_ROWS], const double *m,
+    const long long *argmax, double (*acc)[XF_GROUP_ROWS], double (*cmp)[XF_GROUP_ROWS], long long C,
+    const int want_kept, const int form)
 {
     enum { R = XF_GROUP_ROWS };
     long long j;
@@ -1335,8 +1356,10 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
 #pragma omp simd
         for (r = 0; r < R; r++) {
             double e = XF_EXP_FORM(form, xt[j][r], m[r]);
-            if (want_kept) {
+            if (want_kept == 1) {
                 kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
+            } else if (want_kept == 2) {
+                kept_d[j][r] = e;
             }
             e = (j == argmax[r]) ? 0.0 : e;
 #if XF_COMPENSATED
@@ -1352,15 +1375,16 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
  * (xt[j][r] = row r's entry j), each row's max m (as double), first argmax and double-double sum hi + lo
  * of exp(x_j - m) over every class but the argmax, and ok: the row is finite, within max_spread of its max
  * (the unclamped exponentials: XF_NORMAL_SPREAD, or 600 where the row kernel keeps the exponentials for a
- * gradient) and, float64, needs no rescued sum.  With want_kept, each exponential as the sum pass stores
- * it (XF_STORE_SCALE) into kept.  allow_masked: rows with -inf entries (masked classes; with 2, float32
+ * gradient) and, float64, needs no rescued sum.  want_kept: each exponential kept as xf_group_sum_form
+ * says (0: none).  allow_masked: rows with -inf entries (masked classes; with 2, float32
  * also finite entries below fl(max - XF_MASK_FAR), finite masks) are ok too, their spread taken over
  * the other entries, with the row kernel's masked normal form (exp_normal = 2: each masked entry's
  * exponential +0); the group's rows take that form when one of them has a masked entry (the same bits as
  * the normal form on the others).  Returns whether one has. */
 XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
-    const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], double *m, double *hi,
-    double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept, const int allow_masked)
+    const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS],
+    double (*kept_d)[XF_GROUP_ROWS], double *m, double *hi, double *lo, long long *argmax, int *ok,
+    const double max_spread, const int want_kept, const int allow_masked)
 {
     enum { R = XF_GROUP_ROWS };
     double mn[R];
@@ -1485,10 +1509,22 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     }
     /* xf_sumexp_block_form: element j into lane j % XF_LANES, in order, the argmax as 0.0.  Rows that are
      * not ok may hold inf or NaN here; their lanes are computed and never read. */
-    if (any_masked) {
-        XF_FN(xf_group_sum_form)(xt, kept, m, argmax, acc, cmp, C, want_kept, 2);
+    if (want_kept == 2) {
+        if (any_masked) {
+            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 2, 2);
+        } else {
+            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 2, 1);
+        }
+    } else if (want_kept == 1) {
+        if (any_masked) {
+            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 1, 2);
+        } else {
+            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 1, 1);
+        }
+    } else if (any_masked) {
+        XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 0, 2);
     } else {
-        XF_FN(xf_group_sum_form)(xt, kept, m, argmax, acc, cmp, C, want_kept, 1);
+        XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 0, 1);
     }
 #pragma omp simd
     for (r = 0; r < R; r++) {
@@ -1507,8 +1543,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_MAX_C][R];
-    /* with a gradient: each exp(x_j - m) as the row kernel's sum pass stores it (XF_STORE_SCALE) */
-    XF_T kept[XF_GROUP_MAX_C][R];
+    /* with a gradient: each exp(x_j - m) as the row kernel keeps it, the double it is */
+    double kept[XF_GROUP_MAX_C][R];
     double m[R], hi[R], lo[R], f[R], g_y[R], x_y[R], w_y[R], scale_r[R];
     long long argmax[R], target[R];
     int ok[R], ignored[R], y_is_max[R];
@@ -1518,8 +1554,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     /* finite masks only without a gradient: with one, the group's kept-exponential gradient is the row
      * kernel's `stored` form, which a row with a finite mask does not take (xf_rowjob_plan: the spread
      * over every finite entry), and the two forms' roundings differ */
-    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD,
-                          has_grad, has_grad ? 1 : 2);
+    XF_FN(xf_group_stats)(x, C, xt, (XF_T (*)[XF_GROUP_ROWS])0, kept, m, hi, lo, argmax, ok,
+                          has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad ? 2 : 0, has_grad ? 1 : 2);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
@@ -1548,14 +1584,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
              * the target entry (xf_target_grad) */
             const double coef = scale_r[r] * w_y[r];
             ok[r] &= (coef - coef == 0.0);
-#if XF_COMPENSATED
             f[r] = xf_div_S(coef, hi[r], lo[r]);
-#else
-            /* a factor that would magnify the kept exponentials' subnormal rounding: the row kernel
-             * decides by the row's spread (xf_rowjob_plan) */
-            ok[r] &= (xf_fabs(coef) <= 0x1p62);
-            f[r] = ((coef * 1.0) / S) * XF_STORE_UNSCALE;
-#endif
             g_y[r] = xf_target_grad_of(y_is_max[r], coef, 1.0, hi[r], lo[r], S,
                                        XF_EXP_MINUS((XF_T)x_y[r], m[r]));
         }
@@ -1575,11 +1604,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
                 }
             } else if (ok[r]) {
                 for (j = j_vec; j < C; j++) {
-#if XF_COMPENSATED
-                    g[j] = (XF_T)(((double)kept[j][r] * f[r]) * 1.0);
-#else
-                    g[j] = (XF_T)((double)kept[j][r] * f[r]);
-#endif
+                    g[j] = XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0);
                 }
                 g[target[r]] = (XF_T)g_y[r];
             }
@@ -1612,8 +1637,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     long long j;
     int r;
     long long j_vec = 0;
-    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
-                                                 mode == 2, 2);
+    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept, (double (*)[XF_GROUP_ROWS])0, m, hi, lo, argmax,
+                                                 ok, XF_NORMAL_SPREAD, mode == 2, 2);
     if (mode == 0) {
         for (r = 0; r < R; r++) {
             const double log_s = xf_row_log_S(hi[r], lo[r]);
@@ -1669,7 +1694,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
         for (r = 0; r < R; r++) {
             ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
         }
-        j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, out);
+        j_vec = XF_FN(xf_group_family_columns)(&kept[0][0], C, f, ok, ignored, out);
     }
 #endif
     for (r = 0; r < R; r++) {

@@ -37,13 +37,13 @@
  * output is not whole. */
 typedef struct xf_row_scratch {
     double *row;
-    /* the pending gradient, when `pending`: out_j = (float)(kept_j * factor) for j in [done, n) (float64:
-     * (kept_j * factor) * factor2), but out[target] = target_grad.  `write` (set by the unit that left
+    /* the pending gradient, when `pending`: out_j = (kept_j * factor) * factor2 rounded to the storage type
+     * for j in [done, n), but out[target] = target_grad.  `write` (set by the unit that left
      * one, else NULL) writes the rest, and with `fence` orders the streaming stores of every row it left
      * before the caller's next reads. */
     int pending;
     void (*write)(struct xf_row_scratch *, int fence);
-    const void *kept; /* the row's storage type, as `out` */
+    const double *kept; /* exp(x_j - m) as the sum pass made them, for either storage type */
     void *out;
     long long n, done, target;
     double factor, factor2, target_grad;
@@ -134,14 +134,15 @@ typedef struct {
 
 /* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
  * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials there, float64
- * rows in their own gradient buffer unless that buffer is the logits; rows of XF_STREAM_MIN_BYTES or more
- * keep the stored form's exponentials there (the baseline path, which has no streaming stores, leaves that
- * memory unused).  The Cython drivers and the FFI handlers both ask here. */
+ * rows in their own gradient buffer unless that buffer is the logits; float32 rows keep the stored form's
+ * exponentials there as doubles (a float32 buffer would round them), and so do float64 rows of
+ * XF_STREAM_MIN_BYTES or more (the baseline path, which has no streaming stores, leaves that memory unused
+ * for float64).  The Cython drivers and the FFI handlers both ask here. */
 static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits,
                                         long long n_classes)
 {
     const long long row_bytes = n_classes * (long long)(storage_is_float ? sizeof(float) : sizeof(double));
-    return has_grad && ((general && (storage_is_float || grad_is_logits)) || row_bytes >= XF_STREAM_MIN_BYTES);
+    return has_grad && (storage_is_float || (general && grad_is_logits) || row_bytes >= XF_STREAM_MIN_BYTES);
 }
 
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */

@@ -12,9 +12,10 @@
  *     xf_row_target_q, xf_target_grad, xf_lanes_to_dd, xf_terms_merge, xf_exp_minus_f32/f64), included
  *     unchanged.  What this file restates are only the loop bodies of softmax_rows.h (which are host
  *     block loops and cannot be called per element); each is marked "as softmax_rows.h: <function>".
- *     That includes the CPU's "stored" output path (its sum pass keeps exp(x_j - m) in the output
+ *     That includes the CPU's softmax output path (its sum pass keeps exp(x_j - m) in the output
  *     buffer, rounded to the storage type): the GPU recomputes the exponential instead of storing it,
- *     and rounds it the same way, so the outputs keep the CPU's bits without the extra traffic.
+ *     and rounds it the same way, so the outputs keep the CPU's bits without the extra traffic.  (The
+ *     CPU's cross-entropy gradient keeps its exponentials as doubles, which recomputing reproduces.)
  *     tests/test_cuda.py runs this very file on the CPU (host model, (f)) against the CPU kernels, so
  *     a restated body that drifts from the CPU one fails the normal test suite.
  * (b) A CUDA block per row (grid-stride over rows), blockDim = nt, a power of two in [32, 512] chosen
@@ -153,7 +154,7 @@ XF_HD void xf_cu_rescue(xf_rowjob *job, const double *x, long long C) { xf_rowjo
 XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const float *) { (void)job; return 0; }
 XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const double *) { return job->grad_scaled; }
 
-/* exp(x_j - m) as the CPU keeps it in an output buffer between its sum pass and its output pass
+/* exp(x_j - m) as the CPU keeps it in softmax's output buffer between its sum pass and its output pass
  * (softmax_rows.h XF_STORE_SCALE): exact for double, rounded to float (scaled by 2^64) for float.  The
  * GPU does not store it (recomputing costs no memory traffic) but rounds it the same way. */
 XF_HD double xf_cu_kept_exp(float, double e) { return (double)(float)(e * XF_KEPT_SCALE_F32); }
@@ -161,15 +162,6 @@ XF_HD double xf_cu_kept_exp(double, double e) { return e; }
 /* as softmax_rows.h: xf_softmax_block, per storage type */
 XF_HD double xf_cu_softmax_of_kept(float, double kept, double inv_S) { return kept * (XF_KEPT_UNSCALE_F32 * inv_S); }
 XF_HD double xf_cu_softmax_of_kept(double, double kept, double inv_S) { return kept * inv_S; }
-/* as softmax_rows.h: xf_xent_grad_block, its `stored` path, per storage type */
-XF_HD double xf_cu_grad_of_kept(float, double kept, const xf_rowjob *job)
-{
-    return kept * (((job->coef * job->coef_mult) / job->S) * XF_KEPT_UNSCALE_F32);
-}
-XF_HD double xf_cu_grad_of_kept(double, double kept, const xf_rowjob *job)
-{
-    return (kept * job->coef_per_S) * job->coef_mult;
-}
 
 /* ---- shared scratch ---------------------------------------------------------------------------------- */
 
@@ -403,10 +395,7 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
         return (e * coef_per_S) * unscale - sq;
     }
     double e = xf_cu_exp_minus(xj, m);
-    if (job->stored) {
-        /* the CPU's sum pass kept exp(x_j - m) in the output buffer; its target entry uses x_y */
-        return (j == job->y) ? xf_target_grad(job, e) : xf_cu_grad_of_kept(xj, xf_cu_kept_exp(xj, e), job);
-    }
+    /* the CPU's stored rows (job->stored) keep exp(x_j - m) as this very double: the simple rows' bits */
     if (job->simple) {
         return (j == job->y) ? xf_target_grad(job, e) : (e * coef_per_S) * mult;
     }
