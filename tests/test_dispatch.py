@@ -71,19 +71,19 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean"])
-@pytest.mark.parametrize("n_classes", [_xent.BLOCK // 2 + 3, _xent.BLOCK, 3 * _xent.BLOCK + 7,
-                                       4 * _xent.BLOCK + 13])
+@pytest.mark.parametrize("n_classes", [_xent.BLOCK // 4 + 5, _xent.BLOCK // 2 + 3, _xent.BLOCK,
+                                       3 * _xent.BLOCK + 7, 4 * _xent.BLOCK + 13])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_long_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction, n_classes, dtype):
-    # rows of 16 KB and more keep their exponentials in a scratch row and write the gradient by streaming
-    # stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS), each row's gradient while the next row
-    # of the same thread runs its sum pass (xf_pending_step); the baseline path stores them into the
-    # output buffer and scales them there.
+    # rows of 1024 classes and more (float32; float64 2048) keep their exponentials in a scratch row and
+    # write the gradient by streaming stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS), each
+    # row's gradient while the next row of the same thread runs its sum pass (xf_pending_step); the
+    # baseline path writes it in a pass of its own.
     # Every path, thread count, out= buffers starting 1, 5 and 15 elements past a 64-byte boundary and
-    # inplace=True must give the same bits.  The row lengths: just past the threshold for float64 (half
-    # a block, a partial last chunk; float32 rows that short are not streamed), one block, a multiple of
-    # 64 (no partial chunk), and odd lengths that put each row's start at another alignment, one of them
-    # (float32) between the streaming threshold (16 KB) and the old one (64 KB).  The rows differ in where
+    # inplace=True must give the same bits.  The row lengths: just past the threshold for float32 (a
+    # quarter block, a partial last chunk; float64 rows that short are not streamed), just past it for
+    # float64 (half a block), one block, a multiple of 64 (no partial chunk), and odd lengths that put
+    # each row's start at another alignment.  The rows differ in where
     # their target lies (first entries, which fall in the unaligned head for some offsets, a group's
     # edges, the last partial chunk, last, ignored), and between them lie rows that stream nothing (NaN;
     # a spread beyond the stored form's, which keeps its exponentials in the same scratch row)

@@ -320,14 +320,16 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * store of whole lines skips the read, and the scratch row stays in L2 from row to row.  Fused
  * 2048x128256 float32, one thread: 0.316-0.319 -> 0.266-0.283 s; 8192x32000 about 2 %
  * (benchmarks/README.md, 2026-12-04), the gradient then written after the row's own sum pass; written
- * during the next row's, 0.27 -> 0.23 s and 0.25 -> 0.21 s.  Only from XF_STREAM_MIN_BYTES per row
- * (xent_kernels.h): float32 rows of 2048 classes ran 5-9 % slower streamed (a row's fixed costs: the pending
- * gradient's start, its partial chunks), rows of 4096 and more 10-13 % faster, even where the caller
- * reads the gradient next (a 16 MB gradient, 4096x4096).  Without the streaming stores the scratch row
- * cost more than it saved (2048x128256: 0.351-0.358 s), so the baseline unit keeps storing into the
- * output.  float64 rows, whose stored form kept the exponentials in the output too, likewise from 2048
- * classes (16 KB): fused 8192x8000, one thread, 0.119 -> 0.104 s, 1024x64000 0.150 -> 0.113 s; rows of
- * 2048 0.113 -> 0.104 s. */
+ * during the next row's, 0.27 -> 0.23 s and 0.25 -> 0.21 s.  Only from XF_STREAM_MIN_CLASSES per row
+ * (xent_kernels.h).  float32, while the stored form kept float32 exponentials in the output: rows of 2048
+ * classes ran 5-9 % slower streamed (a row's fixed costs: the pending gradient's start, its partial
+ * chunks), rows of 4096 and more 10-13 % faster, even where the caller reads the gradient next (a 16 MB
+ * gradient, 4096x4096).  Since float32 rows keep doubles in the scratch row anyway (xf_stored_entry),
+ * streaming pays from 1024 classes (two threads, 1 GB of logits: 1024 classes 0.17 -> 0.15 s, 2048
+ * 0.17 -> 0.14 s; 512 and 700 classes lost 5-10 %).  Without the streaming stores the baseline unit
+ * writes the gradient in its own pass.  float64 rows, whose stored form kept the exponentials in the
+ * output too, from 2048 classes (16 KB): fused 8192x8000, one thread, 0.119 -> 0.104 s, 1024x64000
+ * 0.150 -> 0.113 s; rows of 2048 0.113 -> 0.104 s. */
 #if defined(__AVX2__)
 #define XF_STREAMED_ROWS 1
 #else
@@ -836,7 +838,7 @@ static inline void XF_FN(xf_stored_factors)(const xf_rowjob *job, double *f, dou
 }
 
 #if XF_STREAMED_ROWS
-/* Pass 4 of a stored row whose exponentials are in `kept` (XF_STREAM_MIN_BYTES above), left pending in `p`
+/* Pass 4 of a stored row whose exponentials are in `kept` (XF_STREAM_MIN_CLASSES above), left pending in `p`
  * (xf_row_scratch): the stored form's gradient, the same bits, written by the next row's sum pass or by
  * xf_pending_finish.  The elements before the first 64-byte boundary of `out` are written here, so that
  * each step of the streaming stores fills whole lines. */
@@ -1149,7 +1151,7 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     xf_row_scratch *pending = 0;
 #if XF_STREAMED_ROWS
     if (grad && scratch && job->stored && job->status == XF_ROW_OK &&
-        C * (long long)sizeof(XF_T) >= XF_STREAM_MIN_BYTES) {
+        C >= XF_STREAM_MIN_CLASSES(!XF_COMPENSATED)) {
         /* the pending gradient's exponentials are there too: the sum pass writes it as it goes
          * (xf_pending_step) */
         keep = row;

@@ -125,24 +125,27 @@ typedef struct {
     const xf_softmax_table_f64 *(*f64)(int path);
 } xf_softmax_exports;
 
-/* Rows of at least this many bytes keep their stored form's exponentials in the scratch row below and write
- * the gradient by streaming stores, where the kernels are compiled for AVX2 (softmax_rows.h,
- * XF_STREAMED_ROWS). */
+/* Rows of at least this many bytes of kept exponentials (doubles: 8 bytes a class, float32 rows too) keep
+ * their stored form's exponentials in the scratch row below and write the gradient by streaming stores,
+ * where the kernels are compiled for AVX2 (softmax_rows.h, XF_STREAMED_ROWS): from 1024 classes.  float64
+ * from 2048 classes (16 KB) as measured when it came (benchmarks/README.md, 2026-12-04). */
 #ifndef XF_STREAM_MIN_BYTES
-#define XF_STREAM_MIN_BYTES (16 * 1024)
+#define XF_STREAM_MIN_BYTES (8 * 1024)
 #endif
+#define XF_STREAM_MIN_CLASSES(storage_is_float) \
+    ((long long)XF_STREAM_MIN_BYTES / (long long)sizeof(double) * ((storage_is_float) ? 1 : 2))
 
 /* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
  * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials there, float64
  * rows in their own gradient buffer unless that buffer is the logits; float32 rows keep the stored form's
  * exponentials there as doubles (a float32 buffer would round them), and so do float64 rows of
- * XF_STREAM_MIN_BYTES or more (the baseline path, which has no streaming stores, leaves that memory unused
- * for float64).  The Cython drivers and the FFI handlers both ask here. */
+ * XF_STREAM_MIN_CLASSES or more (the baseline path, which has no streaming stores, leaves that memory
+ * unused for float64).  The Cython drivers and the FFI handlers both ask here. */
 static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits,
                                         long long n_classes)
 {
-    const long long row_bytes = n_classes * (long long)(storage_is_float ? sizeof(float) : sizeof(double));
-    return has_grad && (storage_is_float || (general && grad_is_logits) || row_bytes >= XF_STREAM_MIN_BYTES);
+    return has_grad && (storage_is_float || (general && grad_is_logits) ||
+                        n_classes >= XF_STREAM_MIN_CLASSES(storage_is_float));
 }
 
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
