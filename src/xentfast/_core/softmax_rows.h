@@ -923,7 +923,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         /* read before the loop: with inplace=True the loop overwrites x[y] */
         const double g_y = has_y ? xf_target_grad(job, XF_EXP_MINUS(x[y], m)) : 0.0;
         if (keep) {
-            /* float32's stored rows: the sum pass's exponentials, the same doubles */
+            /* float32: the sum pass's exponentials, the same doubles */
 #pragma omp simd
             for (j = 0; j < n; j++) {
                 out[j] = XF_FN(xf_stored_entry)(keep[j], coef_per_S, mult);
@@ -1142,15 +1142,15 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
             keep = (grad != x) ? (double *)grad : row;
         }
 #else
-        if (!job->simple || job->stored) {
-            keep = row;
-        }
+        /* every float32 row: kept or evaluated again, an exponential gives the same entry (xf_stored_entry),
+         * so rows beyond the stored form's spread (a finite mask, far logits) keep theirs too */
+        keep = row;
 #endif
     }
     int streamed = 0;
     xf_row_scratch *pending = 0;
 #if XF_STREAMED_ROWS
-    if (grad && scratch && job->stored && job->status == XF_ROW_OK &&
+    if (grad && scratch && (XF_COMPENSATED ? job->stored : job->simple) && job->status == XF_ROW_OK &&
         C >= XF_STREAM_MIN_CLASSES(!XF_COMPENSATED)) {
         /* the pending gradient's exponentials are there too: the sum pass writes it as it goes
          * (xf_pending_step) */
@@ -1553,11 +1553,12 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     unsigned done = 0;
     long long j;
     int r;
-    /* finite masks only without a gradient: with one, the group's kept-exponential gradient is the row
-     * kernel's `stored` form, which a row with a finite mask does not take (xf_rowjob_plan: the spread
-     * over every finite entry), and the two forms' roundings differ */
+    /* finite masks (float32) with a gradient too: a row with one is not of the row kernel's stored form
+     * (xf_rowjob_plan: the spread over every finite entry) and evaluates its exponentials again, by the
+     * masked form and the formula of the kept doubles (xf_stored_entry), so the bits agree; until the
+     * float32 exponentials were kept as doubles the two forms' roundings differed */
     XF_FN(xf_group_stats)(x, C, xt, (XF_T (*)[XF_GROUP_ROWS])0, kept, m, hi, lo, argmax, ok,
-                          has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad ? 2 : 0, has_grad ? 1 : 2);
+                          has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad ? 2 : 0, 2);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];

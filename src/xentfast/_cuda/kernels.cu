@@ -395,7 +395,7 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
         return (e * coef_per_S) * unscale - sq;
     }
     double e = xf_cu_exp_minus(xj, m);
-    /* the CPU's stored rows (job->stored) keep exp(x_j - m) as this very double: the simple rows' bits */
+    /* the CPU keeps exp(x_j - m) as this very double (float64 stored rows, every float32 row): the simple rows' bits */
     if (job->simple) {
         return (j == job->y) ? xf_target_grad(job, e) : (e * coef_per_S) * mult;
     }

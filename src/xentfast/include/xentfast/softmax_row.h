@@ -40,7 +40,7 @@ typedef struct {
     int prob;            /* probability targets */
     int simple;          /* index target, eps == 0, z == 0: the exact-target-gradient path */
     int needs_terms;     /* loss needs a pass over all classes (probability targets or smoothing) */
-    int stored;          /* the sum pass keeps exp(x_j - m) in the gradient buffer, or in a long float32
+    int stored;          /* float64: the sum pass keeps exp(x_j - m) in the gradient buffer, or in a long
                           * row's scratch row (xf_rowjob_plan; CPU softmax_rows.h, XF_STREAMED_ROWS) */
     int has_grad;        /* a gradient follows (xf_rowjob_plan; 1 until planned): finish forms coef_per_S */
     double x_y;          /* target logit, read before any pass may overwrite the logits (inplace) */
@@ -144,22 +144,19 @@ XF_HD void xf_rowjob_set_max(xf_rowjob *job, const xf_rowmax *st)
 }
 
 /* After the max pass: remember the target logit, and decide whether the sum pass may keep the
- * exponentials in the gradient buffer.  Only simple rows (their gradient is p_j times a constant, the
- * target entry apart) and only rows without a spread beyond 600: those may need x again after the sum
- * pass (the tiny-sum rescue, the scaled float64 gradient), and with inplace=True x is the buffer.
- * A float32 buffer keeps e = exp(x_j - m) as float(e 2^64) (XF_KEPT_SCALE_F32): below e = 2^-190
- * (x_j - m < -131.7) that is on float32's subnormal grid, off by up to 2^-214 absolutely, which the
- * gradient's factor c = scale w_y / S then multiplies.  With |c| <= 2^62 such an entry c e is itself
- * subnormal and the error under 2^-3 of its ULP; a larger factor made it up to 1e7 ULP (grad_output
- * 1e30 on [0, -150]: +7.2e-36 came out 0), so those rows, spread past 128, recompute the exponentials.
- * float64 buffers keep e exactly, and both ways give the same bits there. */
+ * exponentials in the gradient buffer (float64: exact there; float32 rows keep them as doubles in a
+ * scratch row whatever this says, softmax_rows.h xf_xent_row, since the two forms give the same bits).
+ * Only simple rows (their gradient is p_j times a constant, the target entry apart) and only rows without
+ * a spread beyond 600: those may need x again after the sum pass (the tiny-sum rescue, the scaled float64
+ * gradient), and with inplace=True x is the buffer.  Until 2026-12-04 float32 buffers kept float(e 2^64),
+ * on float32's subnormal grid below e = 2^-190, an error that a factor past 2^62 magnified to 1e7 ULP
+ * (grad_output 1e30 on [0, -150]), and such rows were kept out too. */
 XF_HD void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
 {
     const double spread = job->m - job->min_finite;
     job->x_y = x_y;
     job->has_grad = (has_grad != 0);
-    job->stored = has_grad && job->simple && job->status == XF_ROW_OK && (spread <= 600.0) &&
-                  (spread <= 128.0 || xf_fabs(job->scale * job->w_y) <= 0x1p62);
+    job->stored = has_grad && job->simple && job->status == XF_ROW_OK && (spread <= 600.0);
 }
 
 /* log S = log1p(s) of the double-double s: the low part enters through the derivative 1/(1+s) */
