@@ -86,7 +86,8 @@ def test_long_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reductio
     # each row's start at another alignment.  The rows differ in where
     # their target lies (first entries, which fall in the unaligned head for some offsets, a group's
     # edges, the last partial chunk, last, ignored), and between them lie rows that stream nothing (NaN;
-    # a spread beyond the stored form's, which keeps its exponentials in the same scratch row)
+    # float64, a spread beyond the stored form's, which keeps its exponentials in the same scratch row;
+    # float32 streams that one too)
     rng = np.random.default_rng(3)
     C = n_classes
     x = (rng.standard_normal((14, C)) * 20).astype(dtype)

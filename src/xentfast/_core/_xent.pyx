@@ -488,9 +488,9 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         else:
             with parallel(num_threads=n_threads):
                 fp_thread = xf_fp_ieee_enter()
-                # exponentials kept between passes (xf_xent_row: the general gradient's, and long
-                # rows' stored ones); without the memory the rows evaluate them again, or store them in
-                # the gradient, to the same bits.  Releasing it writes the last long row's pending
+                # exponentials kept between passes (xf_xent_row: the general gradient's, every float32
+                # row's, long float64 stored rows'); without the memory the rows evaluate them again, or
+                # store them in the gradient, to the same bits.  Releasing it writes the last long row's pending
                 # gradient (xf_row_scratch).
                 scratch = xf_row_scratch_new(C) if want_scratch else NULL
                 for i in prange(N, schedule="guided"):

@@ -183,9 +183,16 @@ void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long 
                                                     labels, kSkip, nullptr, 1.0, 1.0,
                                                     g != nullptr ? factors : nullptr, losses);
         }
+        // the rows left to the row kernel get a scratch row as xent_rows' do (float32 keeps its
+        // exponentials there; without it they are evaluated twice), made only where one is left
+        std::unique_ptr<xf_row_scratch, void (*)(xf_row_scratch *)> scratch(nullptr, xf_row_scratch_release);
         for (long long r = 0; r < n; ++r) {
             if (!((done >> r) & 1u)) {
-                losses[r] = xent_one_row<T, L>(x, y, nullptr, g, i0 + r, C, 0.0, grad, nullptr);
+                if (scratch == nullptr && xf_xent_wants_scratch(grad != nullptr, 0, sizeof(T) == sizeof(float),
+                                                                0, C)) {
+                    scratch.reset(xf_row_scratch_new(C));
+                }
+                losses[r] = xent_one_row<T, L>(x, y, nullptr, g, i0 + r, C, 0.0, grad, scratch.get());
             }
             if (loss != nullptr) {
                 loss[i0 + r] = static_cast<T>(losses[r]);  // the NumPy API's astype, as below
@@ -203,8 +210,8 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
         return;
     }
     const int nt = threads_for(N * C);
-    // exponentials kept between passes (xent_kernels.h: the general gradient's, long rows' stored
-    // ones); no label smoothing here
+    // exponentials kept between passes (xent_kernels.h: the general gradient's, every float32 row's,
+    // long float64 stored rows'); no label smoothing here
     const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,
                                                     sizeof(T) == sizeof(float), 0, C);
 #pragma omp parallel num_threads(nt)

@@ -312,7 +312,8 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #define XF_STORE_AHEAD_BYTES 4096
 #endif
 
-/* Long rows of the stored form where this unit is compiled for AVX2 (xf_xent_row): the sum pass keeps its
+/* Long rows of the stored form (float32: every simple row) where this unit is compiled for AVX2
+ * (xf_xent_row): the sum pass keeps its
  * exponentials in the thread's scratch row instead of the output, and the gradient goes out by streaming
  * stores, during the same thread's next row (xf_pending_step) or at the driver's release.  Storing into
  * the output made every output line travel twice: read from memory before the sum pass's first store to
@@ -471,9 +472,10 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_step)(xf_row_
 
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
  * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo).  When `store` is
- * given (the row's output buffer, possibly the logits themselves with inplace=True, or a long row's
- * scratch row, XF_STREAMED_ROWS), each exponential is also written there, so the output pass multiplies
- * instead of evaluating exp a second time. */
+ * given (softmax's output buffer, or a float64 stored row's gradient buffer, possibly the logits
+ * themselves with inplace=True), each exponential is also written there, rounded to the storage type,
+ * so the output pass multiplies instead of evaluating exp a second time; `keep` (below) does the same
+ * with the doubles. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
     const int normal, const int has_store, long long ahead, xf_row_scratch *pend, const int has_pend)
@@ -838,8 +840,8 @@ static inline void XF_FN(xf_stored_factors)(const xf_rowjob *job, double *f, dou
 }
 
 #if XF_STREAMED_ROWS
-/* Pass 4 of a stored row whose exponentials are in `kept` (XF_STREAM_MIN_CLASSES above), left pending in `p`
- * (xf_row_scratch): the stored form's gradient, the same bits, written by the next row's sum pass or by
+/* Pass 4 of a long simple row whose exponentials are in `kept` (XF_STREAM_MIN_CLASSES above), left pending
+ * in `p` (xf_row_scratch): the stored form's gradient, the same bits, written by the next row's sum pass or by
  * xf_pending_finish.  The elements before the first 64-byte boundary of `out` are written here, so that
  * each step of the streaming stores fills whole lines. */
 XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const double *kept, XF_T *out, long long n,
@@ -1226,12 +1228,16 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
  * With the float32 max, min and argmax in float lanes as well (below), the float32 groups pay up to 256
  * classes (buffers of 256; row kernel -> groups): forward C = 160 236 -> 170, 192 250 -> 201, 256 298
  * -> 264; fused 321 -> 268, 353 -> 317, 429 -> 418.  The float64 ones are unchanged by the buffers'
- * size. */
+ * size.  Once float32 rows kept their exponentials as doubles (xf_stored_entry), the row kernel's fused
+ * rows got faster than the groups' from about 150 classes (16384 rows, another machine, groups -> row
+ * kernel): C = 64 115-128 -> 175-254, 100 171 -> 214, 128 216-219 -> 231-233, 136 231 -> 242, 144 241
+ * -> 247, 152 257 -> 257, 160 268-269 -> 256-261, 200 337 -> 290-303, 256 430 -> 332-336, so float32
+ * groups with a gradient stop at 144. */
 #if defined(__AVX2__)
 #if XF_COMPENSATED
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 80 : 64)
 #else
-#define XF_GROUP_C_LIMIT(has_grad) XF_GROUP_MAX_C
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 144 : XF_GROUP_MAX_C)
 #endif
 #else
 /* the baseline path, measured before the AVX2 path's own write-back */
@@ -1553,10 +1559,10 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     unsigned done = 0;
     long long j;
     int r;
-    /* finite masks (float32) with a gradient too: a row with one is not of the row kernel's stored form
-     * (xf_rowjob_plan: the spread over every finite entry) and evaluates its exponentials again, by the
-     * masked form and the formula of the kept doubles (xf_stored_entry), so the bits agree; until the
-     * float32 exponentials were kept as doubles the two forms' roundings differed */
+    /* finite masks (float32) with a gradient too: the row kernel gives such a row the masked form and
+     * the formula of the kept doubles (xf_stored_entry) whether it keeps them or evaluates them again, so
+     * the bits agree; until the float32 exponentials were kept as doubles such a row was not of the
+     * stored form (xf_rowjob_plan: the spread over every finite entry) and the two roundings differed */
     XF_FN(xf_group_stats)(x, C, xt, (XF_T (*)[XF_GROUP_ROWS])0, kept, m, hi, lo, argmax, ok,
                           has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad ? 2 : 0, 2);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */

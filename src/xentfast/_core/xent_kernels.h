@@ -29,7 +29,8 @@
 #endif
 
 /* A row driver's per-thread memory for xf_xent_row (softmax_rows.h): `row`, C doubles, where rows keep
- * exponentials between passes, and a long row (of the stored form) whose gradient is still being written
+ * exponentials between passes, and a long simple row (float64: of the stored form) whose gradient is still
+ * being written
  * (XF_STREAMED_ROWS): the next row's sum pass writes it a chunk at a time between its exponentials, so
  * the gradient's stores overlap that pass's arithmetic instead of following it.  A driver makes one per
  * thread with xf_row_scratch_new, passes it to every row that thread runs, and after the last of them
@@ -125,10 +126,10 @@ typedef struct {
     const xf_softmax_table_f64 *(*f64)(int path);
 } xf_softmax_exports;
 
-/* Rows of at least this many bytes of kept exponentials (doubles: 8 bytes a class, float32 rows too) keep
- * their stored form's exponentials in the scratch row below and write the gradient by streaming stores,
- * where the kernels are compiled for AVX2 (softmax_rows.h, XF_STREAMED_ROWS): from 1024 classes.  float64
- * from 2048 classes (16 KB) as measured when it came (benchmarks/README.md, 2026-12-04). */
+/* float32 rows of at least this many bytes of kept exponentials (doubles: 8 bytes a class) keep them in
+ * the scratch row below and write the gradient by streaming stores, where the kernels are compiled for
+ * AVX2 (softmax_rows.h, XF_STREAMED_ROWS): from 1024 classes.  float64 stored rows from twice as many,
+ * 2048 classes (16 KB), as measured when they came (benchmarks/README.md, 2026-12-04). */
 #ifndef XF_STREAM_MIN_BYTES
 #define XF_STREAM_MIN_BYTES (8 * 1024)
 #endif
@@ -137,8 +138,8 @@ typedef struct {
 
 /* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
  * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials there, float64
- * rows in their own gradient buffer unless that buffer is the logits; float32 rows keep the stored form's
- * exponentials there as doubles (a float32 buffer would round them), and so do float64 rows of
+ * rows in their own gradient buffer unless that buffer is the logits; every float32 row keeps its
+ * exponentials there as doubles (a float32 buffer would round them), and so do float64 stored rows of
  * XF_STREAM_MIN_CLASSES or more (the baseline path, which has no streaming stores, leaves that memory
  * unused for float64).  The Cython drivers and the FFI handlers both ask here. */
 static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits,
