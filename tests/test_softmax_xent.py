@@ -163,6 +163,24 @@ def test_float32_gradient_is_rounded_once(layout):
         _xent.set_cpu_path(before)
 
 
+def test_streamed_rows_whose_coefficient_carries_a_power_of_two():
+    # a long float64 row's gradient goes out pending (softmax_rows.h xf_pending_values), which leaves out
+    # the coefficient's power of two where it is 1; here weight times upstream factor overflows a double,
+    # so the coefficient carries 2^1000 apart (xf_rowjob_finish) and the product must stay in
+    rng = np.random.default_rng(8)
+    C = 2 * 2048 + 5
+    x = rng.standard_normal((4, C)) * 3.0
+    y = np.array([0, 7, C - 1, 2048])
+    w = np.ones(C)
+    w[y] = 1e300
+    g = np.array([1e10, 50.0, -1e9, 2.0])
+    got = xf.cross_entropy_backward(g, x, y, weight=w, reduction="none", n_threads=2)
+    exact = ref.cross_entropy_grad(x, y, weight=w, reduction="none", grad_output=g)
+    # rows 0 and 2: entries past DBL_MAX where p_j is large, most of them finite beyond 1e300
+    assert (np.isfinite(got[[0, 2]]) & (np.abs(got[[0, 2]]) > 1e300)).mean() > 0.5
+    assert_ulp_close(got, exact, BOUND[np.dtype(np.float64)], inputs={"logits": x})
+
+
 def _case(x, t, dtype, weight=None, eps=0.0, z=0.0):
     return XentCase(np.array(x, dtype=dtype), np.array(t), weight, eps, -100, z)
 

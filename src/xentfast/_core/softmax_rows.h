@@ -355,17 +355,18 @@ static inline __attribute__((always_inline)) XF_T XF_FN(xf_stored_entry)(double 
 
 /* xf_stored_entry of n kept exponentials, n a multiple of XF_STREAM_LANES, into `out`, 32-byte aligned,
  * by streaming stores when `stream` (a literal), else by aligned ordinary stores: each lane makes the
- * operations of the scalar form. */
-static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const xf_row_scratch *p,
-                                                                           const double *kept, XF_T *out,
-                                                                           long long n, const int stream)
+ * operations of the scalar form.  `unit_mult` (a literal): coef_mult is 1, whose product changes no value
+ * and is left out (almost every row; ~2.5 % of the fused 8192x32000 float32 call). */
+static inline __attribute__((always_inline)) void XF_FN(xf_pending_values_form)(
+    const xf_row_scratch *p, const double *kept, XF_T *out, long long n, const int stream, const int unit_mult)
 {
     const __m256d vf = _mm256_set1_pd(p->factor);
     const __m256d vm = _mm256_set1_pd(p->factor2);
     long long j;
 #if XF_COMPENSATED
     for (j = 0; j < n; j += 4) {
-        const __m256d v = _mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(kept + j), vf), vm);
+        __m256d v = _mm256_mul_pd(_mm256_loadu_pd(kept + j), vf);
+        v = unit_mult ? v : _mm256_mul_pd(v, vm);
         if (stream) {
             _mm256_stream_pd(out + j, v);
         } else {
@@ -374,8 +375,12 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const
     }
 #else
     for (j = 0; j < n; j += 8) {
-        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(kept + j), vf), vm));
-        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(_mm256_loadu_pd(kept + j + 4), vf), vm));
+        __m256d a = _mm256_mul_pd(_mm256_loadu_pd(kept + j), vf);
+        __m256d b = _mm256_mul_pd(_mm256_loadu_pd(kept + j + 4), vf);
+        a = unit_mult ? a : _mm256_mul_pd(a, vm);
+        b = unit_mult ? b : _mm256_mul_pd(b, vm);
+        const __m128 lo = _mm256_cvtpd_ps(a);
+        const __m128 hi = _mm256_cvtpd_ps(b);
         if (stream) {
             _mm_stream_ps(out + j, lo);
             _mm_stream_ps(out + j + 4, hi);
@@ -385,6 +390,17 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const
         }
     }
 #endif
+}
+
+static inline __attribute__((always_inline)) void XF_FN(xf_pending_values)(const xf_row_scratch *p,
+                                                                           const double *kept, XF_T *out,
+                                                                           long long n, const int stream)
+{
+    if (p->factor2 == 1.0) {
+        XF_FN(xf_pending_values_form)(p, kept, out, n, stream, 1);
+    } else {
+        XF_FN(xf_pending_values_form)(p, kept, out, n, stream, 0);
+    }
 }
 
 /* the pending gradient's element j (xf_row_scratch), by ordinary store */
