@@ -341,7 +341,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * made, and the row's factors coef_per_S and coef_mult (xf_stored_factors): (k * coef_per_S) * coef_mult
  * rounded once to the storage type, the recompute path's bits for both types.  Until 2026-12-04 float32
  * rows kept k as a float (scaled by 2^64) and multiplied by one factor; rounding k to float and widening it
- * back cost ~16 % of the fused 8192x32000 call, and the gradient two roundings instead of one.  The output
+ * back cost ~12 % of the fused 8192x32000 call, and the gradient two roundings instead of one.  The output
  * pass (xf_xent_grad_block) and the pending gradients (xf_pending_put) both take it from here;
  * xf_pending_values is its vector form. */
 static inline __attribute__((always_inline)) XF_T XF_FN(xf_stored_entry)(double k, double f, double f2)
@@ -885,7 +885,7 @@ XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const double *kept, XF
  * `out` may alias `x` (inplace): each element is read before it is written, and every row statistic was
  * computed by the earlier passes.  `keep` (or NULL): the block's exponentials as the sum pass left them
  * (xf_xent_row), read instead of evaluated again: the general gradient's (`out` itself for float64) and
- * float32's stored rows'. */
+ * float32's simple rows'. */
 XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, long long offset,
                                      const xf_rowjob *job, const XF_T *t, const double *w, const double *keep)
 {
@@ -1140,12 +1140,12 @@ XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, c
  * sum pass keeps each exp(x_j - m) in its row, exactly, and the gradient pass multiplies instead of
  * evaluating it again; float64 rows whose gradient buffer is not the logits keep them in that buffer
  * instead (the loss terms and the z-loss read x again after the sum pass).  A float32 buffer would round
- * them, and the gradient's q_j may cancel most of p_j.  Rows of the stored form keep theirs in the scratch
- * row too where the storage is float32, in the gradient buffer where it is float64 (exact there, inplace
- * included).  The bits are those of the evaluating form every way, and without a scratch row the rows
- * evaluate the exponentials again.  Long rows of the stored form keep their exponentials in the scratch
- * row whatever the type, and leave their gradient pending for the next row's sum pass to write
- * (XF_STREAMED_ROWS): it is whole only once the driver has released the scratch. */
+ * them, and the gradient's q_j may cancel most of p_j.  Every float32 row keeps its exponentials in the
+ * scratch row too; float64 rows of the stored form keep theirs in the gradient buffer (exact there,
+ * inplace included).  The bits are those of the evaluating form every way, and without a scratch row the
+ * rows evaluate the exponentials again.  Long simple rows (float64: of the stored form) keep their
+ * exponentials in the scratch row whatever the type, and leave their gradient pending for the next row's
+ * sum pass to write (XF_STREAMED_ROWS): it is whole only once the driver has released the scratch. */
 XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_rowjob *job, const XF_T *t,
                                 const double *w, xf_row_scratch *scratch)
 {
