@@ -338,7 +338,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #endif
 
 /* The stored form's gradient entry from its kept exponential k, exp(x_j - m) as the double the sum pass
- * made, and the row's factors coef_per_S and coef_mult (xf_stored_factors): (k * coef_per_S) * coef_mult
+ * made, and the row's factors coef_per_S and coef_mult: (k * coef_per_S) * coef_mult
  * rounded once to the storage type, the recompute path's bits for both types.  Until 2026-12-04 float32
  * rows kept k as a float (scaled by 2^64) and multiplied by one factor; rounding k to float and widening it
  * back cost ~12 % of the fused 8192x32000 call, and the gradient two roundings instead of one.  The output
@@ -848,13 +848,6 @@ XF_KERNEL inline double XF_FN(xf_stored_target_grad)(const xf_rowjob *job)
     return xf_target_grad(job, XF_EXP_MINUS((XF_T)job->x_y, job->m));
 }
 
-/* The stored form's factors for xf_stored_entry */
-static inline void XF_FN(xf_stored_factors)(const xf_rowjob *job, double *f, double *f2)
-{
-    *f = job->coef_per_S;
-    *f2 = job->coef_mult;
-}
-
 #if XF_STREAMED_ROWS
 /* Pass 4 of a long simple row whose exponentials are in `kept` (XF_STREAM_MIN_CLASSES above), left pending
  * in `p` (xf_row_scratch): the stored form's gradient, the same bits, written by the next row's sum pass or by
@@ -867,7 +860,8 @@ XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const double *kept, XF
     p->kept = kept;
     p->out = out;
     p->n = n;
-    XF_FN(xf_stored_factors)(job, &p->factor, &p->factor2);
+    p->factor = job->coef_per_S;
+    p->factor2 = job->coef_mult;
     p->target = (job->y >= 0 && job->y < n) ? job->y : -1;
     p->target_grad = (p->target >= 0) ? XF_FN(xf_stored_target_grad)(job) : 0.0;
     p->pending = 1;
@@ -922,11 +916,9 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
         const long long y = job->y - offset;
         const int has_y = (y >= 0 && y < n);
         const double g_y = has_y ? XF_FN(xf_stored_target_grad)(job) : 0.0;
-        double f, f2;
-        XF_FN(xf_stored_factors)(job, &f, &f2);
 #pragma omp simd
         for (j = 0; j < n; j++) {
-            out[j] = XF_FN(xf_stored_entry)(out[j], f, f2);
+            out[j] = XF_FN(xf_stored_entry)(out[j], coef_per_S, mult);
         }
         if (has_y) {
             out[y] = (XF_T)g_y;
