@@ -34,9 +34,23 @@ def test_avx2_path_present_where_the_cpu_has_it():
     if not {"avx2", "fma"} <= _linux_cpu_flags():
         pytest.skip("not Linux on a CPU with AVX2 and FMA: nothing to ask of the build")
     from xentfast._core import _xent
-    assert "avx2" in _xent.available_cpu_paths()
+    paths = _xent.available_cpu_paths()
+    assert "avx2" in paths
     assert _xent.fma_instruction("avx2")  # the unit got its -mfma: the emulation gives the same bits, slowly
-    assert _xent.cpu_path() == "avx2" or os.environ.get("XENTFAST_CPU") not in (None, "", "auto", "avx2")
+    # the import picks the last (best) path this CPU runs, unless XENTFAST_CPU says otherwise
+    assert _xent.cpu_path() == paths[-1] or os.environ.get("XENTFAST_CPU") not in (None, "", "auto")
+
+
+def test_avx512_path_present_where_the_cpu_has_it():
+    # 10-13 % of the large fused rows (benchmarks/README.md); a build that lost the units is only slower
+    needed = {"avx2", "fma", "avx512f", "avx512dq", "avx512vl", "avx512bw"}
+    if not needed <= _linux_cpu_flags():
+        pytest.skip("not Linux on a CPU with AVX-512 F/DQ/VL/BW: nothing to ask of the build")
+    if config()["avx512_path_cflags"] is None:
+        pytest.skip("built without the avx512 path (XENTFAST_NO_AVX512_PATH=1, or a compiler without it)")
+    from xentfast._core import _xent
+    assert _xent.available_cpu_paths() == ["baseline", "avx2", "avx512"]
+    assert _xent.fma_instruction("avx512")
 
 
 def test_no_flush_to_zero_after_import():
@@ -48,8 +62,8 @@ def test_no_flush_to_zero_after_import():
 def test_no_fast_math_flags():
     # the AVX2+FMA units too: -mfma must not bring contraction with it
     cfg = config()
-    for flags in (cfg["cflags"], cfg["avx2_path_cflags"]):
-        if flags is None:  # a build without the AVX2+FMA path (not x86-64)
+    for flags in (cfg["cflags"], cfg["avx2_path_cflags"], cfg["avx512_path_cflags"]):
+        if flags is None:  # a build without the AVX2+FMA or AVX-512 path (not x86-64)
             continue
         for bad in ("-ffast-math", "-Ofast", "-funsafe-math", "-ffp-contract=fast"):
             assert bad not in flags

@@ -1,9 +1,9 @@
 """CPU code paths: every path this CPU runs gives the same bits as the baseline path.
 
 The build never contracts a*b+c into an fma on its own; the explicit fused multiply-adds (xf_fma, the
-exponentials' polynomials and range reductions) are the instruction on the avx2 path and an exact emulation on
-the baseline path, so wider vectors and the instruction change only speed.  Bitwise equality here means every
-accuracy, determinism and validation test holds on every path.
+exponentials' polynomials and range reductions) are the instruction on the avx2 and avx512 paths and an
+exact emulation on the baseline path, so wider vectors and the instruction change only speed.  Bitwise
+equality here means every accuracy, determinism and validation test holds on every path.
 """
 import numpy as np
 import pytest

@@ -22,11 +22,13 @@ def config():
         "default_n_threads": effective_n_threads(None),
         "omp_max_threads": omp_max_threads(),
         "cpu_code_path": _xent.cpu_path() + " (available: " + ", ".join(_xent.available_cpu_paths())
-        + "; avx2 means AVX2 and FMA; override with XENTFAST_CPU; every path gives the same bits)",
+        + "; avx2 means AVX2 and FMA, avx512 AVX-512 F/DQ/VL/BW besides; override with XENTFAST_CPU; every "
+        "path gives the same bits)",
         "fma": ", ".join(f"{p}: {'instruction' if _xent.fma_instruction(p) else 'exact emulation (slow)'}"
                          for p in _xent.available_cpu_paths()),
         "cflags": getattr(_build_info, "CFLAGS", "unknown"),
         "avx2_path_cflags": getattr(_build_info, "AVX2_PATH_CFLAGS", "unknown"),
+        "avx512_path_cflags": getattr(_build_info, "AVX512_PATH_CFLAGS", "unknown"),
         "python": platform.python_version(),
     }
 

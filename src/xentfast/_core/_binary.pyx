@@ -93,7 +93,7 @@ BLOCK = XF_BIN_BLOCK
 
 
 # The CPU code path is the softmax family's (one selection for the package: XENTFAST_CPU at import,
-# _xent.set_cpu_path in tests); every call looks it up, so a change there applies here too.  Both paths
+# _xent.set_cpu_path in tests); every call looks it up, so a change there applies here too.  All paths
 # give the same bits (binary_kernels.h).  The path codes are _xent's too (xent_kernels.h's enum).
 cdef const xf_binary_table_f32 *B32 = xf_binary_table_for_f32(0)
 cdef const xf_binary_table_f64 *B64 = xf_binary_table_for_f64(0)

@@ -117,6 +117,7 @@ cdef extern from "xent_kernels.h" nogil:
         unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
     enum: XF_PATH_BASELINE
     enum: XF_PATH_AVX2
+    enum: XF_PATH_AVX512
     int xf_cpu_supports_path(int path)
     int xf_path_fma_native(int path)
     const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
@@ -134,11 +135,11 @@ ctypedef fused floating:
 
 cdef double NAN = float("nan")
 
-# The CPU code path: every kernel call goes through these tables (see xent_kernels.h).  Both paths give
+# The CPU code path: every kernel call goes through these tables (see xent_kernels.h).  The paths give
 # the same bits; the choice is made once at import and can be overridden for tests.
 cdef const xf_softmax_table_f32 *K32 = xf_softmax_table_for_f32(XF_PATH_BASELINE)
 cdef const xf_softmax_table_f64 *K64 = xf_softmax_table_for_f64(XF_PATH_BASELINE)
-_PATHS = {"baseline": XF_PATH_BASELINE, "avx2": XF_PATH_AVX2}
+_PATHS = {"baseline": XF_PATH_BASELINE, "avx2": XF_PATH_AVX2, "avx512": XF_PATH_AVX512}
 _PATH_NAMES = tuple(sorted(_PATHS, key=_PATHS.get))  # by code
 cdef int _current_code = XF_PATH_BASELINE
 
@@ -164,7 +165,7 @@ def fma_instruction(name):
 
 
 def set_cpu_path(name):
-    """Select the code path ("baseline", "avx2", or "auto" for the best this CPU runs)."""
+    """Select the code path ("baseline", "avx2", "avx512", or "auto" for the best this CPU runs)."""
     global K32, K64, _current_code
     if name == "auto":
         paths = available_cpu_paths()

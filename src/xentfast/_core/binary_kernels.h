@@ -12,8 +12,8 @@
  * (c) Each element is read before its gradient is written, and the same index is written, so the
  *     gradient may overwrite the input (inplace=True); this holds lane by lane in the vectorized loops
  *     too (a vector of x is loaded before the same vector of the gradient is stored).
- * (d) Every kernel exists once per CPU code path (baseline, avx2 with fma), picked through the tables below by
- *     the same selection as the softmax family; the paths give the same bits.
+ * (d) Every kernel exists once per CPU code path (baseline, avx2 with fma, avx512), picked through the
+ *     tables below by the same selection as the softmax family; the paths give the same bits.
  */
 #ifndef XENTFAST_BINARY_KERNELS_H
 #define XENTFAST_BINARY_KERNELS_H
@@ -136,10 +136,11 @@ typedef struct {
 /* ---- instantiation: storage type x CPU code path ----------------------------------------------------
  * As in xent_kernels.h: the baseline path is compiled here, for the build's target (x86-64: SSE2, 2
  * double lanes); on x86-64 with gcc or clang the AVX2+FMA path (4 double lanes, the fma instruction in
- * xf_fma) is avx2_binary.c, a unit of its own that includes this header with XF_AVX2_PATH_UNIT defined.
+ * xf_fma) is avx2_binary.c, a unit of its own that includes this header with XF_AVX2_PATH_UNIT defined,
+ * and the avx512 path (8 double lanes) avx512_binary.c, with XF_AVX512_PATH_UNIT.
  * The path is the softmax family's choice (xentfast._core._xent.cpu_path(), set at import from
  * XENTFAST_CPU); _binary.pyx follows it.  Contraction is off in the whole build, xf_fma rounds once on
- * both paths, and the arithmetic is the same sequence of IEEE operations on every lane, so both paths
+ * every path, and the arithmetic is the same sequence of IEEE operations on every lane, so the paths
  * give the same bits (tests/test_dispatch.py). */
 #if XF_CUDA
 /* the CUDA twin (_cuda/binary.cu) restates the element loops and calls only xf_ce_probs_row: one
@@ -147,6 +148,10 @@ typedef struct {
 #define XF_KERNEL XF_HD
 #define XF_SFX_F32 f32
 #define XF_SFX_F64 f64
+#elif defined(XF_AVX512_PATH_UNIT)
+#define XF_KERNEL static
+#define XF_SFX_F32 f32_avx512
+#define XF_SFX_F64 f64_avx512
 #elif defined(XF_AVX2_PATH_UNIT)
 #define XF_KERNEL static
 #define XF_SFX_F32 f32_avx2
@@ -180,12 +185,20 @@ typedef struct {
 #else
 #define XF_BIN_HAVE_AVX2_PATH 0
 #endif
+#if XF_BIN_HAVE_AVX2_PATH && defined(XF_AVX512_PATH_BUILT) && XF_AVX512_PATH_BUILT
+#define XF_BIN_HAVE_AVX512_PATH 1
+#else
+#define XF_BIN_HAVE_AVX512_PATH 0
+#endif
 
 
 #define XF_BIN_TABLE(PSFX) \
     {xf_bce_logits_block_##PSFX, xf_focal_block_##PSFX, xf_bce_prob_block_##PSFX, xf_ce_probs_row_##PSFX}
-#ifdef XF_AVX2_PATH_UNIT
+#if defined(XF_AVX512_PATH_UNIT)
 /* the only symbols of the path's unit; hidden: each extension module links its own copy */
+__attribute__((visibility("hidden"))) const xf_binary_table_f32 xf_binary_f32_avx512 = XF_BIN_TABLE(f32_avx512);
+__attribute__((visibility("hidden"))) const xf_binary_table_f64 xf_binary_f64_avx512 = XF_BIN_TABLE(f64_avx512);
+#elif defined(XF_AVX2_PATH_UNIT)
 __attribute__((visibility("hidden"))) const xf_binary_table_f32 xf_binary_f32_avx2 = XF_BIN_TABLE(f32_avx2);
 __attribute__((visibility("hidden"))) const xf_binary_table_f64 xf_binary_f64_avx2 = XF_BIN_TABLE(f64_avx2);
 #else
@@ -197,19 +210,28 @@ extern "C" {
 #endif
 __attribute__((visibility("hidden"))) extern const xf_binary_table_f32 xf_binary_f32_avx2;
 __attribute__((visibility("hidden"))) extern const xf_binary_table_f64 xf_binary_f64_avx2;
+#if XF_BIN_HAVE_AVX512_PATH
+__attribute__((visibility("hidden"))) extern const xf_binary_table_f32 xf_binary_f32_avx512;
+__attribute__((visibility("hidden"))) extern const xf_binary_table_f64 xf_binary_f64_avx512;
+#endif
 #ifdef __cplusplus
 }
 #endif
 #endif
 #undef XF_BIN_TABLE
 
-/* The table of a path: 0 baseline, 1 avx2 (the codes of xent_kernels.h; a path this build lacks gives
- * the baseline table, but the softmax module never selects one, since both are built alike). */
+/* The table of a path: 0 baseline, 1 avx2, 2 avx512 (the codes of xent_kernels.h; a path this build lacks
+ * gives the baseline table, but the softmax module never selects one, since both are built alike). */
 static const xf_binary_table_f32 *xf_binary_table_for_f32(int path)
 {
 #if XF_BIN_HAVE_AVX2_PATH
     if (path == 1) {
         return &xf_binary_f32_avx2;
+    }
+#endif
+#if XF_BIN_HAVE_AVX512_PATH
+    if (path == 2) {
+        return &xf_binary_f32_avx512;
     }
 #endif
     (void)path;
@@ -223,10 +245,15 @@ static const xf_binary_table_f64 *xf_binary_table_for_f64(int path)
         return &xf_binary_f64_avx2;
     }
 #endif
+#if XF_BIN_HAVE_AVX512_PATH
+    if (path == 2) {
+        return &xf_binary_f64_avx512;
+    }
+#endif
     (void)path;
     return &xf_binary_f64_baseline;
 }
-#endif /* !XF_AVX2_PATH_UNIT */
+#endif /* no path unit */
 #endif /* !XF_CUDA */
 
 #endif /* !XF_KERNEL_TABLES_ONLY */

@@ -16,16 +16,26 @@
  * clang, setup.py also compiles avx2_softmax.c, which defines XF_AVX2_PATH_UNIT and includes this header
  * with -mavx2 -mfma, into a static library linked into every extension that includes this header, and
  * defines XF_AVX2_PATH_BUILT for them.  That path is chosen at import when the CPU has AVX2 and FMA
- * (xentfast._core._xent.cpu_path(); XENTFAST_CPU=baseline|avx2 overrides).  It is a translation unit of
+ * (xentfast._core._xent.cpu_path(); XENTFAST_CPU=baseline|avx2|avx512 overrides).  It is a translation unit of
  * its own, not a target attribute, because xf_fma (xentfast/xf_math.h) must be the fma instruction in
  * the kernels of that path and its exact emulation in the baseline ones, and the header's inline
  * functions are compiled once per unit.  Contraction is off in the whole build and xf_fma rounds once on
  * both paths, so they produce the SAME bits: the wider vectors and the fma instruction change speed,
- * never an operation's rounding (tests/test_dispatch.py). */
+ * never an operation's rounding (tests/test_dispatch.py).
+ * A third path, avx512 (avx512_softmax.c: the same source with AVX-512 F/DQ/VL/BW besides AVX2 and FMA, and
+ * 512-bit vectors preferred, XF_AVX512_PATH_UNIT / XF_AVX512_PATH_BUILT), is chosen on CPUs that have all of
+ * them: its loops run 8 double lanes per instruction instead of 4, and the same bits again (10-13 % off
+ * the large fused rows, benchmarks/README.md, 2026-12-04 late).  The explicit 256-bit intrinsics of
+ * softmax_rows.h (the max pass, the streaming stores) are the AVX2 path's in that unit too. */
 #if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT && (defined(__x86_64__) || defined(__i386__))
 #define XF_HAVE_AVX2_PATH 1
 #else
 #define XF_HAVE_AVX2_PATH 0
+#endif
+#if XF_HAVE_AVX2_PATH && defined(XF_AVX512_PATH_BUILT) && XF_AVX512_PATH_BUILT
+#define XF_HAVE_AVX512_PATH 1
+#else
+#define XF_HAVE_AVX512_PATH 0
 #endif
 
 /* A row driver's per-thread memory for xf_xent_row (softmax_rows.h): `row`, C doubles, where rows keep
@@ -115,7 +125,7 @@ XF_DECLARE_TABLE(double, f64)
 #define XF_GROUP_ROWS 8
 #define XF_GROUP_MAX_C 256
 
-enum { XF_PATH_BASELINE = 0, XF_PATH_AVX2 = 1 };
+enum { XF_PATH_BASELINE = 0, XF_PATH_AVX2 = 1, XF_PATH_AVX512 = 2 };
 
 /* What _xent exports (a PyCapsule, _xent._kernel_exports) to the XLA FFI handlers (_xla_ffi.cc), which
  * call these kernels through it instead of compiling a copy of their own: the same machine code serves
@@ -152,7 +162,10 @@ static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_i
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
 #ifndef XF_KERNEL_TABLES_ONLY
 
-#ifdef XF_AVX2_PATH_UNIT
+#if defined(XF_AVX512_PATH_UNIT)
+#define XF_SFX_F32 f32_avx512
+#define XF_SFX_F64 f64_avx512
+#elif defined(XF_AVX2_PATH_UNIT)
 #define XF_SFX_F32 f32_avx2
 #define XF_SFX_F64 f64_avx2
 #else
@@ -183,8 +196,12 @@ static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_i
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
      xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_row_z_lse_##PSFX, xf_log_softmax_block_##PSFX, \
      xf_softmax_block_##PSFX, xf_short_rows_##PSFX, xf_short_rows_family_##PSFX}
-#ifdef XF_AVX2_PATH_UNIT
+#if defined(XF_AVX512_PATH_UNIT)
 /* the only symbols of the path's unit; hidden: each extension module links its own copy */
+__attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx512 = XF_TABLE(f32, f32_avx512);
+__attribute__((visibility("hidden"))) const xf_softmax_table_f64 xf_softmax_f64_avx512 = XF_TABLE(f64, f64_avx512);
+__attribute__((visibility("hidden"))) const int xf_avx512_fma_native = XF_FMA_NATIVE;
+#elif defined(XF_AVX2_PATH_UNIT)
 __attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx2 = XF_TABLE(f32, f32_avx2);
 __attribute__((visibility("hidden"))) const xf_softmax_table_f64 xf_softmax_f64_avx2 = XF_TABLE(f64, f64_avx2);
 __attribute__((visibility("hidden"))) const int xf_avx2_fma_native = XF_FMA_NATIVE;
@@ -198,6 +215,11 @@ extern "C" {
 __attribute__((visibility("hidden"))) extern const xf_softmax_table_f32 xf_softmax_f32_avx2;
 __attribute__((visibility("hidden"))) extern const xf_softmax_table_f64 xf_softmax_f64_avx2;
 __attribute__((visibility("hidden"))) extern const int xf_avx2_fma_native;
+#if XF_HAVE_AVX512_PATH
+__attribute__((visibility("hidden"))) extern const xf_softmax_table_f32 xf_softmax_f32_avx512;
+__attribute__((visibility("hidden"))) extern const xf_softmax_table_f64 xf_softmax_f64_avx512;
+__attribute__((visibility("hidden"))) extern const int xf_avx512_fma_native;
+#endif
 #ifdef __cplusplus
 }
 #endif
@@ -216,6 +238,14 @@ static int xf_cpu_supports_path(int path)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
 #endif
+#if XF_HAVE_AVX512_PATH
+    if (path == XF_PATH_AVX512) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    }
+#endif
     return 0;
 }
 
@@ -226,6 +256,11 @@ static inline int xf_path_fma_native(int path)
 #if XF_HAVE_AVX2_PATH
     if (path == XF_PATH_AVX2) {
         return xf_avx2_fma_native;
+    }
+#endif
+#if XF_HAVE_AVX512_PATH
+    if (path == XF_PATH_AVX512) {
+        return xf_avx512_fma_native;
     }
 #endif
     (void)path;
@@ -239,6 +274,11 @@ static const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
         return &xf_softmax_f32_avx2;
     }
 #endif
+#if XF_HAVE_AVX512_PATH
+    if (path == XF_PATH_AVX512) {
+        return &xf_softmax_f32_avx512;
+    }
+#endif
     (void)path;
     return &xf_softmax_f32_baseline;
 }
@@ -250,11 +290,16 @@ static const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
         return &xf_softmax_f64_avx2;
     }
 #endif
+#if XF_HAVE_AVX512_PATH
+    if (path == XF_PATH_AVX512) {
+        return &xf_softmax_f64_avx512;
+    }
+#endif
     (void)path;
     return &xf_softmax_f64_baseline;
 }
 
-#endif /* !XF_AVX2_PATH_UNIT */
+#endif /* no path unit */
 
 #endif /* !XF_KERNEL_TABLES_ONLY */
 
