@@ -167,7 +167,7 @@ AVX512_FLAGS = ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mprefer
 
 def avx512_path_cflags():
     """Flags of the AVX-512 units (the AVX2 path's plus AVX512_FLAGS); None where there is no AVX2 path or
-    the compiler cannot: the AVX2 path then serves those CPUs, 10-13 % slower at the large fused rows."""
+    the compiler cannot: the AVX2 path then serves those CPUs, 14-18 % slower at the large fused rows."""
     if avx2_cflags is None or _env_flag("XENTFAST_NO_AVX512_PATH"):
         return None
     if not _compiles(["-mavx2", "-mfma", *AVX512_FLAGS], "int main(void){return 0;}"):

@@ -42,7 +42,7 @@ def test_avx2_path_present_where_the_cpu_has_it():
 
 
 def test_avx512_path_present_where_the_cpu_has_it():
-    # 10-13 % of the large fused rows (benchmarks/README.md); a build that lost the units is only slower
+    # 12-15 % of the large fused rows (benchmarks/README.md); a build that lost the units is only slower
     needed = {"avx2", "fma", "avx512f", "avx512dq", "avx512vl", "avx512bw"}
     if not needed <= _linux_cpu_flags():
         pytest.skip("not Linux on a CPU with AVX-512 F/DQ/VL/BW: nothing to ask of the build")
