@@ -200,6 +200,31 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
         const float *xf = (const float *)x;
         __m256 vm0 = _mm256_set1_ps(-XF_INF), vm1 = vm0, vn0 = _mm256_set1_ps(XF_INF), vn1 = vn0;
         __m256 nan0 = _mm256_setzero_ps(), nan1 = nan0;
+#if defined(__AVX512F__)
+        /* the avx512 unit: 32 floats per step in two 512-bit lanes of max and min, one unordered compare
+         * of the two vectors for the NaN marker (a NaN in either), folded into the 256-bit lanes below
+         * (max and min in any order give the same number); fused 8192x32000 float32, one thread, 203 ->
+         * 198 ms (benchmarks/README.md, 2026-12-04, late) */
+        {
+            __m512 wm0 = _mm512_set1_ps(-XF_INF), wm1 = wm0, wn0 = _mm512_set1_ps(XF_INF), wn1 = wn0;
+            __mmask16 wnan = 0;
+            for (; j + 32 <= n; j += 32) {
+                __m512 a = _mm512_loadu_ps(xf + j), b = _mm512_loadu_ps(xf + j + 16);
+                wm0 = _mm512_max_ps(a, wm0);
+                wn0 = _mm512_min_ps(a, wn0);
+                wm1 = _mm512_max_ps(b, wm1);
+                wn1 = _mm512_min_ps(b, wn1);
+                wnan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+            }
+            wm0 = _mm512_max_ps(wm1, wm0);
+            wn0 = _mm512_min_ps(wn1, wn0);
+            vm0 = _mm256_max_ps(_mm512_castps512_ps256(wm0), vm0);
+            vm1 = _mm256_max_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wm0), 1)), vm1);
+            vn0 = _mm256_min_ps(_mm512_castps512_ps256(wn0), vn0);
+            vn1 = _mm256_min_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wn0), 1)), vn1);
+            nan0 = wnan ? _mm256_castsi256_ps(_mm256_set1_epi32(-1)) : nan0;
+        }
+#endif
         for (; j + 16 <= n; j += 16) {
             xf_max_fold_ps(_mm256_loadu_ps(xf + j), &vm0, &vn0, &nan0);
             xf_max_fold_ps(_mm256_loadu_ps(xf + j + 8), &vm1, &vn1, &nan1);
