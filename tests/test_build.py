@@ -1,6 +1,7 @@
 """The build promises: OpenMP present (unless explicitly waived), no flush-to-zero, sane config report."""
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -92,10 +93,14 @@ def test_no_masked_vector_stores_in_the_kernels():
     for module in (_xent, _binary):
         asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", module.__file__], capture_output=True,
                              text=True, check=True).stdout
-        masked = [line.strip() for line in asm.splitlines() if "maskmov" in line]
+        # the AVX2 masked moves, and the avx512 units' stores under an opmask (`...,(%rax){%k1}`)
+        masked = [line.strip() for line in asm.splitlines()
+                  if "maskmov" in line or re.search(r"\)\{%k[1-7]\}", line)]
         assert not masked, f"{module.__name__}: {len(masked)} masked moves, e.g. {masked[:3]}"
         if "avx2" in _xent.available_cpu_paths():  # the check has teeth: the AVX2+FMA units are in there
             assert "vfmadd" in asm, module.__name__
+        if config()["avx512_path_cflags"] is not None:  # and the AVX-512 ones
+            assert "zmm" in asm, module.__name__
 
 
 def test_a_wheel_holds_every_file_the_runtime_reads(tmp_path):

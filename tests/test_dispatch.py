@@ -134,6 +134,29 @@ def test_paths_agree_bitwise_whatever_position_holds_the_special_entry(restore_p
         _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n_classes", [300, 333, 4096 + 45, 5000])
+def test_paths_agree_bitwise_with_a_special_entry_in_a_long_row(restore_path, dtype, n_classes):
+    """Rows longer than the short-row groups take (so the row kernel's max pass reads them): a NaN, a -inf,
+    a +inf, the unique max or a -0 at the edges of the avx512 unit's 32-float steps, of the 16-entry steps
+    that follow them, of the tail vectors and of the 4096-class blocks.  A step that overwrote its running
+    max, min or NaN marker instead of folding into it, or lost a NaN in a later step, changes the loss,
+    the gradient or the softmax on that path only."""
+    rng = np.random.default_rng(2)
+    c = n_classes
+    positions = sorted({p for p in (0, 1, 15, 16, 31, 32, 33, 47, 63, 64, 65, 95, 96, c // 2, c - 33, c - 32,
+                                    c - 17, c - 16, c - 9, c - 8, c - 1, 4095, 4096, 4097) if 0 <= p < c})
+    specials = [np.nan, -np.inf, np.inf, 50.0, -0.0]
+    base = rng.standard_normal(c) * 3
+    x = np.repeat(base[None, :], len(positions) * len(specials), axis=0).astype(dtype)
+    rows = np.arange(x.shape[0])
+    x[rows, np.tile(positions, len(specials))] = np.repeat(specials, len(positions))
+    y = rng.integers(0, c, size=x.shape[0])
+    _assert_same(_on_each_path(lambda: xf.cross_entropy_with_grad(x, y, reduction="none")))
+    _assert_same(_on_each_path(lambda: (xf.cross_entropy(x, y, reduction="none"),)))
+    _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))
+
+
 # ---- binary family ----------------------------------------------------------------------------------------
 # The binary kernels follow the same path selection; here "same bits" is checked on the raw encodings
 # (signed zeros and NaN payloads included).

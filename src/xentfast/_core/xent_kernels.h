@@ -25,8 +25,9 @@
  * A third path, avx512 (avx512_softmax.c: the same source with AVX-512 F/DQ/VL/BW besides AVX2 and FMA, and
  * 512-bit vectors preferred, XF_AVX512_PATH_UNIT / XF_AVX512_PATH_BUILT), is chosen on CPUs that have all of
  * them: its loops run 8 double lanes per instruction instead of 4, and the same bits again (12-15 % off
- * the large fused rows, benchmarks/README.md, 2026-12-04 late).  The explicit 256-bit intrinsics of
- * softmax_rows.h (the max pass, the streaming stores) are the AVX2 path's in that unit too. */
+ * the large fused rows, benchmarks/README.md, 2026-12-04 late).  Of the explicit intrinsics of
+ * softmax_rows.h, the float32 max pass has a 512-bit loop there; the streaming stores and the float64
+ * max pass stay the AVX2 path's 256-bit code. */
 #if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT && (defined(__x86_64__) || defined(__i386__))
 #define XF_HAVE_AVX2_PATH 1
 #else
