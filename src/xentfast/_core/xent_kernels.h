@@ -16,17 +16,17 @@
  * clang, setup.py also compiles avx2_softmax.c, which defines XF_AVX2_PATH_UNIT and includes this header
  * with -mavx2 -mfma, into a static library linked into every extension that includes this header, and
  * defines XF_AVX2_PATH_BUILT for them.  That path is chosen at import when the CPU has AVX2 and FMA
- * (xentfast._core._xent.cpu_path(); XENTFAST_CPU=baseline|avx2|avx512 overrides).  It is a translation unit of
- * its own, not a target attribute, because xf_fma (xentfast/xf_math.h) must be the fma instruction in
- * the kernels of that path and its exact emulation in the baseline ones, and the header's inline
- * functions are compiled once per unit.  Contraction is off in the whole build and xf_fma rounds once on
- * both paths, so they produce the SAME bits: the wider vectors and the fma instruction change speed,
- * never an operation's rounding (tests/test_dispatch.py).
- * A third path, avx512 (avx512_softmax.c: the same source with AVX-512 F/DQ/VL/BW besides AVX2 and FMA, and
- * 512-bit vectors preferred, XF_AVX512_PATH_UNIT / XF_AVX512_PATH_BUILT), is chosen on CPUs that have all of
- * them: its loops run 8 double lanes per instruction instead of 4, and the same bits again (12-15 % off
- * the large fused rows, benchmarks/README.md, 2026-12-04 late).  Of the explicit intrinsics of
- * softmax_rows.h, the float32 max pass has a 512-bit loop there; the streaming stores and the float64
+ * (xentfast._core._xent.cpu_path(); XENTFAST_CPU=baseline|avx2|avx512 overrides).  It is a translation
+ * unit of its own, not a target attribute, because xf_fma (xentfast/xf_math.h) must be the fma
+ * instruction in the kernels of that path and its exact emulation in the baseline ones, and the header's
+ * inline functions are compiled once per unit.  Contraction is off in the whole build and xf_fma rounds
+ * once on every path, so they produce the SAME bits: the wider vectors and the fma instruction change
+ * speed, never an operation's rounding (tests/test_dispatch.py).
+ * A third path, avx512 (avx512_softmax.c: the same source with AVX-512 F/DQ/VL/BW besides AVX2 and FMA,
+ * and 512-bit vectors preferred, XF_AVX512_PATH_UNIT / XF_AVX512_PATH_BUILT), is chosen on CPUs that have
+ * all of them: its loops run 8 double lanes per instruction instead of 4, and the same bits again
+ * (12-15 % off the large fused rows, benchmarks/README.md, 2026-12-04 late).  Of the explicit intrinsics
+ * of softmax_rows.h, the float32 max pass has a 512-bit loop there; the streaming stores and the float64
  * max pass stay the AVX2 path's 256-bit code. */
 #if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT && (defined(__x86_64__) || defined(__i386__))
 #define XF_HAVE_AVX2_PATH 1
