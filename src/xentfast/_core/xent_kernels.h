@@ -26,8 +26,8 @@
  * and 512-bit vectors preferred, XF_AVX512_PATH_UNIT / XF_AVX512_PATH_BUILT), is chosen on CPUs that have
  * all of them: its loops run 8 double lanes per instruction instead of 4, and the same bits again
  * (12-15 % off the large fused rows, benchmarks/README.md, 2026-12-04 late).  Of the explicit intrinsics
- * of softmax_rows.h, the float32 max pass has a 512-bit loop there; the streaming stores and the float64
- * max pass stay the AVX2 path's 256-bit code. */
+ * of softmax_rows.h, the float32 max pass and the float32 pending gradient's stores have 512-bit forms
+ * there; the float64 ones stay the AVX2 path's 256-bit code. */
 #if defined(XF_AVX2_PATH_BUILT) && XF_AVX2_PATH_BUILT && (defined(__x86_64__) || defined(__i386__))
 #define XF_HAVE_AVX2_PATH 1
 #else
