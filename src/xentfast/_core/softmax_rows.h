@@ -385,9 +385,11 @@ static inline __attribute__((always_inline)) XF_T XF_FN(xf_stored_entry)(double 
 static inline __attribute__((always_inline)) void XF_FN(xf_pending_values_form)(
     const xf_row_scratch *p, const double *kept, XF_T *out, long long n, const int stream, const int unit_mult)
 {
+    long long j;
+#if XF_COMPENSATED || !defined(__AVX512F__)
     const __m256d vf = _mm256_set1_pd(p->factor);
     const __m256d vm = _mm256_set1_pd(p->factor2);
-    long long j;
+#endif
 #if XF_COMPENSATED
     for (j = 0; j < n; j += 4) {
         __m256d v = _mm256_mul_pd(_mm256_loadu_pd(kept + j), vf);
@@ -406,8 +408,6 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_values_form)(
      * 2026-12-04, late).  A 64-byte store per 16 entries (two conversions joined) was slower again. */
     const __m512d wf = _mm512_set1_pd(p->factor);
     const __m512d wm = _mm512_set1_pd(p->factor2);
-    (void)vf;
-    (void)vm;
     for (j = 0; j < n; j += 8) {
         __m512d a = _mm512_mul_pd(_mm512_loadu_pd(kept + j), wf);
         a = unit_mult ? a : _mm512_mul_pd(a, wm);
