@@ -38,6 +38,21 @@
  * compiled once per form, with no per-element test. */
 #define XF_EXP_FORM(normal, x, m)                                                                          \
     ((normal) == 1 ? XF_EXP_MINUS_NORMAL(x, m) : (normal) == 2 ? XF_EXP_MINUS_MASKED(x, m) : XF_EXP_MINUS(x, m))
+/* the same on an entry of the storage type already widened to double (xf_group_sum_form, which widens
+ * a group's entries in a loop of their own in the avx512 unit: XF_GROUP_WIDE_ENTRIES) */
+#if defined(__AVX512F__)
+#define XF_GROUP_WIDE_ENTRIES 1
+#else
+#define XF_GROUP_WIDE_ENTRIES 0
+#endif
+#if XF_COMPENSATED
+#define XF_EXP_FORM_WIDE(normal, xd, m) XF_EXP_FORM(normal, xd, m)
+#else
+#define XF_EXP_FORM_WIDE(normal, xd, m)                                                                    \
+    ((normal) == 1   ? xf_exp_minus_f32_normal((xd), (m))                                                  \
+     : (normal) == 2 ? xf_exp_minus_f32_masked((xd), (m))                                                  \
+                     : xf_exp_minus_f32((xd), (m)))
+#endif
 /* the compensated lane step: a normal-form block (1 or 2) sums at most XF_BLOCK exponentials <= 1, never inf */
 #define XF_ACC_FORM(normal, acc, cmp, v) \
     ((normal) ? xf_acc_add_finite((acc), (cmp), (v)) : xf_acc_add((acc), (cmp), (v)))
@@ -614,6 +629,10 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
     (void)has_pend;
 #endif
     for (; j + XF_LANES <= n; j += XF_LANES) {
+        /* the argmax test in double, on the lane's index (exact): SSE2 has no 64-bit integer compare, and
+         * with `j + k == skip` the baseline path left this loop scalar, which ran rows of 63 classes at
+         * twice the time per element of rows of 64 */
+        const double skip_lane = (double)(skip - j);
 #pragma omp simd
         for (k = 0; k < XF_LANES; k++) {
             double e = XF_EXP_FORM(normal, x[j + k], m);
@@ -623,7 +642,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
             if (keep) {
                 keep[j + k] = e;
             }
-            e = (j + k == skip) ? 0.0 : e;
+            e = ((double)k == skip_lane) ? 0.0 : e;
 #if XF_COMPENSATED
             XF_ACC_FORM(normal, &acc[k], &cmp[k], e);
 #else
@@ -1292,8 +1311,17 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #else
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 144 : XF_GROUP_MAX_C)
 #endif
+#elif defined(__x86_64__) || defined(__i386__)
+/* x86's baseline path (SSE2, the fma emulated): no groups.  Once the row kernel's last lanes were
+ * vectorized there (their loop had stayed scalar on a 64-bit integer compare, which SSE2 lacks), the row
+ * kernel was ahead at every width, also of groups whose loop of exponentials was vectorized the same way
+ * (its argmax test made a double compare; one core, 2048 rows, us, rows / groups):
+ * float32 C = 8 872 / 962, 32 2918 / 3715, 63 5893 / 7258, 64 4791 / 7546, 128 9461 / 14524; float64
+ * C = 8 957 / 1138, 32 3311 / 4383, 63 7799 / 9000, 64 8953 / 9679 (benchmarks/README.md, 2026-12-05) */
+#define XF_GROUP_C_LIMIT(has_grad) 0
 #else
-/* the baseline path, measured before the AVX2 path's own write-back */
+/* other targets' baseline path (aarch64: the fma instruction, 128-bit vectors), not measured: the limits
+ * measured on x86's baseline path before its row kernel's last lanes were vectorized (above) */
 #if XF_COMPENSATED
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 48 : 64)
 #else
@@ -1412,13 +1440,29 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
     enum { R = XF_GROUP_ROWS };
     long long j;
     int r, k;
+    /* In the avx512 unit (XF_GROUP_WIDE_ENTRIES) the loop below holds doubles alone: the entries are
+     * widened first (exact) and softmax's kept values rounded after.  With the floats in it, gcc sized
+     * the loop by the 8 floats, one 256-bit vector, and took the doubles in two 256-bit halves although
+     * that unit prefers 512-bit vectors; without, one 512-bit vector holds the group's 8 exponentials
+     * (float32 groups 3-20 % faster there).  The avx2 unit, whose doubles take two vectors either way,
+     * lost 2-9 % on rows of 8-16 classes to the extra steps, and keeps the one loop. */
+    double xd[R], ed[R];
     for (j = 0; j < C; j++) {
         k = (int)(j % XF_LANES);
+        if (XF_GROUP_WIDE_ENTRIES) {
+            for (r = 0; r < R; r++) {
+                xd[r] = (double)xt[j][r];
+            }
+        }
 #pragma omp simd
         for (r = 0; r < R; r++) {
-            double e = XF_EXP_FORM(form, xt[j][r], m[r]);
+            double e = XF_EXP_FORM_WIDE(form, XF_GROUP_WIDE_ENTRIES ? xd[r] : (double)xt[j][r], m[r]);
             if (want_kept == 1) {
-                kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
+                if (XF_GROUP_WIDE_ENTRIES) {
+                    ed[r] = e * XF_STORE_SCALE;
+                } else {
+                    kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
+                }
             } else if (want_kept == 2) {
                 kept_d[j][r] = e;
             }
@@ -1428,6 +1472,11 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
 #else
             acc[k][r] += e;
 #endif
+        }
+        if (XF_GROUP_WIDE_ENTRIES && want_kept == 1) {
+            for (r = 0; r < R; r++) {
+                kept[j][r] = (XF_T)ed[r];
+            }
         }
     }
 }
@@ -1826,5 +1875,7 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_EXP_MINUS_NORMAL
 #undef XF_EXP_MINUS_MASKED
 #undef XF_EXP_FORM
+#undef XF_EXP_FORM_WIDE
+#undef XF_GROUP_WIDE_ENTRIES
 #undef XF_CHUNK
 #undef XF_MAX_LANES

@@ -910,7 +910,9 @@ XF_HD void xf_rowjob_z_lse_row(xf_rowjob *job, const float *xf, const double *xd
 
 /* exp(x_j - m) per storage type: exact shift and the 0.62-ULP exponential for double; for float the
  * double difference (error 2^-53 |x - m|, far below float32's grain) and the 2^-32 exponential, since
- * every use rounds to float32 or lands in a double sum of float32-accurate terms.
+ * every use rounds to float32 or lands in a double sum of float32-accurate terms.  The float forms take
+ * the float32 entry already widened (exact), so that a caller may widen several at once (the short-row
+ * groups, softmax_rows.h).
  * Below XF_EXP_CLAMP_LO (xf_math.h) both exponentials clamp their argument there and return +0 (e^-745.2 is under
  * half the smallest subnormal).  They are given 0 instead and their result replaced by +0, the same
  * bits: evaluated, the clamped argument's scaling products underflow, and each such product costs a
@@ -924,9 +926,9 @@ XF_HD double xf_exp_minus_f64(double x, double m)
     return zero ? 0.0 : e;
 }
 
-XF_HD double xf_exp_minus_f32(float x, double m)
+XF_HD double xf_exp_minus_f32(double x, double m)
 {
-    double d = (double)x - m;
+    double d = x - m;
     int zero = d < XF_EXP_CLAMP_LO;
     double e = xf_exp_lite(zero ? 0.0 : d);
     return zero ? 0.0 : e;
@@ -942,9 +944,9 @@ XF_HD double xf_exp_minus_f64_normal(double x, double m)
     return xf_exp_shifted_normal(x, m);
 }
 
-XF_HD double xf_exp_minus_f32_normal(float x, double m)
+XF_HD double xf_exp_minus_f32_normal(double x, double m)
 {
-    return xf_exp_lite_normal((double)x - m);
+    return xf_exp_lite_normal(x - m);
 }
 
 /* The normal form on a row with masked classes (a row of status OK has no NaN and no +inf): entries
@@ -966,9 +968,9 @@ XF_HD double xf_exp_minus_f64_masked(double x, double m)
     return masked ? 0.0 : e;
 }
 
-XF_HD double xf_exp_minus_f32_masked(float x, double m)
+XF_HD double xf_exp_minus_f32_masked(double x, double m)
 {
-    double d = (double)x - m;
+    double d = x - m;
     int masked = d < XF_MASK_TEST;
     double e = xf_exp_lite_normal(masked ? 0.0 : d);
     return masked ? 0.0 : e;
