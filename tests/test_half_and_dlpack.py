@@ -442,6 +442,25 @@ def test_torch_strided_tensors_out_and_inplace(name):
     same_kind_and_bits(bt[:, 1::2].contiguous(), np.ascontiguousarray(base[:, 1::2]), torch.Tensor, "untouched")
 
 
+def test_numpy_out_beside_a_torch_input_comes_back_as_itself():
+    """out= is returned as the caller's own object whatever the input's kind; a NumPy out= beside a torch
+    input came back as a torch view of it."""
+    torch = _torch()
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4, 3))
+    y = np.array([0, 2, 1, -100])
+    t = (x > 0).astype(np.float64)
+    want_grad = xf.cross_entropy_backward(1.0, x, y)
+    out = np.full(x.shape, np.nan)
+    _, g = xf.cross_entropy_with_grad(torch.from_numpy(x), torch.from_numpy(y), out=out)
+    assert g is out
+    same_kind_and_bits(out, want_grad, np.ndarray, "cross-entropy out=")
+    out = np.full(x.shape, np.nan)
+    _, g = xf.binary_cross_entropy_with_logits_with_grad(torch.from_numpy(x), torch.from_numpy(t), out=out)
+    assert g is out
+    same_kind_and_bits(out, xf.binary_cross_entropy_with_logits_with_grad(x, t)[1], np.ndarray, "BCE out=")
+
+
 def test_torch_tensor_that_requires_grad_is_refused():
     torch = _torch()
     x = torch.zeros(2, 3, requires_grad=True)

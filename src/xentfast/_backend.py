@@ -444,6 +444,9 @@ def call_foreign(fn, signature, args, kwargs):
             local = _import(value, name)
             imported[id(local)] = (local, value)
             bound.arguments[name] = local
+        elif name == "out" and value is not None:
+            # a NumPy or CuPy out= beside a foreign input comes back as itself, not as a view of input's kind
+            imported[id(value)] = (value, value)
     original = bound.arguments.get("input")
     original = imported.get(id(original), (None, original))[1]
     inplace = bound.arguments.get("inplace", False)
