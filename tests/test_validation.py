@@ -55,6 +55,16 @@ class TestCrossEntropyArguments:
         with raises(TypeError, "target", "boolean"):
             f(X, np.array([True, False, True]))
 
+    def test_integer_target_of_the_input_shape(self, f):
+        # one-hot rows as integers: probabilities must be floating point (torch says so too)
+        with raises(TypeError, "target", "integer values of the input's shape (3, 4)", "float dtype"):
+            f(X, np.eye(4, dtype=np.int64)[Y])
+
+    def test_target_in_torch_layout_without_axis(self, f):
+        x = np.zeros((2, 4, 3))
+        with raises(ValueError, "target", "(2, 4)", "got shape (2, 3)", "pass axis=1"):
+            f(x, np.zeros((2, 3), dtype=np.int64))
+
     @pytest.mark.parametrize("bad, where", [(4, "[1]"), (-1, "[1]"), (-101, "[1]")])
     def test_label_out_of_range(self, f, bad, where):
         y = Y.copy()
@@ -174,6 +184,10 @@ class TestGradArguments:
     def test_grad_output_wrong_shape_none(self):
         with raises(ValueError, "grad_output", "(3,)", "(4,)"):
             xf.cross_entropy_backward(np.ones(4), X, Y, reduction="none")
+
+    def test_grad_output_integer_beyond_float64(self):
+        with raises(ValueError, "grad_output", "401 digits", "float64's range"):
+            xf.cross_entropy_backward(10**400, X, Y)
 
     def test_grad_output_not_scalar_for_mean(self):
         with raises(ValueError, "grad_output", "scalar"):

@@ -220,6 +220,14 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backen
     None; `kept` as in _index_targets (None for probabilities)."""
     t = backend.xp.asarray(target)
     if t.dtype.kind in "iu":
+        if t.shape == x.shape:
+            raise TypeError(f"target: integer values of the input's shape {x.shape}; class indices have the "
+                            f"input's shape without the class axis, {batch_shape}, and class probabilities "
+                            f"(one-hot rows too) must be floating point: cast them to a float dtype")
+        if t.shape != batch_shape and x.ndim >= 3 and axis == x.ndim - 1 and t.shape == x.shape[:1] + x.shape[2:]:
+            raise ValueError(f"target: class indices must have the input's shape without the class axis, "
+                             f"{batch_shape}; got shape {t.shape}, the input's shape without axis 1: for "
+                             f"torch's (N, C, d1, ...) layout pass axis=1")
         y, kept = _index_targets(t, batch_shape, C, ignore_index, backend, checks)
         return y, None, kept
     if t.dtype.kind == "f" or _dtypes.is_bfloat16(t.dtype):
@@ -287,6 +295,9 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU, k
     if ga.shape != ():
         raise ValueError(f"grad_output: expected a scalar for reduction={reduction!r}; got shape {ga.shape}")
     if not _dtypes.is_real(ga.dtype):
+        if isinstance(grad_output, int):    # NumPy holds an int beyond float64's range as an object
+            raise ValueError(f"grad_output: an integer of {len(str(abs(grad_output)))} digits is beyond float64's "
+                             f"range (about 1.8e308)")
         raise TypeError(f"grad_output: expected a real scalar, got dtype {ga.dtype}")
     return None, float(ga)
 
