@@ -228,7 +228,8 @@ def cpu_path_back():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 48, 49, 64, 65, 80, 81, 128, 129, 160, 161, 256, 257])
+@pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 48, 49, 64, 65, 80, 81, 100, 101, 128, 129, 160, 161,
+                               176, 177, 256, 257])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back, path, dtype, c):
     # xf_short_rows_family: logsumexp, log_softmax and softmax of GROUP_ROWS rows side by side, with the
@@ -261,7 +262,7 @@ def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 32, 33, 48, 49, 64, 65, 79, 80, 81, 100, 128, 129,
-                               255, 256, 257])
+                               144, 145, 160, 161, 208, 209, 255, 256, 257])
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted-ignore-3"])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, weighted):

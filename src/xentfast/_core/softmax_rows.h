@@ -1305,7 +1305,17 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
  * kernel): C = 64 115-128 -> 175-254, 100 171 -> 214, 128 216-219 -> 231-233, 136 231 -> 242, 144 241
  * -> 247, 152 257 -> 257, 160 268-269 -> 256-261, 200 337 -> 290-303, 256 430 -> 332-336, so float32
  * groups with a gradient stop at 144. */
-#if defined(__AVX2__)
+#if defined(__AVX512F__)
+/* the avx512 unit, once its groups took 512-bit vectors (xf_group_sum_form, XF_GROUP_WIDE_ENTRIES; one
+ * core, 4096 rows, us, rows -> groups): float32 forward C = 208 816 -> 707, 256 866 -> 852, fused 176
+ * 1019 -> 802, 208 1022 -> 956, 256 1030 -> 1158; float64 forward 128 952 -> 865, 160 1176 -> 1079, 200
+ * 1252 -> 1348, fused 160 1451 -> 1387, 200 1522 -> 1806 (benchmarks/README.md, 2026-12-05) */
+#if XF_COMPENSATED
+#define XF_GROUP_C_LIMIT(has_grad) 160
+#else
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 208 : XF_GROUP_MAX_C)
+#endif
+#elif defined(__AVX2__)
 #if XF_COMPENSATED
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 80 : 64)
 #else
@@ -1781,6 +1791,21 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
                     kept[j][r] = (XF_T)xf_log_prob((double)xt[j][r], m[r], log_s[r]);
                 }
             }
+        } else if (XF_GROUP_WIDE_ENTRIES) {
+            /* widened and rounded in loops of their own, as xf_group_sum_form's exponentials */
+            double xd[R], ld[R];
+            for (j = 0; j < C; j++) {
+                for (r = 0; r < R; r++) {
+                    xd[r] = (double)xt[j][r];
+                }
+#pragma omp simd
+                for (r = 0; r < R; r++) {
+                    ld[r] = xf_log_prob_finite(xd[r], m[r], log_s[r]);
+                }
+                for (r = 0; r < R; r++) {
+                    kept[j][r] = (XF_T)ld[r];
+                }
+            }
         } else {
             for (j = 0; j < C; j++) {
 #pragma omp simd
@@ -1828,8 +1853,15 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
  * float32, 4096 rows, us, rows -> groups) they gain up to 160 classes and lose beyond (log_softmax
  * C = 128 1190 -> 1018-1076, 160 1411-1419 -> 1324-1355, 200 1635 -> 1647-1680, 256 1923-1941 ->
  * 2245-2258; softmax 128 1113-1122 -> 915-936, 160 1293-1336 -> 1143-1195, 200 1520-1534 -> 1494-1551,
- * 256 1793-1813 -> 1925-1995); else 0 (no row done).  lse: mode 0's output, the group's first row first */
+ * 256 1793-1813 -> 1925-1995); else 0 (no row done).  lse: mode 0's output, the group's first row first.
+ * In the avx512 unit, with its 512-bit groups (rows -> groups, 4096 rows): float32 log_softmax C = 176
+ * 1037 -> 893, 192 978 -> 1059, softmax 176 981 -> 859, 192 945 -> 991; float64 (2^21 entries) log_softmax
+ * 100 5832 -> 5149, 128 4863 -> 5204, softmax 100 5454 -> 4785, 128 4438 -> 4833. */
+#if defined(__AVX512F__)
+#define XF_GROUP_FAMILY_MAX_C (XF_COMPENSATED ? 100 : 176)
+#else
 #define XF_GROUP_FAMILY_MAX_C 160
+#endif
 XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double *lse, long long C, int mode)
 {
     if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || (mode != 0 && C > XF_GROUP_FAMILY_MAX_C)) {
