@@ -167,7 +167,7 @@ def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path, monkeypatch):
 
 
 @pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
-@pytest.mark.parametrize("C", [1, 10, 48, 49, 64, 65, 80, 81, 128, 129, 256, 257])
+@pytest.mark.parametrize("C", [1, 10, 48, 49, 64, 65, 80, 81, 128, 129, 144, 145, 160, 161, 208, 209, 256, 257])
 def test_ffi_short_row_groups_give_numpys_bits(cpu_path, C, dtype, monkeypatch):
     """Short rows of integer labels run side by side in the handlers (GROUP_ROWS at a time), as in the
     NumPy API: around every class limit of the groups, with a last partial group, rows masked by

@@ -295,9 +295,13 @@ def _upstream_factor(grad_output, reduction, loss_shape, backend=_backend.CPU, k
     if ga.shape != ():
         raise ValueError(f"grad_output: expected a scalar for reduction={reduction!r}; got shape {ga.shape}")
     if not _dtypes.is_real(ga.dtype):
-        if isinstance(grad_output, int):    # NumPy holds an int beyond float64's range as an object
-            raise ValueError(f"grad_output: an integer of {len(str(abs(grad_output)))} digits is beyond float64's "
-                             f"range (about 1.8e308)")
+        if isinstance(grad_output, int) and not isinstance(grad_output, bool):
+            # NumPy holds an int outside int64 and uint64 as an object: a float where one holds it, as the
+            # options' numbers are taken
+            try:
+                return None, float(grad_output)
+            except OverflowError:
+                raise ValueError("grad_output: the integer is beyond float64's range (about 1.8e308)") from None
         raise TypeError(f"grad_output: expected a real scalar, got dtype {ga.dtype}")
     return None, float(ga)
 

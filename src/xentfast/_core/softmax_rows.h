@@ -1454,7 +1454,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
      * widened first (exact) and softmax's kept values rounded after.  With the floats in it, gcc sized
      * the loop by the 8 floats, one 256-bit vector, and took the doubles in two 256-bit halves although
      * that unit prefers 512-bit vectors; without, one 512-bit vector holds the group's 8 exponentials
-     * (float32 groups 3-20 % faster there).  The avx2 unit, whose doubles take two vectors either way,
+     * (float32 groups 8-17 % faster there).  The avx2 unit, whose doubles take two vectors either way,
      * lost 2-9 % on rows of 8-16 classes to the extra steps, and keeps the one loop. */
     double xd[R], ed[R];
     for (j = 0; j < C; j++) {
