@@ -29,29 +29,22 @@
 #define XF_EXP_MINUS_NORMAL(x, m) xf_exp_minus_f64_normal((double)(x), (m))
 #define XF_EXP_MINUS_MASKED(x, m) xf_exp_minus_f64_masked((double)(x), (m))
 #else
-#define XF_EXP_MINUS(x, m) xf_exp_minus_f32((float)(x), (m))
-#define XF_EXP_MINUS_NORMAL(x, m) xf_exp_minus_f32_normal((float)(x), (m))
-#define XF_EXP_MINUS_MASKED(x, m) xf_exp_minus_f32_masked((float)(x), (m))
+/* x: a float entry, or one already widened to double (exact; xf_group_sum_form widens a group's) */
+#define XF_EXP_MINUS(x, m) xf_exp_minus_f32((x), (m))
+#define XF_EXP_MINUS_NORMAL(x, m) xf_exp_minus_f32_normal((x), (m))
+#define XF_EXP_MINUS_MASKED(x, m) xf_exp_minus_f32_masked((x), (m))
 #endif
 /* `normal` (job->exp_normal: 0 the clamped form, 1 the normal form, 2 the normal form on a row with
  * masked entries, -inf or a finite mask) is a literal at every expansion inside the always-inlined bodies below, so each body is
  * compiled once per form, with no per-element test. */
 #define XF_EXP_FORM(normal, x, m)                                                                          \
     ((normal) == 1 ? XF_EXP_MINUS_NORMAL(x, m) : (normal) == 2 ? XF_EXP_MINUS_MASKED(x, m) : XF_EXP_MINUS(x, m))
-/* the same on an entry of the storage type already widened to double (xf_group_sum_form, which widens
- * a group's entries in a loop of their own in the avx512 unit: XF_GROUP_WIDE_ENTRIES) */
+/* the short-row groups' loops widen a column's entries in a loop of their own in the avx512 unit
+ * (xf_group_sum_form) */
 #if defined(__AVX512F__)
 #define XF_GROUP_WIDE_ENTRIES 1
 #else
 #define XF_GROUP_WIDE_ENTRIES 0
-#endif
-#if XF_COMPENSATED
-#define XF_EXP_FORM_WIDE(normal, xd, m) XF_EXP_FORM(normal, xd, m)
-#else
-#define XF_EXP_FORM_WIDE(normal, xd, m)                                                                    \
-    ((normal) == 1   ? xf_exp_minus_f32_normal((xd), (m))                                                  \
-     : (normal) == 2 ? xf_exp_minus_f32_masked((xd), (m))                                                  \
-                     : xf_exp_minus_f32((xd), (m)))
 #endif
 /* the compensated lane step: a normal-form block (1 or 2) sums at most XF_BLOCK exponentials <= 1, never inf */
 #define XF_ACC_FORM(normal, acc, cmp, v) \
@@ -1466,7 +1459,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
         }
 #pragma omp simd
         for (r = 0; r < R; r++) {
-            double e = XF_EXP_FORM_WIDE(form, XF_GROUP_WIDE_ENTRIES ? xd[r] : (double)xt[j][r], m[r]);
+            double e = XF_EXP_FORM(form, XF_GROUP_WIDE_ENTRIES ? xd[r] : (double)xt[j][r], m[r]);
             if (want_kept == 1) {
                 if (XF_GROUP_WIDE_ENTRIES) {
                     ed[r] = e * XF_STORE_SCALE;
@@ -1791,26 +1784,30 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
                     kept[j][r] = (XF_T)xf_log_prob((double)xt[j][r], m[r], log_s[r]);
                 }
             }
-        } else if (XF_GROUP_WIDE_ENTRIES) {
-            /* widened and rounded in loops of their own, as xf_group_sum_form's exponentials */
+        } else {
+            /* widened and rounded in loops of their own in the avx512 unit, as xf_group_sum_form's
+             * exponentials */
             double xd[R], ld[R];
             for (j = 0; j < C; j++) {
-                for (r = 0; r < R; r++) {
-                    xd[r] = (double)xt[j][r];
+                if (XF_GROUP_WIDE_ENTRIES) {
+                    for (r = 0; r < R; r++) {
+                        xd[r] = (double)xt[j][r];
+                    }
                 }
 #pragma omp simd
                 for (r = 0; r < R; r++) {
-                    ld[r] = xf_log_prob_finite(xd[r], m[r], log_s[r]);
+                    const double v = xf_log_prob_finite(XF_GROUP_WIDE_ENTRIES ? xd[r] : (double)xt[j][r], m[r],
+                                                        log_s[r]);
+                    if (XF_GROUP_WIDE_ENTRIES) {
+                        ld[r] = v;
+                    } else {
+                        kept[j][r] = (XF_T)v;
+                    }
                 }
-                for (r = 0; r < R; r++) {
-                    kept[j][r] = (XF_T)ld[r];
-                }
-            }
-        } else {
-            for (j = 0; j < C; j++) {
-#pragma omp simd
-                for (r = 0; r < R; r++) {
-                    kept[j][r] = (XF_T)xf_log_prob_finite((double)xt[j][r], m[r], log_s[r]);
+                if (XF_GROUP_WIDE_ENTRIES) {
+                    for (r = 0; r < R; r++) {
+                        kept[j][r] = (XF_T)ld[r];
+                    }
                 }
             }
         }
@@ -1907,7 +1904,6 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_EXP_MINUS_NORMAL
 #undef XF_EXP_MINUS_MASKED
 #undef XF_EXP_FORM
-#undef XF_EXP_FORM_WIDE
 #undef XF_GROUP_WIDE_ENTRIES
 #undef XF_CHUNK
 #undef XF_MAX_LANES
