@@ -173,7 +173,8 @@ def test_mean_equals_mean_of_none():
 
 
 def _short_rows(dtype, n, c, seed, ignore):
-    """Rows of every kind the short-row groups meet: ordinary, ties (+0 and -0 among them), a NaN, +-inf,
+    """Rows of every kind the short-row groups meet: ordinary, ties (all equal, +0 and -0 among them, or
+    the max at a few places), a NaN, +-inf,
     a spread beyond the unclamped exponentials, near-overflow logits, subnormal sums (float64's rescue),
     confident rows, finite masks (with an entry in the subnormal band), and labels ignored or pointing
     at the max."""
@@ -217,6 +218,10 @@ def _short_rows(dtype, n, c, seed, ignore):
         elif kind == 14:
             row[rng.random(c) < 0.3] = np.finfo(dtype).min
             row[j] = row.max() - 740.0            # and one in the band 708-746 below: the general form
+        elif kind == 15:
+            # the max at a few places among other values: the sum leaves out the first (its lane's 0.0),
+            # and another one left out puts the 1.0 in another lane, which rounds differently
+            row[rng.integers(0, c, 3)] = row.max()
     return x, y
 
 

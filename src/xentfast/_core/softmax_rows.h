@@ -1331,6 +1331,19 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 64 : 128)
 #endif
 #endif
+/* the groups that take XF_GROUP_CHAINS chains in their max and argmax (xf_group_max; one core, float32,
+ * 400000 entries, us, one chain -> four, benchmarks/README.md, 2026-12-05): the avx512 unit from 32
+ * classes (forward C = 32 508 -> 470, 64 415 -> 370, 128 388 -> 323, 208 369 -> 296; fused 128 549 ->
+ * 462; at C = 16 four chains lost 5-8 %), the avx2 unit from 64 (its wider exponential loop hides more
+ * of the chain: forward 64 553 -> 522, 256 506 -> 476, at 10-32 a loss of about 5 %); float64 never,
+ * its compensated sums hiding it (0.89-1.11 either way) */
+#if XF_COMPENSATED
+#define XF_GROUP_CHAINS_FROM_C (XF_GROUP_MAX_C + 1)
+#elif defined(__AVX512F__)
+#define XF_GROUP_CHAINS_FROM_C 32
+#else
+#define XF_GROUP_CHAINS_FROM_C 64
+#endif
 typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_GROUP_MAX_C &&
                                                       XF_GROUP_C_LIMIT(1) <= XF_GROUP_MAX_C) ? 1 : -1];
 
@@ -1484,6 +1497,144 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
     }
 }
 
+/* the argmax as an index of the storage type's lane width (C <= XF_GROUP_MAX_C): float32's max and
+ * argmax run in float lanes, float64's in double lanes, as wide as long long */
+#if XF_COMPENSATED
+typedef long long XF_FN(xf_group_index);
+#else
+typedef int XF_FN(xf_group_index);
+#endif
+
+/* One column of a group into a running max, min (NaN-blind) and NaN test, row by row; and into a
+ * running least index of an entry equal to the row's max (none: C). */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max_column)(const XF_T *column, XF_T *m,
+                                                                               XF_T *mn, int *ok)
+{
+    int r;
+#pragma omp simd
+    for (r = 0; r < XF_GROUP_ROWS; r++) {
+        const XF_T v = column[r];
+        ok[r] &= (v == v);
+        m[r] = (v > m[r]) ? v : m[r];
+        mn[r] = (v < mn[r]) ? v : mn[r];
+    }
+}
+
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax_column)(
+    const XF_T *column, const XF_T *m, long long j, long long C, XF_FN(xf_group_index) *least)
+{
+    typedef XF_FN(xf_group_index) index_t;
+    int r;
+#pragma omp simd
+    for (r = 0; r < XF_GROUP_ROWS; r++) {
+        const index_t at = (column[r] == m[r]) ? (index_t)j : (index_t)C;
+        least[r] = (at < least[r]) ? at : least[r];
+    }
+}
+
+/* A group's max, min (NaN-blind) and NaN test (ok) per row, in the storage type, with `chains` (a
+ * literal) running maxima, minima and NaN tests, each taking every chains-th column, merged after: one
+ * running max and min through every column waited on the compare's latency at each (a fifth of a
+ * float32 C = 128 group), and a short group pays more for the merges than it waits
+ * (XF_GROUP_CHAINS_FROM_C).  Max and min are exact, so the order changes no result but which of +0 and
+ * -0 is the max where both attain it, which no output depends on (see above).  One chain runs without
+ * the merges' arrays: rows of 16 classes lost 3-5 % to them. */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max)(
+    XF_T (*xt)[XF_GROUP_ROWS], long long C, XF_T *m_t, XF_T *mn_t, int *ok, const int chains)
+{
+    enum { R = XF_GROUP_ROWS };
+    XF_T mq[XF_GROUP_CHAINS][R], mnq[XF_GROUP_CHAINS][R];
+    int okq[XF_GROUP_CHAINS][R];
+    long long j;
+    int r, q;
+    XF_T *const m0 = (chains == 1) ? m_t : mq[0];
+    XF_T *const mn0 = (chains == 1) ? mn_t : mnq[0];
+    int *const ok0 = (chains == 1) ? ok : okq[0];
+    for (r = 0; r < R; r++) {
+        m0[r] = (XF_T)-XF_INF;
+        mn0[r] = (XF_T)XF_INF;
+        ok0[r] = 1;
+    }
+    if (chains == 1) {
+        for (j = 0; j < C; j++) {
+            XF_FN(xf_group_max_column)(xt[j], m_t, mn_t, ok);
+        }
+        return;
+    }
+    for (q = 1; q < chains; q++) {
+        for (r = 0; r < R; r++) {
+            mq[q][r] = (XF_T)-XF_INF;
+            mnq[q][r] = (XF_T)XF_INF;
+            okq[q][r] = 1;
+        }
+    }
+    for (j = 0; j + chains <= C; j += chains) {
+        for (q = 0; q < chains; q++) {
+            XF_FN(xf_group_max_column)(xt[j + q], mq[q], mnq[q], okq[q]);
+        }
+    }
+    for (q = 0; j + q < C; q++) {
+        XF_FN(xf_group_max_column)(xt[j + q], mq[q], mnq[q], okq[q]);
+    }
+#pragma omp simd
+    for (r = 0; r < R; r++) {
+        m_t[r] = mq[0][r];
+        mn_t[r] = mnq[0][r];
+        ok[r] = okq[0][r];
+        for (q = 1; q < chains; q++) {
+            m_t[r] = (mq[q][r] > m_t[r]) ? mq[q][r] : m_t[r];
+            mn_t[r] = (mnq[q][r] < mn_t[r]) ? mnq[q][r] : mn_t[r];
+            ok[r] &= okq[q][r];
+        }
+    }
+}
+
+/* The first index attaining the max in each of a group's rows, m_t from xf_group_max: the least j with
+ * an equal entry, with `chains` (a literal) chains as there; none (a row of NaN alone) gives 0. */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax)(
+    XF_T (*xt)[XF_GROUP_ROWS], long long C, const XF_T *m_t, XF_FN(xf_group_index) *argmax_t, const int chains)
+{
+    enum { R = XF_GROUP_ROWS };
+    typedef XF_FN(xf_group_index) index_t;
+    index_t aq[XF_GROUP_CHAINS][R];
+    long long j;
+    int r, q;
+    if (chains == 1) {
+        /* scanning backward, the last match found is the least j */
+        for (r = 0; r < R; r++) {
+            argmax_t[r] = 0;
+        }
+        for (j = C - 1; j >= 0; j--) {
+#pragma omp simd
+            for (r = 0; r < R; r++) {
+                argmax_t[r] = (xt[j][r] == m_t[r]) ? (index_t)j : argmax_t[r];
+            }
+        }
+        return;
+    }
+    for (q = 0; q < chains; q++) {
+        for (r = 0; r < R; r++) {
+            aq[q][r] = (index_t)C;
+        }
+    }
+    for (j = 0; j + chains <= C; j += chains) {
+        for (q = 0; q < chains; q++) {
+            XF_FN(xf_group_argmax_column)(xt[j + q], m_t, j + q, C, aq[q]);
+        }
+    }
+    for (q = 0; j + q < C; q++) {
+        XF_FN(xf_group_argmax_column)(xt[j + q], m_t, j + q, C, aq[q]);
+    }
+#pragma omp simd
+    for (r = 0; r < R; r++) {
+        index_t a = aq[0][r];
+        for (q = 1; q < chains; q++) {
+            a = (aq[q][r] < a) ? aq[q][r] : a;
+        }
+        argmax_t[r] = (a == (index_t)C) ? 0 : a;
+    }
+}
+
 /* What every group needs of its rows, by the row kernel's steps (see above): the rows transposed into xt
  * (xt[j][r] = row r's entry j), each row's max m (as double), first argmax and double-double sum hi + lo
  * of exp(x_j - m) over every class but the argmax, and ok: the row is finite, within max_spread of its max
@@ -1527,29 +1678,19 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
      * (C <= XF_GROUP_MAX_C), widened once.  (In double, the two loops were a fifth of a float32 C = 128
      * group.) */
 #if XF_COMPENSATED
-    /* float64: the storage type is double already, and a double lane is as wide as long long */
-    typedef long long group_index;
     double *const m_t = m, *const mn_t = mn;
     long long *const argmax_t = argmax;
 #else
-    typedef int group_index;
     float m_t[R], mn_t[R];
     int argmax_t[R];
 #endif
-    for (r = 0; r < R; r++) {
-        m_t[r] = (XF_T)-XF_INF;
-        mn_t[r] = (XF_T)XF_INF;
-        ok[r] = 1;
-        argmax_t[r] = 0;
-    }
-    for (j = 0; j < C; j++) {
-#pragma omp simd
-        for (r = 0; r < R; r++) {
-            const XF_T v = xt[j][r];
-            ok[r] &= (v == v);
-            m_t[r] = (v > m_t[r]) ? v : m_t[r];
-            mn_t[r] = (v < mn_t[r]) ? v : mn_t[r];
-        }
+    /* float64's never take chains: the first test is then a false constant, and no code for them */
+    const int chains =
+        (XF_GROUP_CHAINS_FROM_C <= XF_GROUP_MAX_C && C >= XF_GROUP_CHAINS_FROM_C) ? XF_GROUP_CHAINS : 1;
+    if (chains == XF_GROUP_CHAINS) {
+        XF_FN(xf_group_max)(xt, C, m_t, mn_t, ok, XF_GROUP_CHAINS);
+    } else {
+        XF_FN(xf_group_max)(xt, C, m_t, mn_t, ok, 1);
     }
     if (allow_masked == 1 || (allow_masked && XF_COMPENSATED)) {
         for (r = 0; r < R; r++) {
@@ -1604,12 +1745,10 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     for (r = 0; r < R; r++) {
         ok[r] &= (m[r] < XF_INF) & (m[r] > -XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= max_spread);
     }
-    /* the first index attaining the max */
-    for (j = C - 1; j >= 0; j--) {
-#pragma omp simd
-        for (r = 0; r < R; r++) {
-            argmax_t[r] = (xt[j][r] == m_t[r]) ? (group_index)j : argmax_t[r];
-        }
+    if (chains == XF_GROUP_CHAINS) {
+        XF_FN(xf_group_argmax)(xt, C, m_t, argmax_t, XF_GROUP_CHAINS);
+    } else {
+        XF_FN(xf_group_argmax)(xt, C, m_t, argmax_t, 1);
     }
     for (r = 0; r < R; r++) {
         argmax[r] = argmax_t[r];
@@ -1895,6 +2034,7 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_CAT
 #undef XF_CAT_
 #undef XF_GROUP_C_LIMIT
+#undef XF_GROUP_CHAINS_FROM_C
 #undef XF_GROUP_FAMILY_MAX_C
 #undef XF_STORE_SCALE
 #undef XF_STORE_UNSCALE
