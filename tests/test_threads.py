@@ -1,4 +1,6 @@
 """Determinism: bitwise identical results for any thread count, any task split, fused or separate."""
+import platform
+
 import numpy as np
 import pytest
 
@@ -230,6 +232,41 @@ def cpu_path_back():
     before = _xent.cpu_path()
     yield
     _xent.set_cpu_path(before)
+
+
+# The classes up to which each path's short-row groups take ordinary rows (softmax_rows.h,
+# XF_GROUP_C_LIMIT and XF_GROUP_FAMILY_MAX_C; README, "How the CPU kernels work"), per kind: logsumexp,
+# log_softmax, softmax, cross-entropy forward, with its gradient.  x86's baseline path takes none.
+_GROUP_LIMITS = {
+    ("avx512", np.float32): (256, 176, 176, 256, 208),
+    ("avx512", np.float64): (160, 100, 100, 160, 160),
+    ("avx2", np.float32): (256, 160, 144, 256, 144),
+    ("avx2", np.float64): (64, 64, 80, 64, 80),
+    ("baseline", np.float32): (0, 0, 0, 0, 0),
+    ("baseline", np.float64): (0, 0, 0, 0, 0),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_short_row_groups_take_ordinary_rows_up_to_their_limits(cpu_path_back, path, dtype):
+    # the group-versus-row tests compare bits, which would pass with no row grouped; here every ordinary
+    # row of a group is taken up to the path's limit and none beyond, for each kind of call
+    if path == "baseline" and platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        pytest.skip("the baseline path's limits are measured on x86 only")
+    _xent.set_cpu_path(path)
+    rng = np.random.default_rng(5)
+    for kind, limit in enumerate(_GROUP_LIMITS[path, dtype]):
+        for c in sorted({1, 2, 8, 31, 32, 33, 63, 64, 65, limit - 1, limit, limit + 1, 257} - {-1, 0}):
+            # offset from 0, so that no logsumexp cancels (such rows go back to the row path)
+            x = (rng.standard_normal((_xent.GROUP_ROWS, c)) * 3 + 10).astype(dtype)
+            want = (1 << _xent.GROUP_ROWS) - 1 if c <= limit else 0
+            assert _xent.group_rows_taken(x, np.empty_like(x), kind) == want, (kind, c)
+    # a row the groups cannot take (a NaN) is left to the row path, the others still taken
+    x = (rng.standard_normal((_xent.GROUP_ROWS, 10)) * 3).astype(dtype)
+    x[3, 4] = np.nan
+    taken = _xent.group_rows_taken(x, np.empty_like(x), 3)
+    assert taken == (0 if path == "baseline" else ((1 << _xent.GROUP_ROWS) - 1) & ~(1 << 3))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -599,6 +599,41 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
         xf_fp_ieee_leave(fp_thread)
 
 
+def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
+    """The rows of x's first GROUP_ROWS that the current path's short-row groups take, as a bit mask (0: no
+    group applies); out (x's shape) takes what they write.  kind 0, 1, 2: logsumexp, log_softmax, softmax;
+    3: cross-entropy with index targets 0, forward; 4: the same with its gradient.  For the tests:
+    comparing groups with rows bit for bit shows nothing where no row was grouped."""
+    cdef Py_ssize_t C = x.shape[1]
+    cdef int64_t y[XF_GROUP_ROWS]
+    cdef double loss[XF_GROUP_ROWS]
+    cdef unsigned done = 0
+    cdef xf_fp_state fp_thread
+    cdef floating *op = NULL
+    cdef int r
+    if x.shape[0] < XF_GROUP_ROWS or C == 0 or out.shape[0] != x.shape[0] or out.shape[1] != C:
+        raise ValueError(f"x needs {XF_GROUP_ROWS} rows and a class, out x's shape")
+    if not 0 <= kind <= 4:
+        raise ValueError("kind: 0-4")
+    for r in range(XF_GROUP_ROWS):
+        y[r] = 0
+    if kind in (1, 2, 4):
+        op = &out[0, 0]
+    fp_thread = xf_fp_ieee_enter()
+    if kind <= 2:
+        if floating is float:
+            done = K32.short_rows_family(&x[0, 0], op, loss if kind == 0 else NULL, C, kind)
+        else:
+            done = K64.short_rows_family(&x[0, 0], op, loss if kind == 0 else NULL, C, kind)
+    else:
+        if floating is float:
+            done = K32.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss)
+        else:
+            done = K64.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss)
+    xf_fp_ieee_leave(fp_thread)
+    return done
+
+
 def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] lse, int mode,
                    int n_threads, bint has_lse, bint row_groups=True):
     """mode 0: logsumexp only (into lse); 1: log_softmax into out; 2: softmax into out.
