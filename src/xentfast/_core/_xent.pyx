@@ -606,7 +606,7 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     comparing groups with rows bit for bit shows nothing where no row was grouped."""
     cdef Py_ssize_t C = x.shape[1]
     cdef int64_t y[XF_GROUP_ROWS]
-    cdef double loss[XF_GROUP_ROWS]
+    cdef double loss[XF_GROUP_ROWS]     # cross-entropy's row losses, or logsumexp's values
     cdef unsigned done = 0
     cdef xf_fp_state fp_thread
     cdef floating *op = NULL
@@ -622,9 +622,9 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     fp_thread = xf_fp_ieee_enter()
     if kind <= 2:
         if floating is float:
-            done = K32.short_rows_family(&x[0, 0], op, loss if kind == 0 else NULL, C, kind)
+            done = K32.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, kind)
         else:
-            done = K64.short_rows_family(&x[0, 0], op, loss if kind == 0 else NULL, C, kind)
+            done = K64.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, kind)
     else:
         if floating is float:
             done = K32.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss)

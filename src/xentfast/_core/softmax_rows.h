@@ -1331,12 +1331,13 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 64 : 128)
 #endif
 #endif
-/* the groups that take XF_GROUP_CHAINS chains in their max and argmax (xf_group_max; one core, float32,
- * 400000 entries, us, one chain -> four, benchmarks/README.md, 2026-12-05): the avx512 unit from 32
- * classes (forward C = 32 508 -> 470, 64 415 -> 370, 128 388 -> 323, 208 369 -> 296; fused 128 549 ->
- * 462; at C = 16 four chains lost 5-8 %), the avx2 unit from 64 (its wider exponential loop hides more
- * of the chain: forward 64 553 -> 522, 256 506 -> 476, at 10-32 a loss of about 5 %); float64 never,
- * its compensated sums hiding it (0.89-1.11 either way) */
+/* the groups that take XF_GROUP_CHAINS chains in their max and argmax (xf_group_max, xf_group_argmax;
+ * one core, float32, 400000 entries, us, one chain -> four, benchmarks/README.md, "2026-12-05, later"):
+ * the avx512 unit from 32 classes (forward C = 32 521 -> 506, 64 432 -> 392, 128 408 -> 343, 208 390 ->
+ * 313; fused 128 529 -> 463; at C = 16 four chains lost 4-8 %), the avx2 unit from 64 (its exponentials'
+ * two 256-bit halves hide more of the chain: forward 64 551 -> 543, 256 504 -> 478, at 10-32 a loss of
+ * about 5 %); float64 never, its compensated sums hiding it (0.89-1.11 either way).  Other targets'
+ * baseline path takes the avx2 unit's threshold, not measured. */
 #if XF_COMPENSATED
 #define XF_GROUP_CHAINS_FROM_C (XF_GROUP_MAX_C + 1)
 #elif defined(__AVX512F__)
@@ -1505,8 +1506,7 @@ typedef long long XF_FN(xf_group_index);
 typedef int XF_FN(xf_group_index);
 #endif
 
-/* One column of a group into a running max, min (NaN-blind) and NaN test, row by row; and into a
- * running least index of an entry equal to the row's max (none: C). */
+/* One column of a group into a running max, min (NaN-blind) and NaN test, row by row. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max_column)(const XF_T *column, XF_T *m,
                                                                                XF_T *mn, int *ok)
 {
@@ -1520,6 +1520,8 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max_column)(
     }
 }
 
+/* One column (index j) of a group into a running least index of an entry equal to the row's max (none:
+ * C), row by row. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax_column)(
     const XF_T *column, const XF_T *m, long long j, long long C, XF_FN(xf_group_index) *least)
 {
@@ -1578,13 +1580,14 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max)(
     }
 #pragma omp simd
     for (r = 0; r < R; r++) {
+        int c;
         m_t[r] = mq[0][r];
         mn_t[r] = mnq[0][r];
         ok[r] = okq[0][r];
-        for (q = 1; q < chains; q++) {
-            m_t[r] = (mq[q][r] > m_t[r]) ? mq[q][r] : m_t[r];
-            mn_t[r] = (mnq[q][r] < mn_t[r]) ? mnq[q][r] : mn_t[r];
-            ok[r] &= okq[q][r];
+        for (c = 1; c < chains; c++) {
+            m_t[r] = (mq[c][r] > m_t[r]) ? mq[c][r] : m_t[r];
+            mn_t[r] = (mnq[c][r] < mn_t[r]) ? mnq[c][r] : mn_t[r];
+            ok[r] &= okq[c][r];
         }
     }
 }
@@ -1628,8 +1631,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax)(
 #pragma omp simd
     for (r = 0; r < R; r++) {
         index_t a = aq[0][r];
-        for (q = 1; q < chains; q++) {
-            a = (aq[q][r] < a) ? aq[q][r] : a;
+        int c;
+        for (c = 1; c < chains; c++) {
+            a = (aq[c][r] < a) ? aq[c][r] : a;
         }
         argmax_t[r] = (a == (index_t)C) ? 0 : a;
     }
