@@ -1331,13 +1331,15 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 64 : 128)
 #endif
 #endif
-/* the groups that take XF_GROUP_CHAINS chains in their max and argmax (xf_group_max, xf_group_argmax;
- * one core, float32, 400000 entries, us, one chain -> four, benchmarks/README.md, "2026-12-05, later"):
- * the avx512 unit from 32 classes (forward C = 32 521 -> 506, 64 432 -> 392, 128 408 -> 343, 208 390 ->
- * 313; fused 128 529 -> 463; at C = 16 four chains lost 4-8 %), the avx2 unit from 64 (its exponentials'
- * two 256-bit halves hide more of the chain: forward 64 551 -> 543, 256 504 -> 478, at 10-32 a loss of
- * about 5 %); float64 never, its compensated sums hiding it (0.89-1.11 either way).  Other targets'
- * baseline path takes the avx2 unit's threshold, not measured. */
+/* the groups that take XF_GROUP_CHAINS chains in their max and argmax (xf_group_max; one core, float32,
+ * 400000 entries, us, benchmarks/README.md, "2026-12-05, later"): the avx512 unit from 32 classes (one
+ * chain -> four, the argmax in a pass of its own: forward C = 32 521 -> 506, 64 432 -> 392, 128 408 ->
+ * 343, fused 128 529 -> 463; at C = 16 four chains lost 4-8 %; then the argmax in the chains, another
+ * run: forward 32 458 -> 424, 64 363 -> 328, 128 329 -> 299, fused 128 466 -> 436), the avx2 unit from
+ * 64 (forward 64 551 -> 543, 256 504 -> 478, at 10-32 a loss of about 5 %; the argmax in the chains then
+ * cost that unit, with its 16 vector registers, 2 %); float64 never, its compensated sums hiding it
+ * (0.89-1.11 either way).
+ * Other targets' baseline path takes the avx2 unit's threshold, not measured. */
 #if XF_COMPENSATED
 #define XF_GROUP_CHAINS_FROM_C (XF_GROUP_MAX_C + 1)
 #elif defined(__AVX512F__)
@@ -1520,17 +1522,20 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max_column)(
     }
 }
 
-/* One column (index j) of a group into a running least index of an entry equal to the row's max (none:
- * C), row by row. */
-XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax_column)(
-    const XF_T *column, const XF_T *m, long long j, long long C, XF_FN(xf_group_index) *least)
+/* The same, and the column's index j where the running max grows (its first index, as a strict
+ * comparison keeps it). */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max_column_at)(
+    const XF_T *column, long long j, XF_T *m, XF_T *mn, int *ok, XF_FN(xf_group_index) *at)
 {
-    typedef XF_FN(xf_group_index) index_t;
     int r;
 #pragma omp simd
     for (r = 0; r < XF_GROUP_ROWS; r++) {
-        const index_t at = (column[r] == m[r]) ? (index_t)j : (index_t)C;
-        least[r] = (at < least[r]) ? at : least[r];
+        const XF_T v = column[r];
+        const int grows = v > m[r];
+        ok[r] &= (v == v);
+        m[r] = grows ? v : m[r];
+        at[r] = grows ? (XF_FN(xf_group_index))j : at[r];
+        mn[r] = (v < mn[r]) ? v : mn[r];
     }
 }
 
@@ -1540,47 +1545,52 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax_colum
  * float32 C = 128 group), and a short group pays more for the merges than it waits
  * (XF_GROUP_CHAINS_FROM_C).  Max and min are exact, so the order changes no result but which of +0 and
  * -0 is the max where both attain it, which no output depends on (see above).  One chain runs without
- * the merges' arrays: rows of 16 classes lost 3-5 % to them. */
+ * the merges' arrays (rows of 16 classes lost 3-5 % to them) and leaves the argmax to xf_group_argmax;
+ * the chains find it as they go: each chain's first index of its max, the least of those equal to the
+ * row's max (the first index attaining it), 0 where no entry rose above -inf.  That is xf_group_argmax's
+ * answer on every row without a NaN; a row with one is handed back to the row path, its argmax unused. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max)(
-    XF_T (*xt)[XF_GROUP_ROWS], long long C, XF_T *m_t, XF_T *mn_t, int *ok, const int chains)
+    XF_T (*xt)[XF_GROUP_ROWS], long long C, XF_T *m_t, XF_T *mn_t, int *ok, XF_FN(xf_group_index) *argmax_t,
+    const int chains)
 {
     enum { R = XF_GROUP_ROWS };
+    typedef XF_FN(xf_group_index) index_t;
     XF_T mq[XF_GROUP_CHAINS][R], mnq[XF_GROUP_CHAINS][R];
     int okq[XF_GROUP_CHAINS][R];
+    index_t aq[XF_GROUP_CHAINS][R];
     long long j;
     int r, q;
-    XF_T *const m0 = (chains == 1) ? m_t : mq[0];
-    XF_T *const mn0 = (chains == 1) ? mn_t : mnq[0];
-    int *const ok0 = (chains == 1) ? ok : okq[0];
-    for (r = 0; r < R; r++) {
-        m0[r] = (XF_T)-XF_INF;
-        mn0[r] = (XF_T)XF_INF;
-        ok0[r] = 1;
-    }
     if (chains == 1) {
+        for (r = 0; r < R; r++) {
+            m_t[r] = (XF_T)-XF_INF;
+            mn_t[r] = (XF_T)XF_INF;
+            ok[r] = 1;
+        }
         for (j = 0; j < C; j++) {
             XF_FN(xf_group_max_column)(xt[j], m_t, mn_t, ok);
         }
         return;
     }
-    for (q = 1; q < chains; q++) {
+    for (q = 0; q < chains; q++) {
         for (r = 0; r < R; r++) {
             mq[q][r] = (XF_T)-XF_INF;
             mnq[q][r] = (XF_T)XF_INF;
             okq[q][r] = 1;
+            aq[q][r] = (index_t)C;
         }
     }
     for (j = 0; j + chains <= C; j += chains) {
         for (q = 0; q < chains; q++) {
-            XF_FN(xf_group_max_column)(xt[j + q], mq[q], mnq[q], okq[q]);
+            XF_FN(xf_group_max_column_at)(xt[j + q], j + q, mq[q], mnq[q], okq[q], aq[q]);
         }
     }
     for (q = 0; j + q < C; q++) {
-        XF_FN(xf_group_max_column)(xt[j + q], mq[q], mnq[q], okq[q]);
+        XF_FN(xf_group_max_column_at)(xt[j + q], j + q, mq[q], mnq[q], okq[q], aq[q]);
     }
 #pragma omp simd
     for (r = 0; r < R; r++) {
         int c;
+        index_t a;
         m_t[r] = mq[0][r];
         mn_t[r] = mnq[0][r];
         ok[r] = okq[0][r];
@@ -1589,53 +1599,30 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_max)(
             mn_t[r] = (mnq[c][r] < mn_t[r]) ? mnq[c][r] : mn_t[r];
             ok[r] &= okq[c][r];
         }
+        a = (index_t)C;
+        for (c = 0; c < chains; c++) {
+            a = ((mq[c][r] == m_t[r]) & (aq[c][r] < a)) ? aq[c][r] : a;
+        }
+        argmax_t[r] = (a == (index_t)C) ? 0 : a;
     }
 }
 
-/* The first index attaining the max in each of a group's rows, m_t from xf_group_max: the least j with
- * an equal entry, with `chains` (a literal) chains as there; none (a row of NaN alone) gives 0. */
+/* The first index attaining the max in each of a group's rows, m_t from xf_group_max's one chain:
+ * scanning backward, the last match found is the least j; none (a row of NaN alone) gives 0. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax)(
-    XF_T (*xt)[XF_GROUP_ROWS], long long C, const XF_T *m_t, XF_FN(xf_group_index) *argmax_t, const int chains)
+    XF_T (*xt)[XF_GROUP_ROWS], long long C, const XF_T *m_t, XF_FN(xf_group_index) *argmax_t)
 {
     enum { R = XF_GROUP_ROWS };
-    typedef XF_FN(xf_group_index) index_t;
-    index_t aq[XF_GROUP_CHAINS][R];
     long long j;
-    int r, q;
-    if (chains == 1) {
-        /* scanning backward, the last match found is the least j */
-        for (r = 0; r < R; r++) {
-            argmax_t[r] = 0;
-        }
-        for (j = C - 1; j >= 0; j--) {
-#pragma omp simd
-            for (r = 0; r < R; r++) {
-                argmax_t[r] = (xt[j][r] == m_t[r]) ? (index_t)j : argmax_t[r];
-            }
-        }
-        return;
-    }
-    for (q = 0; q < chains; q++) {
-        for (r = 0; r < R; r++) {
-            aq[q][r] = (index_t)C;
-        }
-    }
-    for (j = 0; j + chains <= C; j += chains) {
-        for (q = 0; q < chains; q++) {
-            XF_FN(xf_group_argmax_column)(xt[j + q], m_t, j + q, C, aq[q]);
-        }
-    }
-    for (q = 0; j + q < C; q++) {
-        XF_FN(xf_group_argmax_column)(xt[j + q], m_t, j + q, C, aq[q]);
-    }
-#pragma omp simd
+    int r;
     for (r = 0; r < R; r++) {
-        index_t a = aq[0][r];
-        int c;
-        for (c = 1; c < chains; c++) {
-            a = (aq[c][r] < a) ? aq[c][r] : a;
+        argmax_t[r] = 0;
+    }
+    for (j = C - 1; j >= 0; j--) {
+#pragma omp simd
+        for (r = 0; r < R; r++) {
+            argmax_t[r] = (xt[j][r] == m_t[r]) ? (XF_FN(xf_group_index))j : argmax_t[r];
         }
-        argmax_t[r] = (a == (index_t)C) ? 0 : a;
     }
 }
 
@@ -1692,9 +1679,9 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     const int chains =
         (XF_GROUP_CHAINS_FROM_C <= XF_GROUP_MAX_C && C >= XF_GROUP_CHAINS_FROM_C) ? XF_GROUP_CHAINS : 1;
     if (chains == XF_GROUP_CHAINS) {
-        XF_FN(xf_group_max)(xt, C, m_t, mn_t, ok, XF_GROUP_CHAINS);
+        XF_FN(xf_group_max)(xt, C, m_t, mn_t, ok, argmax_t, XF_GROUP_CHAINS);
     } else {
-        XF_FN(xf_group_max)(xt, C, m_t, mn_t, ok, 1);
+        XF_FN(xf_group_max)(xt, C, m_t, mn_t, ok, argmax_t, 1);
     }
     if (allow_masked == 1 || (allow_masked && XF_COMPENSATED)) {
         for (r = 0; r < R; r++) {
@@ -1749,10 +1736,8 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     for (r = 0; r < R; r++) {
         ok[r] &= (m[r] < XF_INF) & (m[r] > -XF_INF) & (mn[r] > -XF_INF) & (m[r] - mn[r] <= max_spread);
     }
-    if (chains == XF_GROUP_CHAINS) {
-        XF_FN(xf_group_argmax)(xt, C, m_t, argmax_t, XF_GROUP_CHAINS);
-    } else {
-        XF_FN(xf_group_argmax)(xt, C, m_t, argmax_t, 1);
+    if (chains == 1) {
+        XF_FN(xf_group_argmax)(xt, C, m_t, argmax_t);
     }
     for (r = 0; r < R; r++) {
         argmax[r] = argmax_t[r];

@@ -125,8 +125,8 @@ XF_DECLARE_TABLE(double, f64)
  * groups stop paying near there, XF_GROUP_C_LIMIT) */
 #define XF_GROUP_ROWS 8
 #define XF_GROUP_MAX_C 256
-/* independent running max, min and argmax chains in a group's statistics (xf_group_max,
- * xf_group_argmax), on the groups XF_GROUP_CHAINS_FROM_C (softmax_rows.h) gives them */
+/* independent running max, min and argmax chains in a group's statistics (xf_group_max), on the groups
+ * XF_GROUP_CHAINS_FROM_C (softmax_rows.h) gives them */
 #define XF_GROUP_CHAINS 4
 
 enum { XF_PATH_BASELINE = 0, XF_PATH_AVX2 = 1, XF_PATH_AVX512 = 2 };
