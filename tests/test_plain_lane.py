@@ -167,6 +167,36 @@ def test_the_binary_lane_takes_larger_calls(dtype, reduction, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("bad_value", [1.5, np.nextafter(1.0, 2.0), -1e-45, -np.inf, np.inf, np.nan], ids=repr)
+def test_the_binary_lane_finds_one_bad_target_among_ordinary_elements(dtype, bad_value):
+    """The float32 kernel checks the targets inside its fast-form test (binary_blocks.h): one bad target
+    in a block of otherwise ordinary elements, at a block's first, middle or last element, beyond the
+    first block, on one thread or two, must still leave the call to the general path, whose error names
+    the target, with out= too."""
+    shape = (300, 1000)
+    assert shape[0] * shape[1] >= 2 * _xent.LANE_MIN_ELEMENTS_PER_THREAD  # on the threads asked for
+    rng = np.random.default_rng(7)
+    x = (3 * rng.standard_normal(shape)).astype(dtype)
+    t = (rng.random(shape) < 0.5).astype(dtype)
+    block = _binary.BLOCK
+    for index in (0, block - 1, 5 * block, 5 * block + block // 2, 77 * block - 1, t.size - 1):
+        bad = t.copy()
+        bad.flat[index] = bad_value
+        if bad.flat[index] == t.flat[index] or (0 <= bad.flat[index] <= 1):
+            continue  # the value did not survive the dtype (-1e-45 is -0.0 in float32): nothing to find
+        for n_threads in (1, 2):
+            for reduction in REDUCTIONS:
+                assert _binary.plain_binary_cross_entropy_with_logits(
+                    x, bad, reduction=reduction, n_threads=n_threads) is NotImplemented
+                assert _binary.plain_binary_cross_entropy_with_logits_with_grad(
+                    x, bad, reduction=reduction, n_threads=n_threads) is NotImplemented
+        with pytest.raises(ValueError, match=r"^target: values must be in \[0, 1\]"):
+            xf.binary_cross_entropy_with_logits_with_grad(x, bad, out=np.empty_like(x), n_threads=2)
+        with pytest.raises(ValueError, match=r"^target: values must be in \[0, 1\]"):
+            xf.binary_cross_entropy_with_logits(x, bad, reduction="none", n_threads=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_the_family_lane_gives_the_general_paths_bits(dtype, data):

@@ -56,6 +56,7 @@ cdef extern from "binary_kernels.h" nogil:
         xf_bin_prob_mode mode
         double loss_k
         double *part
+        unsigned char *unit_fail
     void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int clamp, double c, double clamp_lo,
                                double clamp_hi)
     ctypedef struct xf_binary_table_f32:
@@ -196,6 +197,7 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
         a.part = &part[0]
     else:
         a.part = NULL
+    a.unit_fail = NULL
     if clamp and not (0.0 < clamp_lo <= 1.0 and 0.0 <= clamp_hi < 1.0):
         raise ValueError(f"clamp_lo, clamp_hi: the thresholds of log_clamp={log_clamp!r} are needed "
                          f"(xentfast.api_binary._clamp_thresholds); got {clamp_lo!r}, {clamp_hi!r}")
@@ -289,7 +291,8 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
 
 cimport numpy as cnp
 from libc.math cimport fabs
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
+from libc.string cimport memchr
 
 from ._plain cimport (PLAIN_MAX_ELEMENTS, plain_float_array, plain_options, plain_out, plain_reduction,
                       plain_same_layout, plain_scalar, plain_threads)
@@ -374,6 +377,8 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     cdef void *gp = NULL
     cdef void *lp = NULL
     cdef int n_team = 1
+    cdef unsigned char *unit_fail = NULL
+    cdef bint targets_ok
     if not plain_float_array(input) or not plain_float_array(target):
         return NotImplemented
     x = <cnp.ndarray>input
@@ -391,16 +396,20 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
     xp = cnp.PyArray_DATA(x)
     tp = cnp.PyArray_DATA(t)
-    with nogil:
-        if n_team > 1:
-            ok = (_unit_targets_on(<const float *>tp, n, n_team) if f32
-                  else _unit_targets_on(<const double *>tp, n, n_team))
-        else:
-            ok = _plain_unit_targets(<const float *>tp, n) if f32 else _plain_unit_targets(<const double *>tp, n)
-    if not ok:
-        return NotImplemented
-    _follow_cpu_path()
     nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
+    if f32:
+        # the float32 kernel checks the targets itself (binary_blocks.h, xf_bce_logits_block): a target
+        # outside [0, 1] is found after the outputs were written, out= included (README, "Binary losses")
+        unit_fail = <unsigned char *>calloc(nb, 1)
+        if unit_fail == NULL:
+            return NotImplemented
+    else:
+        with nogil:
+            ok = (_unit_targets_on(<const double *>tp, n, n_team) if n_team > 1
+                  else _plain_unit_targets(<const double *>tp, n))
+        if not ok:
+            return NotImplemented
+    _follow_cpu_path()
     # the arguments _Elementwise.run passes for this call (xentfast.api_binary)
     a.w = NULL
     a.w_div = 1
@@ -419,6 +428,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     a.gamma = 2.0
     a.loss_k = 0.0
     a.part = NULL
+    a.unit_fail = unit_fail
     xf_bin_prob_mode_init(&a.mode, False, 0.0, False, 0.0, 0.0, 1.0)
     if with_grad:
         g = out if out is not None else cnp.PyArray_EMPTY(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x),
@@ -430,12 +440,14 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     else:
         part = <double *>malloc(2 * nb * sizeof(double))
         if part == NULL:
+            free(unit_fail)
             return NotImplemented
         a.part = part
     with nogil:
         fp_saved = xf_fp_ieee_enter()
         _bce_blocks(xp, tp, &a, n, lp, gp, f32, n_team)
-        if red != 0:
+        targets_ok = unit_fail == NULL or memchr(unit_fail, 1, nb) == NULL
+        if red != 0 and targets_ok:
             xf_ddsum_tree(part, nb)
             hi = part[0]
             lo = part[1]
@@ -446,10 +458,14 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
             if f32:
                 total32 = <float>total     # rounded inside the subnormal guard
         xf_fp_ieee_leave(fp_saved)
+    free(unit_fail)
+    if red != 0:
+        free(part)
+    if not targets_ok:
+        return NotImplemented
     if red == 0:
         result = loss_o
     else:
-        free(part)
         if not ok:
             return NotImplemented
         result = plain_scalar(total, total32, f32)

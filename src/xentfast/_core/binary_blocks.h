@@ -473,11 +473,11 @@ XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, l
  * fast loop.  A call per chunk cost ~10 % of a float32 BCE call: each call passes the block by value
  * and loads and spills its ~15 constants afresh.  Every element still gets the form its own chunk
  * decided, so the bits are those of one call per chunk. */
-XF_HD void XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                            const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
+XF_HD int XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                           const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
     long long start = 0, c0;
-    int run_fast = 0;
+    int run_fast = 0, all_fast = 1;
     for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
         const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
         const int fast = XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0);
@@ -486,10 +486,24 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n,
             start = c0;
         }
         run_fast = fast;
+        all_fast &= fast;
     }
     if (n > 0) {
         XF_BIN_FN(xf_bce_logits_run)(b, start, n, run_fast, a, unweighted, loss_d, loss_o, grad);
     }
+    return all_fast;
+}
+
+/* Whether one of the n targets lies outside [0, 1] or is NaN. */
+XF_HD int XF_BIN_FN(xf_bin_targets_outside_unit)(const XF_T *t, long long n)
+{
+    int bad = 0;
+    long long j;
+#pragma omp simd reduction(| : bad)
+    for (j = 0; j < n; j++) {
+        bad |= !((t[j] >= (XF_T)0.0) & (t[j] <= (XF_T)1.0));
+    }
+    return bad;
 }
 #endif
 
@@ -515,7 +529,14 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     b.g = (grad && !plain) ? XF_BIN_FN(xf_bin_upstream_block)(a, off, n, gbuf) : 0;
 #if XF_BIN_FAST
     if (plain) {
-        XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, XF_BIN_PLAIN, loss_d, loss_o, grad);
+        const int all_fast = XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, XF_BIN_PLAIN, loss_d, loss_o, grad);
+        /* every target of a fast chunk lies in [0, 1] (its test includes that), so only a block with a
+         * slow chunk (|x| > 80, a bad target, an extreme scale) reads its targets once more: the caller's
+         * target check at no cost on ordinary blocks, where a pass of its own over the targets took ~10 %
+         * of a float32 call (benchmarks/README.md, 2026-12-05, third round) */
+        if (!all_fast && a->unit_fail && XF_BIN_FN(xf_bin_targets_outside_unit)(t + off, n)) {
+            a->unit_fail[off / XF_BIN_BLOCK] = 1;
+        }
     } else if (unweighted) {
         XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, 1, loss_d, loss_o, grad);
     } else {

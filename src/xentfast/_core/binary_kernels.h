@@ -58,6 +58,9 @@ typedef struct {
     double loss_k;       /* losses written times 2^loss_k (0, or 600 for reductions of tiny terms) */
     double *part;        /* NULL, or the reduction's dd_sum partials: block b writes part[2b], part[2b + 1]
                             (xentfast/ddsum.h step 1) instead of storing its double losses */
+    unsigned char *unit_fail; /* NULL, or (CPU, float32 BCE with logits, plain instance) one byte per block:
+                                 block b sets unit_fail[b] to 1 where one of its targets lies outside
+                                 [0, 1] or is NaN, the target check made by the fast-form test */
 } xf_bin_args;
 
 /* w[(i / div) % mod] for i in [off, off + n), see (b) */

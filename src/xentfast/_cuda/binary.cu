@@ -156,6 +156,7 @@ XF_HD void xf_cu_bin_args_init(xf_bin_args *a, long long n, const double *w, lon
     a->gamma = gamma;
     a->loss_k = loss_k;
     a->part = 0; /* the reduction sums loss_d (reduce.cu); the CPU's in-block partials are not used here */
+    a->unit_fail = 0; /* the device front end checks the targets before the kernels run */
     xf_bin_prob_mode_init(&a->mode, clip, eps, clamp, log_clamp, clamp_lo, clamp_hi);
 }
 
