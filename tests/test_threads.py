@@ -248,6 +248,43 @@ _GROUP_LIMITS = {
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [8192, 8193, 9001])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_a_rows_results_do_not_depend_on_the_rows_after_it(cpu_path_back, path, dtype, c):
+    """The row driver reads each row's next row during the row's sum pass and keeps that row's max
+    lanes (softmax_rows.h, xf_next_max), which its own max pass then folds.  Each row's loss and
+    gradient must be the ones it gets alone, whatever follows it: a max past the last whole chunk or at
+    its end, NaN, +-inf and -inf in the lanes or past them, finite masks, ties and +-0 ties."""
+    _xent.set_cpu_path(path)
+    rng = np.random.default_rng(c)
+    n = 16
+    x = (rng.standard_normal((n, c)) * 3).astype(dtype)
+    whole = c // 64 * 64
+    x[1, -1] = 40.0
+    x[2, whole - 1] = 40.0
+    x[3, c // 3] = np.nan
+    x[4, -1] = np.nan
+    x[5, -1] = np.inf
+    x[6, ::5] = -np.inf
+    x[7, -1] = -np.inf
+    x[8, ::4] = -1e9
+    x[9, :] = 0.0
+    x[9, ::3] = -0.0
+    x[10, :] = x[10, 0]
+    x[11, 0] = 700.0
+    x[12, c // 2] = np.inf
+    y = rng.integers(0, c, n)
+    y[13] = -100
+    for n_threads in (1, 2):
+        batch = xf.cross_entropy_with_grad(x, y, reduction="none", n_threads=n_threads)
+        forward = xf.cross_entropy(x, y, reduction="none", n_threads=n_threads)
+        for i in range(n):
+            loss, grad = xf.cross_entropy_with_grad(x[i:i + 1], y[i:i + 1], reduction="none", n_threads=1)
+            assert batch[0][i].tobytes() == loss[0].tobytes() == forward[i].tobytes(), (n_threads, i)
+            assert batch[1][i].tobytes() == grad[0].tobytes(), (n_threads, i)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_take_ordinary_rows_up_to_their_limits(cpu_path_back, path, dtype):
     # the group-versus-row tests compare bits, which would pass with no row grouped; here every ordinary

@@ -76,6 +76,7 @@ cdef extern from "xent_kernels.h" nogil:
     ctypedef struct xf_row_scratch:
         pass
     xf_row_scratch *xf_row_scratch_new(long long n_classes)
+    void xf_row_scratch_read_ahead(xf_row_scratch *s, const void *x_end)
     void xf_row_scratch_release(xf_row_scratch *s)
     ctypedef struct xf_softmax_table_f32:
         void (*max_block)(const float *, long long, long long, xf_rowmax *) noexcept nogil
@@ -494,6 +495,9 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
                 # store them in the gradient, to the same bits.  Releasing it writes the last long row's pending
                 # gradient (xf_row_scratch).
                 scratch = xf_row_scratch_new(C) if want_scratch else NULL
+                if <const floating *>gp != xp:
+                    # the next row's max pass inside each row's sum pass: the logits are only read
+                    xf_row_scratch_read_ahead(scratch, xp + N * C)
                 for i in prange(N, schedule="guided"):
                     loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)
                 xf_row_scratch_release(scratch)

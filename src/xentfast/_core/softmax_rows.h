@@ -335,6 +335,53 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 
 /* elements per exponential chunk in the sum pass, a multiple of XF_LANES */
 #define XF_CHUNK 64
+
+/* ---- the next row's max pass, inside this row's sum pass ------------------------------------------------
+ * The sum pass is bound by its exponentials' arithmetic and leaves the loads idle, while the max pass
+ * after it reads the next row once more at load speed (~15 % of a fused float32 row of 32000 classes).
+ * Where the driver allows it (xf_row_scratch_read_ahead), each full chunk of the sum pass also folds the
+ * same chunk of the next row into XF_MAX_LANES lanes of max, min and an inf/NaN marker, and that row's
+ * max pass (xf_row_max_next) folds the lanes, takes the entries past the last full chunk, and finds the
+ * first index of the max.  Max and min are exact and independent of the order they are taken in, so
+ * the row's statistics are xf_row_max's; a row with a NaN, an inf or a -inf takes xf_row_max itself. */
+typedef struct {
+    XF_T m[XF_MAX_LANES], mn[XF_MAX_LANES], mark[XF_MAX_LANES];
+} XF_FN(xf_next_max);
+typedef char XF_FN(xf_next_max_fits)[(sizeof(XF_FN(xf_next_max)) <= sizeof(((xf_row_scratch *)0)->next_lanes))
+                                         ? 1 : -1];
+/* the next row's chunks cover a prefix of it: whole blocks, then the last block's whole chunks */
+typedef char XF_FN(xf_next_max_blocks)[(XF_BLOCK % XF_CHUNK == 0) ? 1 : -1];
+/* how far past its reads in the next row the sum pass prefetches that row (bytes, ~4 chunks of work) */
+#define XF_NEXT_PREFETCH_BYTES 1024
+
+static inline __attribute__((always_inline)) void XF_FN(xf_next_max_init)(XF_FN(xf_next_max) *a)
+{
+    int k;
+    for (k = 0; k < XF_MAX_LANES; k++) {
+        a->m[k] = (XF_T)-XF_INF;
+        a->mn[k] = (XF_T)XF_INF;
+        a->mark[k] = (XF_T)0;
+    }
+}
+
+/* n a multiple of XF_MAX_LANES.  max and min as xf_max_block's (NaN-blind selects); e - e is +0 for a
+ * finite entry and NaN for +-inf or NaN, so the marker stays +0 exactly where the row may take the
+ * common form. */
+static inline __attribute__((always_inline)) void XF_FN(xf_next_max_add)(XF_FN(xf_next_max) *a, const XF_T *v,
+                                                                         long long n)
+{
+    long long i;
+    int k;
+    for (i = 0; i < n; i += XF_MAX_LANES) {
+#pragma omp simd
+        for (k = 0; k < XF_MAX_LANES; k++) {
+            const XF_T e = v[i + k];
+            a->m[k] = (e > a->m[k]) ? e : a->m[k];
+            a->mn[k] = (e < a->mn[k]) ? e : a->mn[k];
+            a->mark[k] += e - e;
+        }
+    }
+}
 /* How far ahead of its stores the sum pass touches the output buffer (bytes).  A store to a line that is
  * in no cache first reads it from memory, and with every store of a chunk waiting on such reads the
  * exponentials stall behind them: the fused pass ran as if memory and arithmetic took turns (AMD EPYC
@@ -547,7 +594,8 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_step)(xf_row_
  * with the doubles. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
-    const int normal, const int has_store, long long ahead, xf_row_scratch *pend, const int has_pend)
+    const int normal, const int has_store, long long ahead, xf_row_scratch *pend, const int has_pend,
+    XF_FN(xf_next_max) *next)
 {
     double acc[XF_LANES], cmp[XF_LANES];
     int k;
@@ -564,7 +612,14 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
     for (; j + XF_CHUNK <= n; j += XF_CHUNK) {
         long long i;
         double *buf = keep ? keep + j : chunk_buf;
-        if (ahead) {
+        if (next) {
+            /* the next row's chunk read here, and its lines a few chunks on fetched ahead of those reads */
+            const char *pf = (const char *)(x + j + ahead) + XF_NEXT_PREFETCH_BYTES;
+            for (i = 0; i < XF_CHUNK * (long long)sizeof(XF_T); i += 64) {
+                __builtin_prefetch(pf + i, 0, 3);
+            }
+            XF_FN(xf_next_max_add)(next, x + j + ahead, XF_CHUNK);
+        } else if (ahead) {
             const char *pf = (const char *)(x + j + ahead);
             for (i = 0; i < XF_CHUNK * (long long)sizeof(XF_T); i += 64) {
                 __builtin_prefetch(pf + i, 0, 3);
@@ -677,18 +732,18 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
  * micro-operations; the fused float32 sum pass spent about a third of its time there. */
 XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m, long long skip, int normal,
                                             double *hi, double *lo, XF_T *store, double *keep, long long ahead,
-                                            xf_row_scratch *pend)
+                                            xf_row_scratch *pend, XF_FN(xf_next_max) *next)
 {
 #if XF_STREAMED_ROWS
     /* `pend` (or NULL): a pending gradient to write a chunk at a time (xf_pending_step); only where the
      * exponentials are kept (the scratch row it reads from too) */
     if (pend && keep) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, pend, 1);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, pend, 1, next);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, pend, 1);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, pend, 1, next);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, pend, 1);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, pend, 1, next);
         }
         return;
     }
@@ -696,26 +751,26 @@ XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m
     (void)pend;
     if (keep) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, 0, 0);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, 0, 0, next);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, 0, 0);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, 0, 0, next);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, 0, 0);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, 0, 0, next);
         }
     } else if (store) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, 0, 0);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, 0, 0, next);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead, 0, 0);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead, 0, 0, next);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead, 0, 0);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead, 0, 0, next);
         }
     } else if (normal == 1) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead, 0, 0);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead, 0, 0, next);
     } else if (normal == 2) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 2, 0, ahead, 0, 0);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 2, 0, ahead, 0, 0, next);
     } else {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead, 0, 0);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead, 0, 0, next);
     }
 }
 
@@ -723,7 +778,7 @@ XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m
 XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long long skip, int normal,
                                       double *hi, double *lo, XF_T *store)
 {
-    XF_FN(xf_sumexp_block_ahead)(x, n, m, skip, normal, hi, lo, store, 0, 0, 0);
+    XF_FN(xf_sumexp_block_ahead)(x, n, m, skip, normal, hi, lo, store, 0, 0, 0, 0);
 }
 
 /* Pass 3's ordinary case, vectorized: the loss term and q_j of each element of a chunk (x, t, w at its
@@ -1107,13 +1162,68 @@ XF_KERNEL void XF_FN(xf_row_max)(const XF_T *x, long long C, xf_rowjob *job)
     XF_FN(xf_row_mask_form)(x, C, job);
 }
 
-/* `pend` (or NULL): a pending gradient the sum pass writes as it goes (xf_pending_step) */
+/* The max pass of a row the previous sum pass has read ahead (`s`, xf_next_max), else xf_row_max. */
+XF_KERNEL void XF_FN(xf_row_max_next)(const XF_T *x, long long C, xf_rowjob *job, xf_row_scratch *s)
+{
+    if (s == NULL || s->next_row != (const void *)x) {
+        XF_FN(xf_row_max)(x, C, job);
+        return;
+    }
+    XF_FN(xf_next_max) lanes;
+    const long long done = s->next_done;
+    const long long whole = done + (C - done) / XF_MAX_LANES * XF_MAX_LANES;
+    long long j;
+    int k;
+    memcpy(&lanes, s->next_lanes, sizeof lanes);
+    s->next_row = NULL;
+    XF_FN(xf_next_max_add)(&lanes, x + done, whole - done);
+    XF_T m = (XF_T)-XF_INF, mn = (XF_T)XF_INF, mark = (XF_T)0;
+    for (k = 0; k < XF_MAX_LANES; k++) {
+        m = (lanes.m[k] > m) ? lanes.m[k] : m;
+        mn = (lanes.mn[k] < mn) ? lanes.mn[k] : mn;
+        mark += lanes.mark[k];
+    }
+    for (j = whole; j < C; j++) {
+        m = (x[j] > m) ? x[j] : m;
+        mn = (x[j] < mn) ? x[j] : mn;
+        mark += x[j] - x[j];
+    }
+    if (mark != (XF_T)0) {
+        /* an inf or a NaN: the counting pass, as xf_row_max would run it */
+        XF_FN(xf_row_max)(x, C, job);
+        return;
+    }
+    /* every entry finite: what xf_row_max's block merge gives (the first index of the max, no NaN,
+     * every entry counted finite) */
+    xf_rowmax st;
+    st.m = (double)m;
+    st.argmax = XF_FN(xf_first_equal)(x, C, m);
+    st.n_nan = 0;
+    st.n_finite = C;
+    st.min_finite = (double)mn;
+    xf_rowjob_set_max(job, &st);
+    xf_rowjob_set_exp_form(job, C);
+    XF_FN(xf_row_mask_form)(x, C, job);
+}
+
+/* `pend` (or NULL): a pending gradient the sum pass writes as it goes (xf_pending_step).  `next` (or
+ * NULL): the thread's scratch, where the sum pass leaves the next row's max lanes (xf_next_max) when
+ * the driver allows it and that row lies inside the input. */
 XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep,
-                                         xf_row_scratch *pend)
+                                         xf_row_scratch *pend, xf_row_scratch *next)
 {
     long long b0;
+    XF_FN(xf_next_max) lanes, *ahead = 0;
+    if (next) {
+        next->next_row = NULL;
+    }
     if (job->status != XF_ROW_OK) {
         return;
+    }
+    if (next && next->x_end && C >= XF_READ_AHEAD_MIN_CLASSES &&
+        (size_t)((const char *)next->x_end - (const char *)x) >= 2 * (size_t)C * sizeof(XF_T)) {
+        XF_FN(xf_next_max_init)(&lanes);
+        ahead = &lanes;
     }
     double hi = 0.0, lo = 0.0;
     for (b0 = 0; b0 < C; b0 += XF_BLOCK) {
@@ -1122,7 +1232,7 @@ XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *
         double bhi, blo;
         XF_FN(xf_sumexp_block_ahead)(x + b0, nb, job->m, (skip >= 0 && skip < nb) ? skip : -1,
                                      job->exp_normal, &bhi, &blo, store ? store + b0 : 0, keep ? keep + b0 : 0, C,
-                                     pend);
+                                     pend, ahead);
         if (b0 == 0) {
             /* the first block as it is: xf_lanes_to_dd's pair is normalized (bhi = fl(bhi + blo)), so
              * adding it to (0, 0) returns it unchanged, as the phased path's merge does */
@@ -1133,6 +1243,11 @@ XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *
         }
     }
     xf_rowjob_set_sum(job, hi, lo);
+    if (ahead) {
+        memcpy(next->next_lanes, &lanes, sizeof lanes);
+        next->next_done = C / XF_CHUNK * XF_CHUNK;
+        next->next_row = x + C;
+    }
 #if XF_COMPENSATED
     /* reads x again: rows that may need it are never given a store aliasing x (xf_rowjob_plan) */
     xf_rowjob_rescue_tiny_sum(job, x, C);
@@ -1141,7 +1256,7 @@ XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *
 
 XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep)
 {
-    XF_FN(xf_row_sum_writing)(x, C, job, store, keep, 0);
+    XF_FN(xf_row_sum_writing)(x, C, job, store, keep, 0, 0);
 }
 
 /* Per-row loss terms of a whole row (soft targets / smoothing), block by block. */
@@ -1200,7 +1315,7 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 {
     long long b0;
     double *const row = scratch ? scratch->row : 0;
-    XF_FN(xf_row_max)(x, C, job);
+    XF_FN(xf_row_max_next)(x, C, job, scratch);
     xf_rowjob_plan(job, (job->y >= 0) ? (double)x[job->y] : 0.0, grad != 0);
     double *keep = 0;
     if (grad && job->status == XF_ROW_OK) {
@@ -1232,7 +1347,7 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     }
     /* float64 stored rows not streamed keep their exponentials in the gradient buffer (exact there) */
     XF_T *store = (XF_COMPENSATED && job->stored && !streamed) ? grad : 0;
-    XF_FN(xf_row_sum_writing)(x, C, job, store, keep, pending);
+    XF_FN(xf_row_sum_writing)(x, C, job, store, keep, pending, scratch);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);

@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "xentfast/softmax_row.h"
 
@@ -59,6 +60,14 @@ typedef struct xf_row_scratch {
     void *out;
     long long n, done, target;
     double factor, factor2, target_grad;
+    /* The next row's max pass, made during this row's sum pass (softmax_rows.h, xf_next_max): `x_end`
+     * the end of the input the driver runs (NULL: no row is read ahead), `next_row` the row whose lanes
+     * `next_lanes` hold (the storage type's max, min and inf/NaN marker; NULL: none), `next_done` the
+     * entries they cover from its start. */
+    const void *x_end;
+    const void *next_row;
+    long long next_done;
+    double next_lanes[48];
 } xf_row_scratch;
 
 /* NULL when either allocation fails: the rows then run without scratch, to the same bits */
@@ -75,7 +84,19 @@ static inline xf_row_scratch *xf_row_scratch_new(long long n_classes)
     }
     s->pending = 0;
     s->write = NULL;
+    s->x_end = NULL;
+    s->next_row = NULL;
     return s;
+}
+
+/* Lets the rows run with `s` read the next row's entries during their sum pass (its max pass then
+ * costs no pass of its own), for an input that ends at x_end and that no thread writes during the call
+ * (not a gradient written in place). */
+static inline void xf_row_scratch_read_ahead(xf_row_scratch *s, const void *x_end)
+{
+    if (s != NULL) {
+        s->x_end = x_end;
+    }
 }
 
 /* Completes a pending gradient, so that the scratch row is free again (xf_xent_row) */
@@ -155,12 +176,21 @@ typedef struct {
  * rows in their own gradient buffer unless that buffer is the logits; every float32 row keeps its
  * exponentials there as doubles (a float32 buffer would round them), and so do float64 stored rows of
  * XF_STREAM_MIN_CLASSES or more (the baseline path, which has no streaming stores, leaves that memory
- * unused for float64).  The Cython drivers and the FFI handlers both ask here. */
+ * unused for float64).  Rows of XF_READ_AHEAD_MIN_CLASSES or more get one for the next row's max
+ * lanes too (xf_next_max), with or without a gradient (only the main Cython driver lets them read
+ * ahead): measured, that made fused float32 rows of 32000 and 128256 classes 5-12 % faster, and fused
+ * rows of 300-1000 classes, whose separate max pass is cheap, ~10 % slower (benchmarks/README.md,
+ * 2026-12-05, fourth round).  The Cython drivers and the FFI handlers both ask
+ * here. */
+#ifndef XF_READ_AHEAD_MIN_CLASSES
+#define XF_READ_AHEAD_MIN_CLASSES 8192
+#endif
 static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits,
                                         long long n_classes)
 {
-    return has_grad && (storage_is_float || (general && grad_is_logits) ||
-                        n_classes >= XF_STREAM_MIN_CLASSES(storage_is_float));
+    return (has_grad && (storage_is_float || (general && grad_is_logits) ||
+                         n_classes >= XF_STREAM_MIN_CLASSES(storage_is_float))) ||
+           n_classes >= XF_READ_AHEAD_MIN_CLASSES;
 }
 
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
