@@ -595,7 +595,7 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_step)(xf_row_
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
     const int normal, const int has_store, long long ahead, xf_row_scratch *pend, const int has_pend,
-    XF_FN(xf_next_max) *next)
+    XF_FN(xf_next_max) *next, const int has_next)
 {
     double acc[XF_LANES], cmp[XF_LANES];
     int k;
@@ -612,7 +612,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
     for (; j + XF_CHUNK <= n; j += XF_CHUNK) {
         long long i;
         double *buf = keep ? keep + j : chunk_buf;
-        if (next) {
+        if (has_next) {
             /* the next row's chunk read here, and its lines a few chunks on fetched ahead of those reads */
             const char *pf = (const char *)(x + j + ahead) + XF_NEXT_PREFETCH_BYTES;
             for (i = 0; i < XF_CHUNK * (long long)sizeof(XF_T); i += 64) {
@@ -730,20 +730,20 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
  * `store` is a literal too (has_store): a store under a run-time test inside the vectorized loop became a
  * masked store (vmaskmovps with an all-ones mask), which AMD's Zen cores execute as many
  * micro-operations; the fused float32 sum pass spent about a third of its time there. */
-XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m, long long skip, int normal,
-                                            double *hi, double *lo, XF_T *store, double *keep, long long ahead,
-                                            xf_row_scratch *pend, XF_FN(xf_next_max) *next)
+static inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_forms)(
+    const XF_T *x, long long n, double m, long long skip, int normal, double *hi, double *lo, XF_T *store,
+    double *keep, long long ahead, xf_row_scratch *pend, XF_FN(xf_next_max) *next, const int has_next)
 {
 #if XF_STREAMED_ROWS
     /* `pend` (or NULL): a pending gradient to write a chunk at a time (xf_pending_step); only where the
      * exponentials are kept (the scratch row it reads from too) */
     if (pend && keep) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, pend, 1, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, pend, 1, next, has_next);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, pend, 1, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, pend, 1, next, has_next);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, pend, 1, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, pend, 1, next, has_next);
         }
         return;
     }
@@ -751,26 +751,39 @@ XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m
     (void)pend;
     if (keep) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, 0, 0, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 1, 0, ahead, 0, 0, next, has_next);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, 0, 0, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 2, 0, ahead, 0, 0, next, has_next);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, 0, 0, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, 0, 0, next, has_next);
         }
     } else if (store) {
         if (normal == 1) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, 0, 0, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, 0, 0, next, has_next);
         } else if (normal == 2) {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead, 0, 0, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 2, 1, ahead, 0, 0, next, has_next);
         } else {
-            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead, 0, 0, next);
+            XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 0, 1, ahead, 0, 0, next, has_next);
         }
     } else if (normal == 1) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead, 0, 0, next);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 1, 0, ahead, 0, 0, next, has_next);
     } else if (normal == 2) {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 2, 0, ahead, 0, 0, next);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 2, 0, ahead, 0, 0, next, has_next);
     } else {
-        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead, 0, 0, next);
+        XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, 0, 0, 0, ahead, 0, 0, next, has_next);
+    }
+}
+
+/* `next` (or NULL): the next row's max lanes to fold this block's chunks of that row into (xf_next_max); a
+ * literal in the copies, so that the rows without it run the loops they ran before */
+XF_KERNEL void XF_FN(xf_sumexp_block_ahead)(const XF_T *x, long long n, double m, long long skip, int normal,
+                                            double *hi, double *lo, XF_T *store, double *keep, long long ahead,
+                                            xf_row_scratch *pend, XF_FN(xf_next_max) *next)
+{
+    if (next) {
+        XF_FN(xf_sumexp_block_forms)(x, n, m, skip, normal, hi, lo, store, keep, ahead, pend, next, 1);
+    } else {
+        XF_FN(xf_sumexp_block_forms)(x, n, m, skip, normal, hi, lo, store, keep, ahead, pend, 0, 0);
     }
 }
 
