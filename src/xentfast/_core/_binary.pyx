@@ -397,13 +397,10 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     xp = cnp.PyArray_DATA(x)
     tp = cnp.PyArray_DATA(t)
     nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
-    if f32:
-        # the float32 kernel checks the targets itself (binary_blocks.h, xf_bce_logits_block): a target
-        # outside [0, 1] is found after the outputs were written, out= included (README, "Binary losses")
-        unit_fail = <unsigned char *>calloc(nb, 1)
-        if unit_fail == NULL:
-            return NotImplemented
-    else:
+    if not f32:
+        # the float32 kernel checks the targets itself (binary_blocks.h, xf_bce_logits_block, unit_fail
+        # below): a target outside [0, 1] is found after the outputs were written, out= included (README,
+        # "Binary, focal and from-probability losses")
         with nogil:
             ok = (_unit_targets_on(<const double *>tp, n, n_team) if n_team > 1
                   else _plain_unit_targets(<const double *>tp, n))
@@ -428,7 +425,7 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     a.gamma = 2.0
     a.loss_k = 0.0
     a.part = NULL
-    a.unit_fail = unit_fail
+    a.unit_fail = NULL
     xf_bin_prob_mode_init(&a.mode, False, 0.0, False, 0.0, 0.0, 1.0)
     if with_grad:
         g = out if out is not None else cnp.PyArray_EMPTY(cnp.PyArray_NDIM(x), cnp.PyArray_DIMS(x),
@@ -440,9 +437,15 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
     else:
         part = <double *>malloc(2 * nb * sizeof(double))
         if part == NULL:
-            free(unit_fail)
             return NotImplemented
         a.part = part
+    if f32:
+        # allocated last: nothing between here and its free can raise
+        unit_fail = <unsigned char *>calloc(nb, 1)
+        if unit_fail == NULL:
+            free(part)
+            return NotImplemented
+        a.unit_fail = unit_fail
     with nogil:
         fp_saved = xf_fp_ieee_enter()
         _bce_blocks(xp, tp, &a, n, lp, gp, f32, n_team)

@@ -288,6 +288,7 @@ void bce_elements(const T *x, const T *y, const T *g, long long n, T *loss, T *g
     a.gamma = 2.0;
     a.loss_k = 0.0;
     a.part = nullptr;
+    a.unit_fail = nullptr;  // the JAX front end checks the targets before the handler runs
     xf_bin_prob_mode_init(&a.mode, 0, 0.0, 0, 0.0, 0.0, 1.0);
     const long long nb = (n + XF_BIN_BLOCK - 1) / XF_BIN_BLOCK;
     on_threads(threads_for(n), nb, [&](long long b) {

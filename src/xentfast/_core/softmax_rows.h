@@ -343,7 +343,9 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
  * same chunk of the next row into XF_MAX_LANES lanes of max, min and an inf/NaN marker, and that row's
  * max pass (xf_row_max_next) folds the lanes, takes the entries past the last full chunk, and finds the
  * first index of the max.  Max and min are exact and independent of the order they are taken in, so
- * the row's statistics are xf_row_max's; a row with a NaN, an inf or a -inf takes xf_row_max itself. */
+ * the row's statistics are xf_row_max's, up to which of +0 and -0 is the max (or min) where both attain
+ * it, which no output depends on (see xf_max_block); a row with a NaN, an inf or a -inf takes
+ * xf_row_max itself. */
 typedef struct {
     XF_T m[XF_MAX_LANES], mn[XF_MAX_LANES], mark[XF_MAX_LANES];
 } XF_FN(xf_next_max);
