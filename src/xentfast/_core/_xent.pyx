@@ -123,7 +123,6 @@ cdef extern from "xent_kernels.h" nogil:
     int xf_path_fma_native(int path)
     const xf_softmax_table_f32 *xf_softmax_table_for_f32(int path)
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
-    enum: XF_READ_AHEAD_MIN_CLASSES
     bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits,
                                long long n_classes)
     ctypedef struct xf_softmax_exports:
@@ -483,8 +482,6 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     groups = row_groups and has_y and not has_t and eps == 0.0 and z == 0.0 and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
-    # the next row's max lanes (xf_row_scratch_read_ahead below)
-    want_scratch = want_scratch or (C >= XF_READ_AHEAD_MIN_CLASSES and <const floating *>gp != xp)
     with nogil:
         if force_phased or _use_phased(N, C, n_threads):
             ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
@@ -498,8 +495,9 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
                 # store them in the gradient, to the same bits.  Releasing it writes the last long row's pending
                 # gradient (xf_row_scratch).
                 scratch = xf_row_scratch_new(C) if want_scratch else NULL
-                if <const floating *>gp != xp:
-                    # the next row's max pass inside each row's sum pass: the logits are only read
+                if gp != NULL and <const floating *>gp != xp:
+                    # the next row's max pass inside each row's sum pass (rows with a gradient: the
+                    # forward pass alone measured no gain); the logits are only read
                     xf_row_scratch_read_ahead(scratch, xp + N * C)
                 for i in prange(N, schedule="guided"):
                     loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)

@@ -176,11 +176,11 @@ typedef struct {
  * rows in their own gradient buffer unless that buffer is the logits; every float32 row keeps its
  * exponentials there as doubles (a float32 buffer would round them), and so do float64 stored rows of
  * XF_STREAM_MIN_CLASSES or more (the baseline path, which has no streaming stores, leaves that memory
- * unused for float64).  The Cython drivers and the FFI handlers both ask here.  The main Cython driver
- * also makes one for rows of XF_READ_AHEAD_MIN_CLASSES or more, with or without a gradient, for the next
- * row's max lanes (xf_next_max, xf_row_scratch_read_ahead): measured, reading ahead made fused float32
- * rows of 32000 and 128256 classes 10-15 % faster, and fused rows of 300-1000 classes, whose separate max
- * pass is cheap, ~10 % slower (benchmarks/README.md, 2026-12-05, fourth round). */
+ * unused for float64).  The Cython drivers and the FFI handlers both ask here.  With a gradient, the main
+ * Cython driver's rows of XF_READ_AHEAD_MIN_CLASSES or more also keep the next row's max lanes there
+ * (xf_next_max, xf_row_scratch_read_ahead): measured, reading ahead made fused float32 rows of 32000 and
+ * 128256 classes 10-15 % faster, fused rows of 300-1000 classes, whose separate max pass is cheap, ~10 %
+ * slower, and the forward pass alone no faster (benchmarks/README.md, 2026-12-05, fourth round). */
 #ifndef XF_READ_AHEAD_MIN_CLASSES
 #define XF_READ_AHEAD_MIN_CLASSES 8192
 #endif
