@@ -5,6 +5,8 @@ exponentials' polynomials and range reductions) are the instruction on the avx2 
 exact emulation on the baseline path, so wider vectors and the instruction change only speed.  Bitwise
 equality here means every accuracy, determinism and validation test holds on every path.
 """
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -111,9 +113,71 @@ def test_long_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reductio
             inplace = x.copy()
             results.append(xf.cross_entropy_with_grad(inplace, y, reduction=reduction, n_threads=n_threads,
                                                       inplace=True))
+            # into new pages the pending rows take ordinary stores (xf_memory_touched); forced here both ways
+            for stores in ("streaming", "ordinary"):
+                _xent.set_output_stores(stores)
+                try:
+                    results.append(xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads))
+                finally:
+                    _xent.set_output_stores("auto")
             for got in results:
                 for a, b in zip(got, want):
                     assert np.array_equal(a, b, equal_nan=True), (path, n_threads)
+
+
+@pytest.mark.parametrize("n_classes", [1024 + 37, 2048 + 5, 4096 + 45, 8192, 8192 + 77])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_rows_of_softmax_keep_the_bits(restore_path, n_classes, dtype):
+    # softmax runs as the gradient of a row without a target (_xent.pyx _softmax_family_row): from 1024
+    # classes (float32; float64 2048) each row's output goes out while the next row of the same thread
+    # runs its sum pass, as the fused gradient's does, and from 8192 classes that sum pass reads the next
+    # row's max ahead; the baseline path writes each row in a pass of its own.  Every path, thread count
+    # and kind of store must give its bits (log_softmax's too, beside it), whatever lies between the rows:
+    # NaN, +inf, masked classes (-inf, a finite mask), a spread beyond the unclamped exponentials, ties
+    rng = np.random.default_rng(4)
+    C = n_classes
+    x = (rng.standard_normal((13, C)) * 20).astype(dtype)
+    x[1, C - 1] = 300.0
+    x[3, 9] = np.nan
+    x[4, ::3] = -np.inf
+    x[5, 17] = np.inf
+    x[6, 100] = 1000.0
+    x[7, :] = x[7, 0]
+    x[9, ::5] = -1e9
+    x[11, 0] = -np.inf
+    _xent.set_cpu_path("baseline")
+    want = (xf.log_softmax(x, n_threads=1), xf.softmax(x, n_threads=1))
+    for path in PATHS:
+        _xent.set_cpu_path(path)
+        for stores in ("auto", "streaming", "ordinary"):
+            _xent.set_output_stores(stores)
+            try:
+                for n_threads in (1, 2):
+                    got = (xf.log_softmax(x, n_threads=n_threads), xf.softmax(x, n_threads=n_threads))
+                    for a, b, what in zip(got, want, ("log_softmax", "softmax")):
+                        assert np.array_equal(a, b, equal_nan=True), (what, path, stores, n_threads)
+            finally:
+                _xent.set_output_stores("auto")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the page test is Linux's (mincore)")
+def test_new_pages_are_told_from_mapped_ones():
+    # a new array beyond glibc's largest mmap threshold (32 MiB) comes as pages no store has touched; the
+    # long rows' pending output then takes ordinary stores (xf_memory_touched, xf_row_scratch_new_output)
+    # (the first page holds the allocator's header: the test looks a page in)
+    a = np.empty(64 << 20, dtype=np.uint8)
+    assert not _xent.memory_touched(a)
+    a[-1] = 1
+    assert not _xent.memory_touched(a)
+    a[:8192] = 1
+    assert _xent.memory_touched(a)
+    b = np.empty(64 << 20, dtype=np.uint8)
+    b[:8192] = 1
+    assert not _xent.memory_touched(b)
+    b[-1] = 1
+    assert _xent.memory_touched(b)
+    with pytest.raises(ValueError, match="kind"):
+        _xent.set_output_stores("fast")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

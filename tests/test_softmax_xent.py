@@ -163,6 +163,48 @@ def test_float32_gradient_is_rounded_once(layout):
         _xent.set_cpu_path(before)
 
 
+# Where a float32 softmax row is formed: 8 rows side by side, the gradient's row kernel, long rows
+# written during the next row's sum pass (into new pages, ordinary stores; into mapped ones, streaming)
+SOFTMAX_LAYOUTS = {
+    "short-row-group": dict(rows=64, classes=10),
+    "group-150": dict(rows=16, classes=150),
+    "row": dict(rows=8, classes=1000),
+    "streamed": dict(rows=6, classes=5000, n_threads=2),
+    "streamed-long": dict(rows=3, classes=33000, n_threads=2),
+}
+
+
+@pytest.mark.parametrize("layout", list(SOFTMAX_LAYOUTS))
+def test_float32_softmax_is_the_gradient_of_a_row_without_a_target(layout):
+    # softmax runs as the cross-entropy gradient of a row without a target under a factor of 1
+    # (_xent.pyx _softmax_family_row): p_j = e_j * (1 / S) in double, rounded once, so within 0.5 + ~0.005
+    # float ULP of the exact p_j, and bit for bit the gradient entries of reduction="sum" off the target.
+    # Until 2026-12-05 softmax kept e_j as a float (scaled by 2^64) between its passes: two roundings, up
+    # to ~1 ULP.  Every CPU path, both kinds of stores.
+    from xentfast._core import _xent
+    spec = dict(SOFTMAX_LAYOUTS[layout])
+    rows, classes = spec.pop("rows"), spec.pop("classes")
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((rows, classes)) * 4.0).astype(np.float32)
+    y = rng.integers(0, classes, rows)
+    off_target = np.ones(x.shape, dtype=bool)
+    off_target[np.arange(rows), y] = False
+    exact = ref.softmax(x)
+    before = _xent.cpu_path()
+    try:
+        for path in _xent.available_cpu_paths():
+            _xent.set_cpu_path(path)
+            for stores in ("streaming", "ordinary"):
+                _xent.set_output_stores(stores)
+                p = xf.softmax(x, **spec)
+                assert_ulp_close(p, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
+                grad = xf.cross_entropy_with_grad(x, y, reduction="sum", **spec)[1]
+                assert p[off_target].tobytes() == grad[off_target].tobytes(), (layout, path, stores)
+    finally:
+        _xent.set_cpu_path(before)
+        _xent.set_output_stores("auto")
+
+
 def test_streamed_rows_whose_coefficient_carries_a_power_of_two():
     # a long float64 row's gradient goes out pending (softmax_rows.h xf_pending_values), which leaves out
     # the coefficient's power of two where it is 1; here weight times upstream factor overflows a double,

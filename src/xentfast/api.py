@@ -1214,6 +1214,9 @@ def softmax(input, axis=-1, *, n_threads=None):
     Same special-value policy as :func:`log_softmax`; ``-inf`` entries give exactly 0.  Tiny
     probabilities are not flushed to 0 before they underflow the dtype.  Returns ``input``'s dtype, half
     precision included (computed from a float64 copy, rounded once); any array type the losses take.
+    Each entry is ``exp(x_j - m)`` times ``1 / S`` rounded once, by the kernel of
+    :func:`cross_entropy_with_grad`: off the target class, its ``reduction="sum"`` gradient holds the
+    same bits.
 
     Error bound
     -----------

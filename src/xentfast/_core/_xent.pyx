@@ -77,6 +77,8 @@ cdef extern from "xent_kernels.h" nogil:
         pass
     xf_row_scratch *xf_row_scratch_new(long long n_classes)
     void xf_row_scratch_read_ahead(xf_row_scratch *s, const void *x_end)
+    void xf_row_scratch_new_output(xf_row_scratch *s)
+    bint xf_memory_touched(const void *p, size_t n)
     void xf_row_scratch_release(xf_row_scratch *s)
     ctypedef struct xf_softmax_table_f32:
         void (*max_block)(const float *, long long, long long, xf_rowmax *) noexcept nogil
@@ -93,7 +95,6 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double, int) noexcept nogil
-        void (*softmax_block)(const float *, float *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
         unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
@@ -112,7 +113,6 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double, int) noexcept nogil
-        void (*softmax_block)(const double *, double *, long long, double, double) noexcept nogil
         unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
         unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
@@ -462,6 +462,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     cdef bint want_scratch
     cdef bint groups
     cdef bint ok = True
+    cdef bint grad_touched = True
     if N == 0 or C == 0:
         return
     xp = &x[0, 0]
@@ -482,6 +483,8 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     groups = row_groups and has_y and not has_t and eps == 0.0 and z == 0.0 and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
+    if want_scratch and gp != NULL and <const floating *>gp != xp:
+        grad_touched = _output_touched(gp, N * C * sizeof(floating))
     with nogil:
         if force_phased or _use_phased(N, C, n_threads):
             ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
@@ -499,6 +502,9 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
                     # the next row's max pass inside each row's sum pass (rows with a gradient: the
                     # forward pass alone measured no gain); the logits are only read
                     xf_row_scratch_read_ahead(scratch, xp + N * C)
+                if not grad_touched:
+                    # a new gradient array, its pages not yet mapped in: ordinary stores (xf_pending_stream)
+                    xf_row_scratch_new_output(scratch)
                 for i in prange(N, schedule="guided"):
                     loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)
                 xf_row_scratch_release(scratch)
@@ -508,46 +514,46 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
 
 
 cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
-                              Py_ssize_t i) noexcept nogil:
+                              Py_ssize_t i, xf_row_scratch *scratch) noexcept nogil:
     cdef xf_rowjob job
     cdef Py_ssize_t b, b0, blen
     cdef Py_ssize_t block = XF_BLOCK
-    cdef double inv_s
-    xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1)
-    # softmax keeps the exponentials of the sum pass in `out` and scales them by 1 / S in place
-    if floating is float:
-        K32.row_max(x + i * C, C, &job)
-        K32.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL, NULL)
+    if mode == 2:
+        # softmax is the cross-entropy gradient of a row without a target under an upstream factor of 1:
+        # p_j = e_j * (1 / S), each entry rounded once, with that kernel's passes (the exponentials kept
+        # in the scratch row or the output, long rows written during the next row's sum pass).  NaN rows
+        # come back NaN throughout; the row loss it returns has no meaning here.
+        xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 0)
+        if floating is float:
+            K32.xent_row(x + i * C, out + i * C, C, &job, NULL, NULL, scratch)
+        else:
+            K64.xent_row(x + i * C, out + i * C, C, &job, NULL, NULL, scratch)
     else:
-        K64.row_max(x + i * C, C, &job)
-        K64.row_sum(x + i * C, C, &job, out + i * C if mode == 2 else NULL, NULL)
+        xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1)
+        if floating is float:
+            K32.row_max(x + i * C, C, &job)
+            K32.row_sum(x + i * C, C, &job, NULL, NULL)
+        else:
+            K64.row_max(x + i * C, C, &job)
+            K64.row_sum(x + i * C, C, &job, NULL, NULL)
     if lse != NULL:
         # rows where max x and log S cancel are redone to the result's own precision (softmax_row.h)
         if floating is float:
             lse[i] = xf_rowjob_exact_lse_f32(&job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(&job)
         else:
             lse[i] = xf_rowjob_exact_lse_f64(&job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(&job)
-    if mode == 0:
+    if mode != 1:
         return
     if job.status != XF_ROW_OK:
         _fill(out + i * C, C, NAN)
         return
-    inv_s = xf_rowjob_div_S(&job, 1.0)
     for b in range((C + block - 1) // block):
         b0 = b * block
         blen = min(C - b0, block)
-        if mode == 1:
-            if floating is float:
-                K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s,
-                                      job.exp_normal == 1)
-            else:
-                K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s,
-                                      job.exp_normal == 1)
+        if floating is float:
+            K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s, job.exp_normal == 1)
         else:
-            if floating is float:
-                K32.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, inv_s)
-            else:
-                K64.softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, inv_s)
+            K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s, job.exp_normal == 1)
 
 
 cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:
@@ -558,7 +564,7 @@ cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:
 
 
 cdef void _softmax_family_group(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
-                                Py_ssize_t N, Py_ssize_t g) noexcept nogil:
+                                Py_ssize_t N, Py_ssize_t g, xf_row_scratch *scratch) noexcept nogil:
     # rows [g R, g R + R) of logsumexp (mode 0, into lse) / log_softmax / softmax (into out): side by side
     # where they qualify (xf_short_rows_family, softmax_rows.h), the others and a last partial group
     # through _softmax_family_row, whose bits the group reproduces
@@ -573,34 +579,80 @@ cdef void _softmax_family_group(const floating *x, floating *out, double *lse, P
             done = K64.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, mode)
     for r in range(min(<Py_ssize_t>XF_GROUP_ROWS, N - i0)):
         if not ((done >> r) & 1):
-            _softmax_family_row(x, out, lse, C, mode, i0 + r)
+            _softmax_family_row(x, out, lse, C, mode, i0 + r, scratch)
+
+
+cdef int _stores_forced = -1    # set_output_stores: -1 as measured, 1 streaming, 0 ordinary
+
+
+cdef inline bint _output_touched(const void *out, size_t n) noexcept nogil:
+    # whether the long rows' pending output goes out by streaming stores (xf_row_scratch_new_output)
+    return xf_memory_touched(out, n) if _stores_forced < 0 else _stores_forced == 1
+
+
+def set_output_stores(kind):
+    """For the tests: how long rows write their pending output, "auto" (streaming stores where the
+    output's pages are mapped in, ordinary ones into a new array's), "streaming" or "ordinary".  The same
+    bits every way."""
+    global _stores_forced
+    kinds = {"auto": -1, "streaming": 1, "ordinary": 0}
+    if kind not in kinds:
+        raise ValueError(f"kind: one of {sorted(kinds)}")
+    _stores_forced = kinds[kind]
+
+
+def memory_touched(const unsigned char[::1] buf):
+    """xf_memory_touched of a buffer's bytes (for the tests)."""
+    return bool(xf_memory_touched(&buf[0], buf.shape[0])) if buf.shape[0] else True
+
+
+cdef inline xf_row_scratch *_softmax_scratch(Py_ssize_t C, bint out_touched) noexcept nogil:
+    # softmax's rows keep their exponentials in the scratch row, and long ones leave their output pending
+    # there (xf_xent_row)
+    cdef xf_row_scratch *s = xf_row_scratch_new(C)
+    if not out_touched:
+        xf_row_scratch_new_output(s)
+    return s
 
 
 cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py_ssize_t N, Py_ssize_t C,
                                int mode, int n_threads, bint row_groups) noexcept nogil:
     # every row of a call (softmax_family, the plain-call lane): short rows side by side unless
     # row_groups is off; on the calling thread for one thread (no team to start, as _xent_row_groups),
-    # else on a team of n_threads.  lse: logsumexp's output (mode 0) and only then
+    # else on a team of n_threads.  lse: logsumexp's output (mode 0) and only then.  softmax's rows get
+    # the scratch rows of the gradient they are (_softmax_family_row), and read the next row's max ahead
+    # as the main driver's rows with a gradient do (the output is never the input)
     cdef Py_ssize_t i
     cdef xf_fp_state fp_thread
     cdef bint groups = row_groups and (mode == 0) == (lse != NULL) and C <= XF_GROUP_MAX_C
     cdef Py_ssize_t n_tasks = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS if groups else N
+    cdef bint is_float = floating is float
+    cdef bint want_scratch = mode == 2 and xf_xent_wants_scratch(True, False, is_float, False, C)
+    cdef xf_row_scratch *scratch = NULL
+    # the output is made for the call: where its pages are new, ordinary stores (xf_pending_stream)
+    cdef bint out_touched = not want_scratch or _output_touched(out, N * C * sizeof(floating))
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
+        scratch = _softmax_scratch(C, out_touched) if want_scratch else NULL
+        xf_row_scratch_read_ahead(scratch, x + N * C)
         for i in range(n_tasks):
             if groups:
-                _softmax_family_group(x, out, lse, C, mode, N, i)
+                _softmax_family_group(x, out, lse, C, mode, N, i, scratch)
             else:
-                _softmax_family_row(x, out, lse, C, mode, i)
+                _softmax_family_row(x, out, lse, C, mode, i, scratch)
+        xf_row_scratch_release(scratch)
         xf_fp_ieee_leave(fp_thread)
         return
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
+        scratch = _softmax_scratch(C, out_touched) if want_scratch else NULL
+        xf_row_scratch_read_ahead(scratch, x + N * C)
         for i in prange(n_tasks, schedule="guided"):
             if groups:
-                _softmax_family_group(x, out, lse, C, mode, N, i)
+                _softmax_family_group(x, out, lse, C, mode, N, i, scratch)
             else:
-                _softmax_family_row(x, out, lse, C, mode, i)
+                _softmax_family_row(x, out, lse, C, mode, i, scratch)
+        xf_row_scratch_release(scratch)
         xf_fp_ieee_leave(fp_thread)
 
 

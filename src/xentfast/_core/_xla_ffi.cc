@@ -214,6 +214,9 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
     // long float64 stored rows'); no label smoothing here
     const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,
                                                     sizeof(T) == sizeof(float), 0, C);
+    // a gradient buffer whose pages are not mapped in yet takes ordinary stores (xf_pending_stream)
+    const bool grad_touched = !want_scratch || grad == nullptr ||
+                              xf_memory_touched(grad, static_cast<size_t>(N) * static_cast<size_t>(C) * sizeof(T));
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;
@@ -221,6 +224,9 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
     // (xf_row_scratch)
     std::unique_ptr<xf_row_scratch, void (*)(xf_row_scratch *)> scratch(
         want_scratch ? xf_row_scratch_new(C) : nullptr, xf_row_scratch_release);
+    if (!grad_touched) {
+        xf_row_scratch_new_output(scratch.get());
+    }
 #pragma omp for schedule(guided)
     for (long long i = 0; i < N; ++i) {
         const double l = xent_one_row<T, L>(x, y, t, g, i, C, z, grad, scratch.get());

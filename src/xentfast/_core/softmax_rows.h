@@ -514,10 +514,12 @@ static inline void XF_FN(xf_pending_put)(xf_row_scratch *p, long long j)
 }
 
 /* n elements of a pending gradient from its `done` on, n a multiple of XF_STREAM_LANES, `done` 64-byte
- * aligned in `out` (xf_pending_start).  The target entry goes into its group before the group is stored:
- * an ordinary store after a streaming one to the same line would need a fence to land last, and a fence
- * per row waits for every line in flight. */
-static inline __attribute__((always_inline)) void XF_FN(xf_pending_stream)(xf_row_scratch *p, long long n)
+ * aligned in `out` (xf_pending_start), by streaming stores when `stream` (a literal), else by ordinary
+ * ones.  The target entry goes into its group before the group is stored: an ordinary store after a
+ * streaming one to the same line would need a fence to land last, and a fence per row waits for every
+ * line in flight. */
+static inline __attribute__((always_inline)) void XF_FN(xf_pending_stream_form)(xf_row_scratch *p, long long n,
+                                                                                const int stream)
 {
     const double *kept = p->kept + p->done;
     XF_T *out = (XF_T *)p->out + p->done;
@@ -525,20 +527,43 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_stream)(xf_ro
     if (t >= 0 && t < n) {
         const long long g = t & ~(long long)(XF_STREAM_LANES - 1);
         XF_T group[XF_STREAM_LANES] __attribute__((aligned(32)));
-        XF_FN(xf_pending_values)(p, kept, out, g, 1);
+        XF_FN(xf_pending_values)(p, kept, out, g, stream);
         XF_FN(xf_pending_values)(p, kept + g, group, XF_STREAM_LANES, 0);
         group[t - g] = (XF_T)p->target_grad;
         XF_FN(xf_pending_values)(p, kept + g + XF_STREAM_LANES, out + g + XF_STREAM_LANES,
-                                 n - g - XF_STREAM_LANES, 1);
+                                 n - g - XF_STREAM_LANES, stream);
 #if XF_COMPENSATED
-        _mm256_stream_pd(out + g, _mm256_load_pd(group));
+        if (stream) {
+            _mm256_stream_pd(out + g, _mm256_load_pd(group));
+        } else {
+            _mm256_store_pd(out + g, _mm256_load_pd(group));
+        }
 #else
-        _mm256_stream_ps(out + g, _mm256_load_ps(group));
+        if (stream) {
+            _mm256_stream_ps(out + g, _mm256_load_ps(group));
+        } else {
+            _mm256_store_ps(out + g, _mm256_load_ps(group));
+        }
 #endif
     } else {
-        XF_FN(xf_pending_values)(p, kept, out, n, 1);
+        XF_FN(xf_pending_values)(p, kept, out, n, stream);
     }
     p->done += n;
+}
+
+/* Streaming stores write whole lines without reading them first, which pays where the output's pages are
+ * in memory already (a caller's `out`, a reused buffer).  A new array's pages are not: each first store to
+ * one faults, and the kernel zeroes the page through the cache, where ordinary stores then find its lines
+ * and streaming ones must evict them first.  Fused 512x32000 float32 into a new gradient, one thread:
+ * 17-18 ms by streaming stores, 12-14 ms by ordinary ones; into the same `out` each call, 8.8-9.6 against
+ * 10.3-10.9 ms (benchmarks/README.md, 2026-12-05).  The driver says which (xf_row_scratch_new_output). */
+static inline __attribute__((always_inline)) void XF_FN(xf_pending_stream)(xf_row_scratch *p, long long n)
+{
+    if (p->streaming) {
+        XF_FN(xf_pending_stream_form)(p, n, 1);
+    } else {
+        XF_FN(xf_pending_stream_form)(p, n, 0);
+    }
 }
 
 /* The rest of a pending gradient.  `fence`: also order its streaming stores (and those of the rows before)
@@ -580,20 +605,11 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_step)(xf_row_
 }
 #endif
 
-#if XF_COMPENSATED
-#define XF_STORE_SCALE 1.0
-#define XF_STORE_UNSCALE 1.0
-#else
-#define XF_STORE_SCALE XF_KEPT_SCALE_F32
-#define XF_STORE_UNSCALE XF_KEPT_UNSCALE_F32
-#endif
-
 /* Pass 2 of a block: sum of exp(x_j - m) over the block, leaving out local index `skip` (the row's
  * argmax when it lies in this block, else -1).  Result as a double-double (hi, lo).  When `store` is
- * given (softmax's output buffer, or a float64 stored row's gradient buffer, possibly the logits
- * themselves with inplace=True), each exponential is also written there, rounded to the storage type,
- * so the output pass multiplies instead of evaluating exp a second time; `keep` (below) does the same
- * with the doubles. */
+ * given (float64 only: a stored row's gradient buffer, possibly the logits themselves with
+ * inplace=True), each exponential is also written there, exactly, so the output pass multiplies instead
+ * of evaluating exp a second time; `keep` (below) does the same in the scratch row. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)(
     const XF_T *x, long long n, double m, long long skip, double *hi, double *lo, XF_T *store, double *keep,
     const int normal, const int has_store, long long ahead, xf_row_scratch *pend, const int has_pend,
@@ -644,7 +660,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
             double e = XF_EXP_FORM(normal, x[j + i], m);
             if (has_store) {
                 /* the sum below still adds the double e: a forward-only call gets the same loss bits */
-                store[j + i] = (XF_T)(e * XF_STORE_SCALE);
+                store[j + i] = (XF_T)e;
             }
             buf[i] = e;
         }
@@ -687,7 +703,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
         for (k = 0; k < XF_LANES; k++) {
             double e = XF_EXP_FORM(normal, x[j + k], m);
             if (has_store) {
-                store[j + k] = (XF_T)(e * XF_STORE_SCALE);
+                store[j + k] = (XF_T)e;
             }
             if (keep) {
                 keep[j + k] = e;
@@ -703,7 +719,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
     for (k = 0; j + k < n; k++) {
         double e = XF_EXP_FORM(normal, x[j + k], m);
         if (has_store) {
-            store[j + k] = (XF_T)(e * XF_STORE_SCALE);
+            store[j + k] = (XF_T)e;
         }
         if (keep) {
             keep[j + k] = e;
@@ -728,10 +744,11 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
  * 2.07 -> 1.73, 4096x1000 float32 1.88 -> 1.82. */
 /* `keep` (or NULL): where to leave each exp(x_j - m) as the double it is (see xf_xent_row); a literal NULL
  * in its own copies, so the rows without it run the loops they ran before.  A row never has both: `store`
- * serves softmax and float64 stored rows whose gradient buffer holds their exponentials, `keep` the rest.
- * `store` is a literal too (has_store): a store under a run-time test inside the vectorized loop became a
- * masked store (vmaskmovps with an all-ones mask), which AMD's Zen cores execute as many
- * micro-operations; the fused float32 sum pass spent about a third of its time there. */
+ * serves float64 stored rows whose gradient buffer holds their exponentials, `keep` the rest (softmax
+ * included, as a gradient since 2026-12-05).  `store` is a literal too (has_store): a store under a
+ * run-time test inside the vectorized loop became a masked store (vmaskmovps with an all-ones mask), which
+ * AMD's Zen cores execute as many micro-operations; the fused float32 sum pass spent about a third of its
+ * time there. */
 static inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_forms)(
     const XF_T *x, long long n, double m, long long skip, int normal, double *hi, double *lo, XF_T *store,
     double *keep, long long ahead, xf_row_scratch *pend, XF_FN(xf_next_max) *next, const int has_next)
@@ -759,7 +776,7 @@ static inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_forms)(
         } else {
             XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, 0, keep, 0, 0, ahead, 0, 0, next, has_next);
         }
-    } else if (store) {
+    } else if (XF_COMPENSATED && store) {
         if (normal == 1) {
             XF_FN(xf_sumexp_block_form)(x, n, m, skip, hi, lo, store, 0, 1, 1, ahead, 0, 0, next, has_next);
         } else if (normal == 2) {
@@ -1093,7 +1110,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
     XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, 0);
 }
 
-/* log_softmax / softmax of a block from the row statistics.  finite: every x_j - m of the row is finite
+/* log_softmax of a block from the row statistics.  finite: every x_j - m of the row is finite
  * (job->exp_normal == 1), so xf_log_prob_finite gives the same bits with ~a quarter fewer operations. */
 XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s,
                                            int finite)
@@ -1110,27 +1127,6 @@ XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n
     for (j = 0; j < n; j++) {
         out[j] = (XF_T)xf_log_prob((double)x[j], m, log_s);
     }
-}
-
-/* softmax from the exponentials the sum pass stored in `out` (see xf_sumexp_block), times
- * inv_S = xf_rowjob_div_S(job, 1): one rounding of each product with the once-rounded 1 / S. */
-XF_KERNEL void XF_FN(xf_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double inv_S)
-{
-    long long j;
-    (void)x;
-    (void)m;
-#if XF_COMPENSATED
-#pragma omp simd
-    for (j = 0; j < n; j++) {
-        out[j] = (XF_T)((double)out[j] * inv_S);
-    }
-#else
-    const double f = XF_STORE_UNSCALE * inv_S;
-#pragma omp simd
-    for (j = 0; j < n; j++) {
-        out[j] = (XF_T)((double)out[j] * f);
-    }
-#endif
 }
 
 /* A row beyond the normal form's spread (xf_rowjob_set_exp_form gave 0) whose far entries are a finite
@@ -1579,23 +1575,22 @@ typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 
 
 /* The group's sums of exp(x_j - m) in the exponential form `form` (a literal: 1 normal, 2 masked, see
  * XF_EXP_FORM), as xf_sumexp_block_form adds them: element j into lane j % XF_LANES, in order, the argmax
- * as 0.0; each exponential also kept (want_kept, a literal): 1 in `kept` as softmax's sum pass stores it,
- * 2 in `kept_d` as the double it is (the gradient's, as xf_xent_row keeps them). */
+ * as 0.0; with want_kept (a literal) each exponential also kept in `kept_d` as the double it is (the
+ * gradient's and softmax's, as xf_xent_row keeps them). */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
-    XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS], double (*kept_d)[XF_GROUP_ROWS], const double *m,
-    const long long *argmax, double (*acc)[XF_GROUP_ROWS], double (*cmp)[XF_GROUP_ROWS], long long C,
-    const int want_kept, const int form)
+    XF_T (*xt)[XF_GROUP_ROWS], double (*kept_d)[XF_GROUP_ROWS], const double *m, const long long *argmax,
+    double (*acc)[XF_GROUP_ROWS], double (*cmp)[XF_GROUP_ROWS], long long C, const int want_kept, const int form)
 {
     enum { R = XF_GROUP_ROWS };
     long long j;
     int r, k;
     /* In the avx512 unit (XF_GROUP_WIDE_ENTRIES) the loop below holds doubles alone: the entries are
-     * widened first (exact) and softmax's kept values rounded after.  With the floats in it, gcc sized
-     * the loop by the 8 floats, one 256-bit vector, and took the doubles in two 256-bit halves although
-     * that unit prefers 512-bit vectors; without, one 512-bit vector holds the group's 8 exponentials
-     * (float32 groups 8-17 % faster there).  The avx2 unit, whose doubles take two vectors either way,
-     * lost 2-9 % on rows of 8-16 classes to the extra steps, and keeps the one loop. */
-    double xd[R], ed[R];
+     * widened first (exact).  With the floats in it, gcc sized the loop by the 8 floats, one 256-bit
+     * vector, and took the doubles in two 256-bit halves although that unit prefers 512-bit vectors;
+     * without, one 512-bit vector holds the group's 8 exponentials (float32 groups 8-17 % faster there).
+     * The avx2 unit, whose doubles take two vectors either way, lost 2-9 % on rows of 8-16 classes to the
+     * extra steps, and keeps the one loop. */
+    double xd[R];
     for (j = 0; j < C; j++) {
         k = (int)(j % XF_LANES);
         if (XF_GROUP_WIDE_ENTRIES) {
@@ -1606,13 +1601,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
 #pragma omp simd
         for (r = 0; r < R; r++) {
             double e = XF_EXP_FORM(form, XF_GROUP_WIDE_ENTRIES ? xd[r] : (double)xt[j][r], m[r]);
-            if (want_kept == 1) {
-                if (XF_GROUP_WIDE_ENTRIES) {
-                    ed[r] = e * XF_STORE_SCALE;
-                } else {
-                    kept[j][r] = (XF_T)(e * XF_STORE_SCALE);
-                }
-            } else if (want_kept == 2) {
+            if (want_kept) {
                 kept_d[j][r] = e;
             }
             e = (j == argmax[r]) ? 0.0 : e;
@@ -1621,11 +1610,6 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
 #else
             acc[k][r] += e;
 #endif
-        }
-        if (XF_GROUP_WIDE_ENTRIES && want_kept == 1) {
-            for (r = 0; r < R; r++) {
-                kept[j][r] = (XF_T)ed[r];
-            }
         }
     }
 }
@@ -1767,9 +1751,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax)(
  * exponential +0); the group's rows take that form when one of them has a masked entry (the same bits as
  * the normal form on the others).  Returns whether one has. */
 XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
-    const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], XF_T (*kept)[XF_GROUP_ROWS],
-    double (*kept_d)[XF_GROUP_ROWS], double *m, double *hi, double *lo, long long *argmax, int *ok,
-    const double max_spread, const int want_kept, const int allow_masked)
+    const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], double (*kept_d)[XF_GROUP_ROWS], double *m,
+    double *hi, double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept,
+    const int allow_masked)
 {
     enum { R = XF_GROUP_ROWS };
     double mn[R];
@@ -1880,22 +1864,16 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     }
     /* xf_sumexp_block_form: element j into lane j % XF_LANES, in order, the argmax as 0.0.  Rows that are
      * not ok may hold inf or NaN here; their lanes are computed and never read. */
-    if (want_kept == 2) {
+    if (want_kept) {
         if (any_masked) {
-            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 2, 2);
+            XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 1, 2);
         } else {
-            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 2, 1);
-        }
-    } else if (want_kept == 1) {
-        if (any_masked) {
-            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 1, 2);
-        } else {
-            XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 1, 1);
+            XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 1, 1);
         }
     } else if (any_masked) {
-        XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 0, 2);
+        XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 0, 2);
     } else {
-        XF_FN(xf_group_sum_form)(xt, kept, kept_d, m, argmax, acc, cmp, C, 0, 1);
+        XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 0, 1);
     }
 #pragma omp simd
     for (r = 0; r < R; r++) {
@@ -1926,8 +1904,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
      * the formula of the kept doubles (xf_stored_entry) whether it keeps them or evaluates them again, so
      * the bits agree; until the float32 exponentials were kept as doubles such a row was not of the
      * stored form (xf_rowjob_plan: the spread over every finite entry) and the two roundings differed */
-    XF_FN(xf_group_stats)(x, C, xt, (XF_T (*)[XF_GROUP_ROWS])0, kept, m, hi, lo, argmax, ok,
-                          has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad ? 2 : 0, 2);
+    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad,
+                          2);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
@@ -1992,7 +1970,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
  * side, with the bits of _xent.pyx's _softmax_family_row: its row statistics as xf_group_stats takes
  * them, then xf_rowjob_set_sum's lse (rows where it cancels, xf_rowjob_lse_cancels, are handed back to
  * the row path's exact logsumexp) or the operations of its block functions (xf_log_softmax_block's
- * element across the rows; softmax's stored exponentials times the row's factor, XF_STORE_UNSCALE / S),
+ * element across the rows; softmax's as xf_xent_row's gradient of a row without a target: each kept
+ * exponential times 1 / S, xf_stored_entry),
  * written back through the transposition.  Returns the rows done as a bit mask; the others (not finite,
  * a spread beyond the unclamped exponentials, a rescued float64 sum) are the caller's, and nothing of
  * theirs is written but their lse, which the caller's row path writes again. */
@@ -2001,7 +1980,10 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_MAX_C][R];
+    /* log_softmax's values, rounded to the storage type */
     XF_T kept[XF_GROUP_MAX_C][R];
+    /* softmax's exponentials, the doubles they are, as the row path keeps them (xf_xent_row) */
+    double kept_d[XF_GROUP_MAX_C][R];
     double m[R], hi[R], lo[R], f[R];
     long long argmax[R];
     int ok[R];
@@ -2009,8 +1991,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     long long j;
     int r;
     long long j_vec = 0;
-    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept, (double (*)[XF_GROUP_ROWS])0, m, hi, lo, argmax,
-                                                 ok, XF_NORMAL_SPREAD, mode == 2, 2);
+    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept_d, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
+                                                 mode == 2, 2);
     if (mode == 0) {
         for (r = 0; r < R; r++) {
             const double log_s = xf_row_log_S(hi[r], lo[r]);
@@ -2071,12 +2053,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
         }
     } else {
         for (r = 0; r < R; r++) {
-            /* xf_softmax_block's factor from xf_rowjob_div_S(job, 1) */
-#if XF_COMPENSATED
+            /* the row path's factor: coef_per_S = xf_rowjob_div_S(job, 1), coef_mult 1 (xf_rowjob_finish) */
             f[r] = xf_div_S(1.0, hi[r], lo[r]);
-#else
-            f[r] = XF_STORE_UNSCALE * xf_div_S(1.0, hi[r], lo[r]);
-#endif
         }
     }
 #if defined(__AVX2__)
@@ -2085,13 +2063,19 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
         for (r = 0; r < R; r++) {
             ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
         }
-        j_vec = XF_FN(xf_group_family_columns)(&kept[0][0], C, f, ok, ignored, out);
+        if (mode == 2) {
+            j_vec = XF_FN(xf_group_grad_columns)(&kept_d[0][0], C, f, ok, ignored, out);
+        } else {
+            j_vec = XF_FN(xf_group_family_columns)(&kept[0][0], C, f, ok, ignored, out);
+        }
     }
 #endif
     for (r = 0; r < R; r++) {
         if (ok[r]) {
             for (j = j_vec; j < C; j++) {
-                out[r * C + j] = (XF_T)((double)kept[j][r] * f[r]);
+                /* softmax: xf_stored_entry, one rounding of e_j / S */
+                out[r * C + j] = (mode == 2) ? XF_FN(xf_stored_entry)(kept_d[j][r], f[r], 1.0)
+                                             : (XF_T)((double)kept[j][r] * f[r]);
             }
         }
     }
@@ -2155,8 +2139,6 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_GROUP_C_LIMIT
 #undef XF_GROUP_CHAINS_FROM_C
 #undef XF_GROUP_FAMILY_MAX_C
-#undef XF_STORE_SCALE
-#undef XF_STORE_UNSCALE
 #undef XF_STREAMED_ROWS
 #undef XF_STREAM_LANES
 #undef XF_EXP_MINUS

@@ -9,6 +9,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "xentfast/softmax_row.h"
 
@@ -55,6 +59,7 @@ typedef struct xf_row_scratch {
      * one, else NULL) writes the rest, and with `fence` orders the streaming stores of every row it left
      * before the caller's next reads. */
     int pending;
+    int streaming; /* write by streaming stores (1, the default) or ordinary ones (xf_row_scratch_new_output) */
     void (*write)(struct xf_row_scratch *, int fence);
     const double *kept; /* exp(x_j - m) as the sum pass made them, for either storage type */
     void *out;
@@ -83,6 +88,7 @@ static inline xf_row_scratch *xf_row_scratch_new(long long n_classes)
         return NULL;
     }
     s->pending = 0;
+    s->streaming = 1;
     s->write = NULL;
     s->x_end = NULL;
     s->next_row = NULL;
@@ -97,6 +103,41 @@ static inline void xf_row_scratch_read_ahead(xf_row_scratch *s, const void *x_en
     if (s != NULL) {
         s->x_end = x_end;
     }
+}
+
+/* The rows run with `s` write into an array made for this call, whose pages no store has touched yet:
+ * pending rows then go out by ordinary stores (softmax_rows.h, xf_pending_stream) */
+static inline void xf_row_scratch_new_output(xf_row_scratch *s)
+{
+    if (s != NULL) {
+        s->streaming = 0;
+    }
+}
+
+/* Whether the pages that hold the byte a page into [p, p + n) and its last byte have been touched (mapped
+ * in): an array the caller keeps and passes again has; a new array of more than the allocator's mmap
+ * threshold (glibc: up to 32 MiB) comes as fresh pages each time and has not, but for its first page,
+ * where the allocator wrote its header.  1 where it cannot be told (mincore is Linux's here).  A hint for
+ * the choice of stores, xf_row_scratch_new_output: no result depends on it. */
+static inline int xf_memory_touched(const void *p, size_t n)
+{
+#if defined(__linux__)
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page > 0 && n > 0) {
+        const uintptr_t mask = ~(uintptr_t)(page - 1);
+        unsigned char first = 1, last = 1;
+        const size_t into = (n > (size_t)page) ? (size_t)page : 0;
+        if (mincore((void *)(((uintptr_t)p + into) & mask), 1, &first) != 0 ||
+            mincore((void *)(((uintptr_t)p + n - 1) & mask), 1, &last) != 0) {
+            return 1;
+        }
+        return (first & 1) && (last & 1);
+    }
+#else
+    (void)p;
+    (void)n;
+#endif
+    return 1;
 }
 
 /* Completes a pending gradient, so that the scratch row is free again (xf_xent_row) */
@@ -133,7 +174,6 @@ static inline void xf_row_scratch_release(xf_row_scratch *s)
                            xf_row_scratch *);                                                             \
         void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
         void (*log_softmax_block)(const T *, T *, long long, double, double, int);                       \
-        void (*softmax_block)(const T *, T *, long long, double, double);                                \
         unsigned (*short_rows)(const T *, T *, long long, const int64_t *, long long, const double *,      \
                                double, double, const double *, double *);                                 \
         unsigned (*short_rows_family)(const T *, T *, double *, long long, int);                          \
@@ -227,7 +267,7 @@ static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_i
 #define XF_TABLE(SFX, PSFX)                                                                             \
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
      xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_row_z_lse_##PSFX, xf_log_softmax_block_##PSFX, \
-     xf_softmax_block_##PSFX, xf_short_rows_##PSFX, xf_short_rows_family_##PSFX}
+     xf_short_rows_##PSFX, xf_short_rows_family_##PSFX}
 #if defined(XF_AVX512_PATH_UNIT)
 /* the only symbols of the path's unit; hidden: each extension module links its own copy */
 __attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx512 = XF_TABLE(f32, f32_avx512);

@@ -154,15 +154,6 @@ XF_HD void xf_cu_rescue(xf_rowjob *job, const double *x, long long C) { xf_rowjo
 XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const float *) { (void)job; return 0; }
 XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const double *) { return job->grad_scaled; }
 
-/* exp(x_j - m) as the CPU keeps it in softmax's output buffer between its sum pass and its output pass
- * (softmax_rows.h XF_STORE_SCALE): exact for double, rounded to float (scaled by 2^64) for float.  The
- * GPU does not store it (recomputing costs no memory traffic) but rounds it the same way. */
-XF_HD double xf_cu_kept_exp(float, double e) { return (double)(float)(e * XF_KEPT_SCALE_F32); }
-XF_HD double xf_cu_kept_exp(double, double e) { return e; }
-/* as softmax_rows.h: xf_softmax_block, per storage type */
-XF_HD double xf_cu_softmax_of_kept(float, double kept, double inv_S) { return kept * (XF_KEPT_UNSCALE_F32 * inv_S); }
-XF_HD double xf_cu_softmax_of_kept(double, double kept, double inv_S) { return kept * inv_S; }
-
 /* ---- shared scratch ---------------------------------------------------------------------------------- */
 
 /* One row's shared state.  part (the max tree, nt entries) and chain (4 doubles per (block, lane) chain)
@@ -550,7 +541,8 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
 }
 
 /* One row of the family: lse[row] (when lse) and, for mode 1 / 2, log_softmax / softmax of the row
- * (as _xent.pyx _softmax_family_row with softmax_rows.h xf_log_softmax_block / xf_softmax_block).
+ * (as _xent.pyx _softmax_family_row: softmax_rows.h xf_log_softmax_block, and softmax as the gradient of a
+ * row without a target, each exponential times 1 / S rounded once, softmax_rows.h xf_stored_entry).
  * With lse, redo[row] says whether the row cancels: xf_lse_exact_kernel then replaces lse[row]. */
 template <typename T, typename Team>
 XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse, unsigned char *redo,
@@ -587,7 +579,7 @@ XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse
             } else if (mode == 1) {
                 v = xf_log_prob(xf_cu_load(x[j]), job->m, job->log_s);
             } else {
-                v = xf_cu_softmax_of_kept(x[j], xf_cu_kept_exp(x[j], xf_cu_exp_minus(x[j], job->m)), inv_S);
+                v = xf_cu_exp_minus(x[j], job->m) * inv_S;
             }
             xf_cu_store(out + row * C + j, v);
         }

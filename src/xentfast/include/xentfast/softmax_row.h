@@ -984,9 +984,4 @@ XF_HD void xf_rowjob_set_exp_form(xf_rowjob *job, long long C)
     job->exp_normal = !spread_ok ? 0 : (job->n_finite == C) ? 1 : 2;
 }
 
-/* exp(x_j - m) as kept in a float32 output buffer between passes: scaled by 2^64 so that values down to
- * 2^-213 keep their digits (double buffers keep the exponential itself, exactly). */
-#define XF_KEPT_SCALE_F32 0x1p64
-#define XF_KEPT_UNSCALE_F32 0x1p-64
-
 #endif /* XENTFAST_SOFTMAX_ROW_H */
