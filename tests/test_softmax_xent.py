@@ -138,29 +138,39 @@ ROUNDED_ONCE_LAYOUTS = {
 }
 
 
+def _float32_layout(layouts, layout, seed):
+    """(x, y, keyword arguments) of a layout: float32 logits 4 N(0, 1) and index targets."""
+    spec = dict(layouts[layout])
+    rows, classes = spec.pop("rows"), spec.pop("classes")
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, classes)) * 4.0).astype(np.float32)
+    return x, rng.integers(0, classes, rows), spec
+
+
+@pytest.fixture
+def cpu_kernels():
+    """The kernels' module, its CPU path and kind of stores restored after the test."""
+    from xentfast._core import _xent
+    before = _xent.cpu_path()
+    yield _xent
+    _xent.set_cpu_path(before)
+    _xent.set_output_stores("auto")
+
+
 @pytest.mark.parametrize("layout", list(ROUNDED_ONCE_LAYOUTS))
-def test_float32_gradient_is_rounded_once(layout):
+def test_float32_gradient_is_rounded_once(cpu_kernels, layout):
     # Every float32 gradient entry but the target's is (e_j * coef_per_S) * coef_mult in double, rounded
     # once to float: e_j within ~2^-32 relative (the float32 exponential), coef / S within half a double
     # ULP, so the entry is within 0.5 + ~0.005 float ULP of the exact p_j.  Until 2026-12-04 e_j was kept as
     # a float between the passes, a second rounding: up to ~1 ULP, a quarter of the entries one ULP off.
     # Same on every CPU path (the paths must agree bit for bit anyway, tests/test_dispatch.py).
-    from xentfast._core import _xent
-    spec = dict(ROUNDED_ONCE_LAYOUTS[layout])
-    rows, classes = spec.pop("rows"), spec.pop("classes")
-    rng = np.random.default_rng(5)
-    x = (rng.standard_normal((rows, classes)) * 4.0).astype(np.float32)
-    y = rng.integers(0, classes, rows)
+    x, y, spec = _float32_layout(ROUNDED_ONCE_LAYOUTS, layout, 5)
     exact = ref.cross_entropy_grad(x, y, reduction="sum")
-    before = _xent.cpu_path()
-    try:
-        for path in _xent.available_cpu_paths():
-            _xent.set_cpu_path(path)
-            xin = x.copy()
-            grad = xf.cross_entropy_with_grad(xin, y, reduction="sum", **spec)[1]
-            assert_ulp_close(grad, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
-    finally:
-        _xent.set_cpu_path(before)
+    for path in cpu_kernels.available_cpu_paths():
+        cpu_kernels.set_cpu_path(path)
+        xin = x.copy()
+        grad = xf.cross_entropy_with_grad(xin, y, reduction="sum", **spec)[1]
+        assert_ulp_close(grad, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
 
 
 # Where a float32 softmax row is formed: 8 rows side by side, the gradient's row kernel, long rows
@@ -175,34 +185,24 @@ SOFTMAX_LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", list(SOFTMAX_LAYOUTS))
-def test_float32_softmax_is_the_gradient_of_a_row_without_a_target(layout):
+def test_float32_softmax_is_the_gradient_of_a_row_without_a_target(cpu_kernels, layout):
     # softmax runs as the cross-entropy gradient of a row without a target under a factor of 1
     # (_xent.pyx _softmax_family_row): p_j = e_j * (1 / S) in double, rounded once, so within 0.5 + ~0.005
     # float ULP of the exact p_j, and bit for bit the gradient entries of reduction="sum" off the target.
     # Until 2026-12-05 softmax kept e_j as a float (scaled by 2^64) between its passes: two roundings, up
     # to ~1 ULP.  Every CPU path, both kinds of stores.
-    from xentfast._core import _xent
-    spec = dict(SOFTMAX_LAYOUTS[layout])
-    rows, classes = spec.pop("rows"), spec.pop("classes")
-    rng = np.random.default_rng(6)
-    x = (rng.standard_normal((rows, classes)) * 4.0).astype(np.float32)
-    y = rng.integers(0, classes, rows)
+    x, y, spec = _float32_layout(SOFTMAX_LAYOUTS, layout, 6)
     off_target = np.ones(x.shape, dtype=bool)
-    off_target[np.arange(rows), y] = False
+    off_target[np.arange(x.shape[0]), y] = False
     exact = ref.softmax(x)
-    before = _xent.cpu_path()
-    try:
-        for path in _xent.available_cpu_paths():
-            _xent.set_cpu_path(path)
-            for stores in ("streaming", "ordinary"):
-                _xent.set_output_stores(stores)
-                p = xf.softmax(x, **spec)
-                assert_ulp_close(p, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
-                grad = xf.cross_entropy_with_grad(x, y, reduction="sum", **spec)[1]
-                assert p[off_target].tobytes() == grad[off_target].tobytes(), (layout, path, stores)
-    finally:
-        _xent.set_cpu_path(before)
-        _xent.set_output_stores("auto")
+    for path in cpu_kernels.available_cpu_paths():
+        cpu_kernels.set_cpu_path(path)
+        for stores in ("streaming", "ordinary"):
+            cpu_kernels.set_output_stores(stores)
+            p = xf.softmax(x, **spec)
+            assert_ulp_close(p, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
+            grad = xf.cross_entropy_with_grad(x, y, reduction="sum", **spec)[1]
+            assert p[off_target].tobytes() == grad[off_target].tobytes(), (layout, path, stores)
 
 
 def test_streamed_rows_whose_coefficient_carries_a_power_of_two():
