@@ -5,6 +5,7 @@ exponentials' polynomials and range reductions) are the instruction on the avx2 
 exact emulation on the baseline path, so wider vectors and the instruction change only speed.  Bitwise
 equality here means every accuracy, determinism and validation test holds on every path.
 """
+import mmap
 import sys
 
 import numpy as np
@@ -162,20 +163,27 @@ def test_long_rows_of_softmax_keep_the_bits(restore_path, n_classes, dtype):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the page test is Linux's (mincore)")
 def test_new_pages_are_told_from_mapped_ones():
-    # a new array beyond glibc's largest mmap threshold (32 MiB) comes as pages no store has touched; the
-    # long rows' pending output then takes ordinary stores (xf_memory_touched, xf_row_scratch_new_output)
-    # (the first page holds the allocator's header: the test looks a page in)
-    a = np.empty(64 << 20, dtype=np.uint8)
-    assert not _xent.memory_touched(a)
-    a[-1] = 1
-    assert not _xent.memory_touched(a)
-    a[:8192] = 1
-    assert _xent.memory_touched(a)
-    b = np.empty(64 << 20, dtype=np.uint8)
-    b[:8192] = 1
-    assert not _xent.memory_touched(b)
-    b[-1] = 1
-    assert _xent.memory_touched(b)
+    # a new array beyond the allocator's mmap threshold (glibc: at most 32 MiB) comes as pages no store has
+    # touched; the long rows' pending output then takes ordinary stores (xf_memory_touched,
+    # xf_row_scratch_new_output).  The test looks at the page a page in (the first holds the allocator's
+    # header) and at the last; a fresh anonymous mapping stands for the new array here
+    page = mmap.PAGESIZE
+    with mmap.mmap(-1, 16 * page) as m:
+        a = np.frombuffer(m, dtype=np.uint8)
+        assert not _xent.memory_touched(a)
+        a[page] = 1
+        assert not _xent.memory_touched(a)   # the last page still new
+        a[-1] = 1
+        assert _xent.memory_touched(a)
+        del a
+    with mmap.mmap(-1, 16 * page) as m:
+        b = np.frombuffer(m, dtype=np.uint8)
+        b[0] = 1
+        b[-1] = 1
+        assert not _xent.memory_touched(b)   # the page a page in still new
+        b[page] = 1
+        assert _xent.memory_touched(b)
+        del b
     with pytest.raises(ValueError, match="kind"):
         _xent.set_output_stores("fast")
 

@@ -125,6 +125,7 @@ cdef extern from "xent_kernels.h" nogil:
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
     bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits,
                                long long n_classes)
+    long long XF_STREAM_MIN_CLASSES(bint storage_is_float)
     ctypedef struct xf_softmax_exports:
         const int *current_path
         const xf_softmax_table_f32 *(*f32)(int path) noexcept nogil
@@ -483,14 +484,14 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     groups = row_groups and has_y and not has_t and eps == 0.0 and z == 0.0 and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
-    if want_scratch and gp != NULL and <const floating *>gp != xp:
-        grad_touched = _output_touched(gp, N * C * sizeof(floating))
     with nogil:
         if force_phased or _use_phased(N, C, n_threads):
             ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
+            if want_scratch and gp != NULL and <const floating *>gp != xp and _may_stream(C, floating is float):
+                grad_touched = _output_touched(gp, N * C * sizeof(floating))
             with parallel(num_threads=n_threads):
                 fp_thread = xf_fp_ieee_enter()
                 # exponentials kept between passes (xf_xent_row: the general gradient's, every float32
@@ -582,7 +583,15 @@ cdef void _softmax_family_group(const floating *x, floating *out, double *lse, P
             _softmax_family_row(x, out, lse, C, mode, i0 + r, scratch)
 
 
-cdef int _stores_forced = -1    # set_output_stores: -1 as measured, 1 streaming, 0 ordinary
+# set_output_stores: -1 as measured, 1 streaming, 0 ordinary.  Process-wide and unsynchronised: read once
+# per call before any team starts, and a hint only (no result depends on it)
+cdef int _stores_forced = -1
+
+
+cdef inline bint _may_stream(Py_ssize_t C, bint storage_is_float) noexcept nogil:
+    # whether a call's rows may write by streaming stores: long enough (XF_STREAM_MIN_CLASSES), on a path
+    # that has them (not the baseline); only those calls look at their output's pages
+    return C >= XF_STREAM_MIN_CLASSES(storage_is_float) and _current_code != XF_PATH_BASELINE
 
 
 cdef inline bint _output_touched(const void *out, size_t n) noexcept nogil:
@@ -606,11 +615,11 @@ def memory_touched(const unsigned char[::1] buf):
     return bool(xf_memory_touched(&buf[0], buf.shape[0])) if buf.shape[0] else True
 
 
-cdef inline xf_row_scratch *_softmax_scratch(Py_ssize_t C, bint out_touched) noexcept nogil:
+cdef inline xf_row_scratch *_softmax_scratch(Py_ssize_t C, bint streaming_ok) noexcept nogil:
     # softmax's rows keep their exponentials in the scratch row, and long ones leave their output pending
     # there (xf_xent_row)
     cdef xf_row_scratch *s = xf_row_scratch_new(C)
-    if not out_touched:
+    if not streaming_ok:
         xf_row_scratch_new_output(s)
     return s
 
@@ -629,11 +638,13 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
     cdef bint is_float = floating is float
     cdef bint want_scratch = mode == 2 and xf_xent_wants_scratch(True, False, is_float, False, C)
     cdef xf_row_scratch *scratch = NULL
-    # the output is made for the call: where its pages are new, ordinary stores (xf_pending_stream)
-    cdef bint out_touched = not want_scratch or _output_touched(out, N * C * sizeof(floating))
+    # the output is made for the call: where its pages are new, ordinary stores (xf_pending_stream); calls
+    # whose rows never stream do not look
+    cdef bint streaming_ok = (want_scratch and _may_stream(C, is_float) and
+                              _output_touched(out, N * C * sizeof(floating)))
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
-        scratch = _softmax_scratch(C, out_touched) if want_scratch else NULL
+        scratch = _softmax_scratch(C, streaming_ok) if want_scratch else NULL
         xf_row_scratch_read_ahead(scratch, x + N * C)
         for i in range(n_tasks):
             if groups:
@@ -645,7 +656,7 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
         return
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
-        scratch = _softmax_scratch(C, out_touched) if want_scratch else NULL
+        scratch = _softmax_scratch(C, streaming_ok) if want_scratch else NULL
         xf_row_scratch_read_ahead(scratch, x + N * C)
         for i in prange(n_tasks, schedule="guided"):
             if groups:

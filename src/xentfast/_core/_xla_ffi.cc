@@ -214,9 +214,12 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
     // long float64 stored rows'); no label smoothing here
     const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,
                                                     sizeof(T) == sizeof(float), 0, C);
-    // a gradient buffer whose pages are not mapped in yet takes ordinary stores (xf_pending_stream)
-    const bool grad_touched = !want_scratch || grad == nullptr ||
-                              xf_memory_touched(grad, static_cast<size_t>(N) * static_cast<size_t>(C) * sizeof(T));
+    // a gradient buffer whose pages are not mapped in yet takes ordinary stores (xf_pending_stream); only
+    // calls whose rows may stream look
+    const bool may_stream = want_scratch && grad != nullptr && cpu_path() != XF_PATH_BASELINE &&
+                            C >= XF_STREAM_MIN_CLASSES(sizeof(T) == sizeof(float));
+    const bool grad_touched =
+        !may_stream || xf_memory_touched(grad, static_cast<size_t>(N) * static_cast<size_t>(C) * sizeof(T));
 #pragma omp parallel num_threads(nt)
     {
     IeeeDenormals ieee;

@@ -397,7 +397,8 @@ static inline __attribute__((always_inline)) void XF_FN(xf_next_max_add)(XF_FN(x
 /* Long rows of the stored form (float32: every simple row) where this unit is compiled for AVX2
  * (xf_xent_row): the sum pass keeps its
  * exponentials in the thread's scratch row instead of the output, and the gradient goes out by streaming
- * stores, during the same thread's next row (xf_pending_step) or at the driver's release.  Storing into
+ * stores (ordinary ones into a new array's pages, xf_pending_stream), during the same thread's next row
+ * (xf_pending_step) or at the driver's release.  Storing into
  * the output made every output line travel twice: read from memory before the sum pass's first store to
  * it (the core must own a line it writes part of), written back after the gradient pass.  A streaming
  * store of whole lines skips the read, and the scratch row stays in L2 from row to row.  Fused
@@ -566,8 +567,9 @@ static inline __attribute__((always_inline)) void XF_FN(xf_pending_stream)(xf_ro
     }
 }
 
-/* The rest of a pending gradient.  `fence`: also order its streaming stores (and those of the rows before)
- * before the caller's next reads and the other threads' (the driver's release after its last row). */
+/* The rest of a pending gradient.  `fence`: also order its streaming stores, if it took them (and those of
+ * the rows before), before the caller's next reads and the other threads' (the driver's release after its
+ * last row). */
 static void XF_FN(xf_pending_finish)(xf_row_scratch *p, int fence)
 {
     long long j;
@@ -996,7 +998,7 @@ XF_KERNEL inline double XF_FN(xf_stored_target_grad)(const xf_rowjob *job)
 /* Pass 4 of a long simple row whose exponentials are in `kept` (XF_STREAM_MIN_CLASSES above), left pending
  * in `p` (xf_row_scratch): the stored form's gradient, the same bits, written by the next row's sum pass or by
  * xf_pending_finish.  The elements before the first 64-byte boundary of `out` are written here, so that
- * each step of the streaming stores fills whole lines. */
+ * each step of the stores (streaming ones, xf_pending_stream) fills whole lines. */
 XF_KERNEL void XF_FN(xf_pending_start)(xf_row_scratch *p, const double *kept, XF_T *out, long long n,
                                       const xf_rowjob *job)
 {
@@ -1482,12 +1484,12 @@ typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_G
  * the group; float: 8 columns x 8 rows by unpack, shuffle and permute), and each row's entries get the
  * element loop's operations and are stored at once.  xf_group_grad_columns: the fused gradient from the
  * kept exponentials, doubles for either storage type, multiplied by f[r] (the loop's `* 1.0` being exact)
- * and rounded once to the storage type.  xf_group_family_columns: softmax's and log_softmax's outputs
- * (xf_short_rows_family) from a buffer of the storage type (float: widened, multiplied by f[r] in double,
- * rounded once; double: xf_group_grad_columns).  The loop they replace compiled to ~4 instructions per
- * float entry, a permute-and-blend gather for every 8 entries of one row.  Only rows done and not ignored
- * are written: the others are the caller's, and a row left to the row kernel may be the logits themselves
- * (inplace).  Both return the first column not written. */
+ * and rounded once to the storage type (softmax's too, xf_short_rows_family).  xf_group_family_columns:
+ * log_softmax's outputs (xf_short_rows_family) from a buffer of the storage type (float: widened,
+ * multiplied by f[r] = 1 in double, rounded back; double: xf_group_grad_columns).  The loop they replace
+ * compiled to ~4 instructions per float entry, a permute-and-blend gather for every 8 entries of one row.
+ * Only rows done and not ignored are written: the others are the caller's, and a row left to the row
+ * kernel may be the logits themselves (inplace).  Both return the first column not written. */
 XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_columns)(
     const double *kept, long long C, const double *f, const int *ok, const int *ignored, XF_T *grad)
 {
@@ -1980,10 +1982,14 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_MAX_C][R];
-    /* log_softmax's values, rounded to the storage type */
-    XF_T kept[XF_GROUP_MAX_C][R];
-    /* softmax's exponentials, the doubles they are, as the row path keeps them (xf_xent_row) */
-    double kept_d[XF_GROUP_MAX_C][R];
+    /* log_softmax's values, rounded to the storage type, or softmax's exponentials, the doubles they are,
+     * as the row path keeps them (xf_xent_row): one buffer, a mode uses one of them */
+    union {
+        XF_T values[XF_GROUP_MAX_C][R];
+        double exps[XF_GROUP_MAX_C][R];
+    } buf;
+    XF_T (*const kept)[R] = buf.values;
+    double (*const kept_d)[R] = buf.exps;
     double m[R], hi[R], lo[R], f[R];
     long long argmax[R];
     int ok[R];
@@ -2012,9 +2018,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
             log_s[r] = xf_row_log_S(hi[r], lo[r]);
             f[r] = 1.0;
         }
-        /* xf_log_softmax_block's element across the rows, into kept, then written back as softmax's
-         * factors are: times 1.0, which changes no value (a float widened, multiplied by one and rounded
-         * back is itself) */
+        /* xf_log_softmax_block's element across the rows, into kept, then written back times the factor
+         * 1.0, which changes no value (a float widened, multiplied by one and rounded back is itself) */
         if (any_masked) {
             /* xf_log_prob_finite's TwoSum error term is NaN at a -inf entry; the general form zeroes it
              * (the row path's log_softmax_block for rows with exp_normal != 1), the same bits elsewhere */

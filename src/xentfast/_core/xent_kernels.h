@@ -57,7 +57,7 @@ typedef struct xf_row_scratch {
     /* the pending gradient, when `pending`: out_j = (kept_j * factor) * factor2 rounded to the storage type
      * for j in [done, n), but out[target] = target_grad.  `write` (set by the unit that left
      * one, else NULL) writes the rest, and with `fence` orders the streaming stores of every row it left
-     * before the caller's next reads. */
+     * (`streaming`) before the caller's next reads. */
     int pending;
     int streaming; /* write by streaming stores (1, the default) or ordinary ones (xf_row_scratch_new_output) */
     void (*write)(struct xf_row_scratch *, int fence);
