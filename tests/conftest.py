@@ -18,6 +18,28 @@ settings.register_profile(
 settings.load_profile(os.environ.get("XENTFAST_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+def _cpu_kernels_restored():
+    from xentfast._core import _xent
+    before = _xent.cpu_path()
+    yield _xent
+    _xent.set_cpu_path(before)
+    _xent.set_output_stores("auto")
+
+
+@pytest.fixture
+def cpu_path_back():
+    """The CPU kernels' module (xentfast._core._xent); its path (set_cpu_path) and kind of stores
+    (set_output_stores) are restored after the test."""
+    yield from _cpu_kernels_restored()
+
+
+@pytest.fixture(scope="module")
+def cpu_path_back_module():
+    """cpu_path_back, restored after the module: Hypothesis's tests cannot take a function-scoped
+    fixture (it would not be reset between their examples)."""
+    yield from _cpu_kernels_restored()
+
+
 def _gpu_available():
     try:
         import cupy

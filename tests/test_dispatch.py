@@ -20,13 +20,6 @@ from xentfast.testing import logits, softmax_xent_cases
 PATHS = _xent.available_cpu_paths()
 
 
-@pytest.fixture(scope="module")
-def restore_path():
-    before = _xent.cpu_path()
-    yield
-    _xent.set_cpu_path(before)
-
-
 def _on_each_path(fn):
     results = {}
     for path in PATHS:
@@ -46,14 +39,14 @@ def test_baseline_is_always_available():
     assert PATHS[0] == "baseline"
 
 
-def test_unknown_path_is_refused(restore_path):
+def test_unknown_path_is_refused(cpu_path_back_module):
     with pytest.raises(ValueError, match="XENTFAST_CPU"):
         _xent.set_cpu_path("avx9000")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @given(data=st.data())
-def test_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
+def test_paths_agree_bitwise_on_adversarial_cases(cpu_path_back_module, dtype, data):
     case = data.draw(softmax_xent_cases(dtype))
     kw = dict(weight=case.weight, ignore_index=case.ignore_index, label_smoothing=case.label_smoothing,
               z_loss=case.z_loss, reduction="none")
@@ -65,7 +58,7 @@ def test_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
+def test_paths_agree_bitwise_on_long_rows(cpu_path_back_module, dtype):
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((6, 3 * _xent.BLOCK + 5)) * 30).astype(dtype)
     x[0, 7] = 800.0
@@ -77,7 +70,7 @@ def test_paths_agree_bitwise_on_long_rows(restore_path, dtype):
 @pytest.mark.parametrize("n_classes", [_xent.BLOCK // 4 + 5, _xent.BLOCK // 2 + 3, _xent.BLOCK,
                                        3 * _xent.BLOCK + 7, 4 * _xent.BLOCK + 13])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_long_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reduction, n_classes, dtype):
+def test_long_rows_with_a_streamed_gradient_keep_the_bits(cpu_path_back_module, reduction, n_classes, dtype):
     # rows of 1024 classes and more (float32; float64 2048) keep their exponentials in a scratch row and
     # write the gradient by streaming stores on the AVX2 path (softmax_rows.h, XF_STREAMED_ROWS), each
     # row's gradient while the next row of the same thread runs its sum pass (xf_pending_step); the
@@ -117,10 +110,8 @@ def test_long_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reductio
             # into new pages the pending rows take ordinary stores (xf_memory_touched); forced here both ways
             for stores in ("streaming", "ordinary"):
                 _xent.set_output_stores(stores)
-                try:
-                    results.append(xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads))
-                finally:
-                    _xent.set_output_stores("auto")
+                results.append(xf.cross_entropy_with_grad(x, y, reduction=reduction, n_threads=n_threads))
+            _xent.set_output_stores("auto")
             for got in results:
                 for a, b in zip(got, want):
                     assert np.array_equal(a, b, equal_nan=True), (path, n_threads)
@@ -128,7 +119,7 @@ def test_long_rows_with_a_streamed_gradient_keep_the_bits(restore_path, reductio
 
 @pytest.mark.parametrize("n_classes", [1024 + 37, 2048 + 5, 4096 + 45, 8192, 8192 + 77])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_long_rows_of_softmax_keep_the_bits(restore_path, n_classes, dtype):
+def test_long_rows_of_softmax_keep_the_bits(cpu_path_back_module, n_classes, dtype):
     # softmax runs as the gradient of a row without a target (_xent.pyx _softmax_family_row): from 1024
     # classes (float32; float64 2048) each row's output goes out while the next row of the same thread
     # runs its sum pass, as the fused gradient's does, and from 8192 classes that sum pass reads the next
@@ -152,13 +143,10 @@ def test_long_rows_of_softmax_keep_the_bits(restore_path, n_classes, dtype):
         _xent.set_cpu_path(path)
         for stores in ("auto", "streaming", "ordinary"):
             _xent.set_output_stores(stores)
-            try:
-                for n_threads in (1, 2):
-                    got = (xf.log_softmax(x, n_threads=n_threads), xf.softmax(x, n_threads=n_threads))
-                    for a, b, what in zip(got, want, ("log_softmax", "softmax")):
-                        assert np.array_equal(a, b, equal_nan=True), (what, path, stores, n_threads)
-            finally:
-                _xent.set_output_stores("auto")
+            for n_threads in (1, 2):
+                got = (xf.log_softmax(x, n_threads=n_threads), xf.softmax(x, n_threads=n_threads))
+                for a, b, what in zip(got, want, ("log_softmax", "softmax")):
+                    assert np.array_equal(a, b, equal_nan=True), (what, path, stores, n_threads)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the page test is Linux's (mincore)")
@@ -189,7 +177,7 @@ def test_new_pages_are_told_from_mapped_ones():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_paths_agree_bitwise_whatever_position_holds_the_special_entry(restore_path, dtype):
+def test_paths_agree_bitwise_whatever_position_holds_the_special_entry(cpu_path_back_module, dtype):
     """Every row length up to 40 (the AVX2 max pass reads blocks below 8 entries one by one, 8 to 15 as
     two overlapping vectors, longer ones 16 at a time and the tail as vectors ending at the row's end),
     with a NaN, a -inf, a +inf or the row's unique max at every position: an entry the max pass skipped
@@ -208,7 +196,7 @@ def test_paths_agree_bitwise_whatever_position_holds_the_special_entry(restore_p
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n_classes", [300, 333, 4096 + 45, 5000])
-def test_paths_agree_bitwise_with_a_special_entry_in_a_long_row(restore_path, dtype, n_classes):
+def test_paths_agree_bitwise_with_a_special_entry_in_a_long_row(cpu_path_back_module, dtype, n_classes):
     """Rows longer than the short-row groups take (so the row kernel's max pass reads them): a NaN, a -inf,
     a +inf, the unique max or a -0 at the edges of the avx512 unit's 32-float steps, of the 16-entry steps
     that follow them, of the tail vectors and of the 4096-class blocks.  A step that overwrote its running
@@ -253,7 +241,7 @@ def _assert_same_bits(results):
             assert _bits(a) == _bits(b), path
 
 
-def test_binary_kernels_follow_the_selected_path(restore_path):
+def test_binary_kernels_follow_the_selected_path(cpu_path_back_module):
     for path in PATHS:
         _xent.set_cpu_path(path)
         assert _binary.cpu_path() == path
@@ -265,7 +253,7 @@ PROB_MODES = st.sampled_from([dict(), dict(eps=1e-7), dict(eps=0.1), dict(log_cl
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @given(data=st.data())
-def test_binary_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
+def test_binary_paths_agree_bitwise_on_adversarial_cases(cpu_path_back_module, dtype, data):
     case = data.draw(binary_xent_cases(dtype))
     x, t = case.logits, case.target
     kw = dict(weight=case.weight, pos_weight=case.pos_weight, ignore_index=case.ignore_index)
@@ -284,7 +272,7 @@ def test_binary_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, da
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @given(data=st.data())
-def test_binary_prob_paths_agree_bitwise_on_adversarial_cases(restore_path, dtype, data):
+def test_binary_prob_paths_agree_bitwise_on_adversarial_cases(cpu_path_back_module, dtype, data):
     shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=10))
     p = data.draw(unit_probabilities(shape, dtype))
     t = data.draw(binary_targets(shape, dtype))
@@ -313,7 +301,7 @@ def _long_binary_problem(dtype, n=7 * (3 * 1024 + 5)):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_binary_paths_agree_bitwise_on_long_arrays(restore_path, dtype):
+def test_binary_paths_agree_bitwise_on_long_arrays(cpu_path_back_module, dtype):
     x, t = _long_binary_problem(dtype)
     rng = np.random.default_rng(12)
     w = rng.random(7) * np.array([0, 1, 2, 1e-310, 1e300, 3, 1])

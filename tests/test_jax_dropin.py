@@ -145,7 +145,7 @@ def test_sigmoid_infinite_cotangent_same_bits_as_numpy(path, dtype):
 
 
 @pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
-def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path, monkeypatch):
+def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path_back, cpu_path, monkeypatch):
     """The handlers call _xent's and _binary's kernels through their capsules, on the code path
     _xent.set_cpu_path selected (read at every call).  The paths give the same bits, so this shows the
     handlers work after a switch, not which path ran."""
@@ -153,22 +153,18 @@ def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path, monkeypatch):
         _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
     monkeypatch.setattr(xfj, "CALLBACK", "ffi")
     x, y, _, yb, g = _data(np.float32, n=64, c=300)
-    before = _xent.cpu_path()
     _xent.set_cpu_path(cpu_path)
-    try:
-        loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(x, jnp.asarray(y)),
-                           jnp.asarray(x), ct=g)
-        bce = jax.jit(xfj.sigmoid_binary_cross_entropy)(jnp.asarray(x), jnp.asarray(yb))
-        assert_same_bits(loss, xf.cross_entropy(x, y, reduction="none"))
-        assert_same_bits(dx, xf.cross_entropy_backward(g, x, y, reduction="none"))
-        assert_same_bits(bce, xf.binary_cross_entropy_with_logits(x, yb, reduction="none"))
-    finally:
-        _xent.set_cpu_path(before)
+    loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(x, jnp.asarray(y)),
+                       jnp.asarray(x), ct=g)
+    bce = jax.jit(xfj.sigmoid_binary_cross_entropy)(jnp.asarray(x), jnp.asarray(yb))
+    assert_same_bits(loss, xf.cross_entropy(x, y, reduction="none"))
+    assert_same_bits(dx, xf.cross_entropy_backward(g, x, y, reduction="none"))
+    assert_same_bits(bce, xf.binary_cross_entropy_with_logits(x, yb, reduction="none"))
 
 
 @pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
 @pytest.mark.parametrize("C", [1, 10, 48, 49, 64, 65, 80, 81, 128, 129, 144, 145, 160, 161, 208, 209, 256, 257])
-def test_ffi_short_row_groups_give_numpys_bits(cpu_path, C, dtype, monkeypatch):
+def test_ffi_short_row_groups_give_numpys_bits(cpu_path_back, cpu_path, C, dtype, monkeypatch):
     """Short rows of integer labels run side by side in the handlers (GROUP_ROWS at a time), as in the
     NumPy API: around every class limit of the groups, with a last partial group, rows masked by
     `where` (the skip label), rows the groups hand back to the row kernel (NaN, +inf, a -inf label,
@@ -187,16 +183,12 @@ def test_ffi_short_row_groups_give_numpys_bits(cpu_path, C, dtype, monkeypatch):
     keep = rng.random(n) < 0.8
     g = (0.5 + rng.random(n)).astype(dtype)
     g[[3, 12, 30]] = 0.0, -1.5, np.inf
-    before = _xent.cpu_path()
     _xent.set_cpu_path(cpu_path)
-    try:
-        loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(
-            x, jnp.asarray(y), where=jnp.asarray(keep)), jnp.asarray(x), ct=g)
-        y_np = np.where(keep, y, -100)
-        assert_same_bits(loss, xf.cross_entropy(x, y_np, reduction="none"))
-        assert_same_bits(dx, xf.cross_entropy_backward(g, x, y_np, reduction="none"))
-    finally:
-        _xent.set_cpu_path(before)
+    loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(
+        x, jnp.asarray(y), where=jnp.asarray(keep)), jnp.asarray(x), ct=g)
+    y_np = np.where(keep, y, -100)
+    assert_same_bits(loss, xf.cross_entropy(x, y_np, reduction="none"))
+    assert_same_bits(dx, xf.cross_entropy_backward(g, x, y_np, reduction="none"))
 
 
 def test_special_values_same_bits(path, dtype):

@@ -147,18 +147,8 @@ def _float32_layout(layouts, layout, seed):
     return x, rng.integers(0, classes, rows), spec
 
 
-@pytest.fixture
-def cpu_kernels():
-    """The kernels' module, its CPU path and kind of stores restored after the test."""
-    from xentfast._core import _xent
-    before = _xent.cpu_path()
-    yield _xent
-    _xent.set_cpu_path(before)
-    _xent.set_output_stores("auto")
-
-
 @pytest.mark.parametrize("layout", list(ROUNDED_ONCE_LAYOUTS))
-def test_float32_gradient_is_rounded_once(cpu_kernels, layout):
+def test_float32_gradient_is_rounded_once(cpu_path_back, layout):
     # Every float32 gradient entry but the target's is (e_j * coef_per_S) * coef_mult in double, rounded
     # once to float: e_j within ~2^-32 relative (the float32 exponential), coef / S within half a double
     # ULP, so the entry is within 0.5 + ~0.005 float ULP of the exact p_j.  Until 2026-12-04 e_j was kept as
@@ -166,8 +156,8 @@ def test_float32_gradient_is_rounded_once(cpu_kernels, layout):
     # Same on every CPU path (the paths must agree bit for bit anyway, tests/test_dispatch.py).
     x, y, spec = _float32_layout(ROUNDED_ONCE_LAYOUTS, layout, 5)
     exact = ref.cross_entropy_grad(x, y, reduction="sum")
-    for path in cpu_kernels.available_cpu_paths():
-        cpu_kernels.set_cpu_path(path)
+    for path in cpu_path_back.available_cpu_paths():
+        cpu_path_back.set_cpu_path(path)
         xin = x.copy()
         grad = xf.cross_entropy_with_grad(xin, y, reduction="sum", **spec)[1]
         assert_ulp_close(grad, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
@@ -185,7 +175,7 @@ SOFTMAX_LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", list(SOFTMAX_LAYOUTS))
-def test_float32_softmax_is_the_gradient_of_a_row_without_a_target(cpu_kernels, layout):
+def test_float32_softmax_is_the_gradient_of_a_row_without_a_target(cpu_path_back, layout):
     # softmax runs as the cross-entropy gradient of a row without a target under a factor of 1
     # (_xent.pyx _softmax_family_row): p_j = e_j * (1 / S) in double, rounded once, so within 0.5 + ~0.005
     # float ULP of the exact p_j, and bit for bit the gradient entries of reduction="sum" off the target.
@@ -195,10 +185,10 @@ def test_float32_softmax_is_the_gradient_of_a_row_without_a_target(cpu_kernels, 
     off_target = np.ones(x.shape, dtype=bool)
     off_target[np.arange(x.shape[0]), y] = False
     exact = ref.softmax(x)
-    for path in cpu_kernels.available_cpu_paths():
-        cpu_kernels.set_cpu_path(path)
+    for path in cpu_path_back.available_cpu_paths():
+        cpu_path_back.set_cpu_path(path)
         for stores in ("streaming", "ordinary"):
-            cpu_kernels.set_output_stores(stores)
+            cpu_path_back.set_output_stores(stores)
             p = xf.softmax(x, **spec)
             assert_ulp_close(p, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
             grad = xf.cross_entropy_with_grad(x, y, reduction="sum", **spec)[1]

@@ -227,13 +227,6 @@ def _short_rows(dtype, n, c, seed, ignore):
     return x, y
 
 
-@pytest.fixture
-def cpu_path_back():
-    before = _xent.cpu_path()
-    yield
-    _xent.set_cpu_path(before)
-
-
 # The classes up to which each path's short-row groups take ordinary rows (softmax_rows.h,
 # XF_GROUP_C_LIMIT and XF_GROUP_FAMILY_MAX_C; README, "How the CPU kernels work"), per kind: logsumexp,
 # log_softmax, softmax, cross-entropy forward, with its gradient.  x86's baseline path takes none.
