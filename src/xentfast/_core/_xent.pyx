@@ -89,7 +89,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*grad_block)(const float *, float *, long long, long long, const xf_rowjob *, const float *,
                            const double *, const double *) noexcept nogil
         void (*row_max)(const float *, long long, xf_rowjob *) noexcept nogil
-        void (*row_sum)(const float *, long long, xf_rowjob *, float *, double *) noexcept nogil
+        void (*row_sum)(const float *, long long, xf_rowjob *) noexcept nogil
         double (*xent_row)(const float *, float *, long long, xf_rowjob *, const float *,
                            const double *, xf_row_scratch *) noexcept nogil
         void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
@@ -107,7 +107,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*grad_block)(const double *, double *, long long, long long, const xf_rowjob *, const double *,
                            const double *, const double *) noexcept nogil
         void (*row_max)(const double *, long long, xf_rowjob *) noexcept nogil
-        void (*row_sum)(const double *, long long, xf_rowjob *, double *, double *) noexcept nogil
+        void (*row_sum)(const double *, long long, xf_rowjob *) noexcept nogil
         double (*xent_row)(const double *, double *, long long, xf_rowjob *, const double *,
                            const double *, xf_row_scratch *) noexcept nogil
         void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
@@ -463,7 +463,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     cdef bint want_scratch
     cdef bint groups
     cdef bint ok = True
-    cdef bint grad_touched = True
+    cdef bint streaming = True
     if N == 0 or C == 0:
         return
     xp = &x[0, 0]
@@ -490,22 +490,19 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
-            if want_scratch and gp != NULL and <const floating *>gp != xp and _may_stream(C, floating is float):
-                grad_touched = _output_touched(gp, N * C * sizeof(floating))
+            if want_scratch and gp != NULL and <const floating *>gp != xp:
+                streaming = _streaming_stores(gp, N, C, sizeof(floating), floating is float)
             with parallel(num_threads=n_threads):
                 fp_thread = xf_fp_ieee_enter()
                 # exponentials kept between passes (xf_xent_row: the general gradient's, every float32
                 # row's, long float64 stored rows'); without the memory the rows evaluate them again, or
                 # store them in the gradient, to the same bits.  Releasing it writes the last long row's pending
                 # gradient (xf_row_scratch).
-                scratch = xf_row_scratch_new(C) if want_scratch else NULL
+                scratch = _row_scratch(want_scratch, C, streaming)
                 if gp != NULL and <const floating *>gp != xp:
                     # the next row's max pass inside each row's sum pass (rows with a gradient: the
                     # forward pass alone measured no gain); the logits are only read
                     xf_row_scratch_read_ahead(scratch, xp + N * C)
-                if not grad_touched:
-                    # a new gradient array, its pages not yet mapped in: ordinary stores (xf_pending_stream)
-                    xf_row_scratch_new_output(scratch)
                 for i in prange(N, schedule="guided"):
                     loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)
                 xf_row_scratch_release(scratch)
@@ -533,10 +530,10 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
         xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1)
         if floating is float:
             K32.row_max(x + i * C, C, &job)
-            K32.row_sum(x + i * C, C, &job, NULL, NULL)
+            K32.row_sum(x + i * C, C, &job)
         else:
             K64.row_max(x + i * C, C, &job)
-            K64.row_sum(x + i * C, C, &job, NULL, NULL)
+            K64.row_sum(x + i * C, C, &job)
     if lse != NULL:
         # rows where max x and log S cancel are redone to the result's own precision (softmax_row.h)
         if floating is float:
@@ -594,9 +591,22 @@ cdef inline bint _may_stream(Py_ssize_t C, bint storage_is_float) noexcept nogil
     return C >= XF_STREAM_MIN_CLASSES(storage_is_float) and _current_code != XF_PATH_BASELINE
 
 
-cdef inline bint _output_touched(const void *out, size_t n) noexcept nogil:
-    # whether the long rows' pending output goes out by streaming stores (xf_row_scratch_new_output)
-    return xf_memory_touched(out, n) if _stores_forced < 0 else _stores_forced == 1
+cdef inline bint _streaming_stores(const void *out, Py_ssize_t N, Py_ssize_t C, size_t itemsize,
+                                   bint storage_is_float) noexcept nogil:
+    # whether the long rows' pending output goes into `out` by streaming stores: unless they may stream and
+    # the output is a new array whose pages are not mapped in yet (xf_memory_touched)
+    if not _may_stream(C, storage_is_float):
+        return True
+    return xf_memory_touched(out, N * C * itemsize) if _stores_forced < 0 else _stores_forced == 1
+
+
+cdef inline xf_row_scratch *_row_scratch(bint wanted, Py_ssize_t C, bint streaming) noexcept nogil:
+    # a row driver thread's scratch row (xf_row_scratch_new), or NULL; its pending rows go out by ordinary
+    # stores unless `streaming` (xf_row_scratch_new_output)
+    cdef xf_row_scratch *s = xf_row_scratch_new(C) if wanted else NULL
+    if not streaming:
+        xf_row_scratch_new_output(s)
+    return s
 
 
 def set_output_stores(kind):
@@ -615,15 +625,6 @@ def memory_touched(const unsigned char[::1] buf):
     return bool(xf_memory_touched(&buf[0], buf.shape[0])) if buf.shape[0] else True
 
 
-cdef inline xf_row_scratch *_softmax_scratch(Py_ssize_t C, bint streaming_ok) noexcept nogil:
-    # softmax's rows keep their exponentials in the scratch row, and long ones leave their output pending
-    # there (xf_xent_row)
-    cdef xf_row_scratch *s = xf_row_scratch_new(C)
-    if not streaming_ok:
-        xf_row_scratch_new_output(s)
-    return s
-
-
 cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py_ssize_t N, Py_ssize_t C,
                                int mode, int n_threads, bint row_groups) noexcept nogil:
     # every row of a call (softmax_family, the plain-call lane): short rows side by side unless
@@ -638,13 +639,11 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
     cdef bint is_float = floating is float
     cdef bint want_scratch = mode == 2 and xf_xent_wants_scratch(True, False, is_float, False, C)
     cdef xf_row_scratch *scratch = NULL
-    # the output is made for the call: where its pages are new, ordinary stores (xf_pending_stream); calls
-    # whose rows never stream do not look
-    cdef bint streaming_ok = (want_scratch and _may_stream(C, is_float) and
-                              _output_touched(out, N * C * sizeof(floating)))
+    # the output is made for the call: where its pages are new, ordinary stores (xf_pending_stream)
+    cdef bint streaming = not want_scratch or _streaming_stores(out, N, C, sizeof(floating), is_float)
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
-        scratch = _softmax_scratch(C, streaming_ok) if want_scratch else NULL
+        scratch = _row_scratch(want_scratch, C, streaming)
         xf_row_scratch_read_ahead(scratch, x + N * C)
         for i in range(n_tasks):
             if groups:
@@ -656,7 +655,7 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
         return
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
-        scratch = _softmax_scratch(C, streaming_ok) if want_scratch else NULL
+        scratch = _row_scratch(want_scratch, C, streaming)
         xf_row_scratch_read_ahead(scratch, x + N * C)
         for i in prange(n_tasks, schedule="guided"):
             if groups:

@@ -251,7 +251,7 @@ void labels_grad_rows(const T *g, const T *x, T *out, long long N, long long C)
         xf_rowjob job;
         xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1);
         K->row_max(x + i * C, C, &job);
-        K->row_sum(x + i * C, C, &job, nullptr, nullptr);
+        K->row_sum(x + i * C, C, &job);
         if (job.status != XF_ROW_OK) {
             fill(out + i * C, C, XF_NAN);
         } else {

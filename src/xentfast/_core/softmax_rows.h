@@ -1158,8 +1158,8 @@ XF_HD void XF_FN(xf_row_mask_form)(const XF_T *x, long long C, xf_rowjob *job)
 }
 
 /* Row statistics of a whole row, block by block (the one-thread-per-row path): the max pass, then the
- * sum pass (optionally storing the exponentials).  The phased path in _xent.pyx calls the same block
- * functions and the same merges in the same order. */
+ * sum pass (xf_row_sum_writing: optionally keeping the exponentials).  The phased path in _xent.pyx calls
+ * the same block functions and the same merges in the same order. */
 XF_KERNEL void XF_FN(xf_row_max)(const XF_T *x, long long C, xf_rowjob *job)
 {
     long long b0;
@@ -1267,9 +1267,10 @@ XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *
 #endif
 }
 
-XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep)
+/* the sum pass alone (logsumexp, log_softmax): nothing kept, nothing pending */
+XF_KERNEL void XF_FN(xf_row_sum)(const XF_T *x, long long C, xf_rowjob *job)
 {
-    XF_FN(xf_row_sum_writing)(x, C, job, store, keep, 0, 0);
+    XF_FN(xf_row_sum_writing)(x, C, job, 0, 0, 0, 0);
 }
 
 /* Per-row loss terms of a whole row (soft targets / smoothing), block by block. */

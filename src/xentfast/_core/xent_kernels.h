@@ -169,7 +169,7 @@ static inline void xf_row_scratch_release(xf_row_scratch *s)
         void (*grad_block)(const T *, T *, long long, long long, const xf_rowjob *, const T *,            \
                            const double *, const double *);                                               \
         void (*row_max)(const T *, long long, xf_rowjob *);                                              \
-        void (*row_sum)(const T *, long long, xf_rowjob *, T *, double *);                               \
+        void (*row_sum)(const T *, long long, xf_rowjob *);                                              \
         double (*xent_row)(const T *, T *, long long, xf_rowjob *, const T *, const double *,            \
                            xf_row_scratch *);                                                             \
         void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
