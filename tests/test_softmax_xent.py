@@ -195,6 +195,29 @@ def test_float32_softmax_is_the_gradient_of_a_row_without_a_target(cpu_path_back
             assert p[off_target].tobytes() == grad[off_target].tobytes(), (layout, path, stores)
 
 
+LOG_SOFTMAX_LAYOUTS = dict(SOFTMAX_LAYOUTS, **{"group-200": dict(rows=16, classes=200)})
+
+
+@pytest.mark.parametrize("layout", list(LOG_SOFTMAX_LAYOUTS))
+def test_float32_log_softmax_is_rounded_once_and_is_the_negated_row_loss(cpu_path_back, layout):
+    # float32 log_softmax is (x_j - m) - log S in plain double (numerics.h xf_log_prob_single): both terms
+    # <= 0, so within 0.5 + ~2^-28 float ULP of the exact value.  Wherever x_j - m is exact in double (the
+    # exponents of x_j and m < 29 apart: every entry here) it has the bits of the loss's TwoSum form, so
+    # log_softmax at the target is minus the reduction="none" loss, bit for bit.  Groups (up to 256 classes
+    # on the avx512 path, 136 on avx2) and the row path; rows with -inf entries take their general forms.
+    x, y, spec = _float32_layout(LOG_SOFTMAX_LAYOUTS, layout, 7)
+    x[1::3, 1::2] = -np.inf
+    y[1::3] = 0
+    exact = ref.log_softmax(x)
+    rows = np.arange(x.shape[0])
+    for path in cpu_path_back.available_cpu_paths():
+        cpu_path_back.set_cpu_path(path)
+        logp = xf.log_softmax(x, **spec)
+        assert_ulp_close(logp, exact, 0.51, inputs={"logits": x}, err_msg=f"{layout}, {path} path")
+        loss = xf.cross_entropy(x, y, reduction="none", **spec)
+        assert logp[rows, y].tobytes() == (-loss).tobytes(), (layout, path)
+
+
 def test_streamed_rows_whose_coefficient_carries_a_power_of_two():
     # a long float64 row's gradient goes out pending (softmax_rows.h xf_pending_values), which leaves out
     # the coefficient's power of two where it is 1; here weight times upstream factor overflows a double,

@@ -164,7 +164,7 @@ static void alt_order_row(const T *x, long long C, int nt, T *logp, double *lse)
     }
     *lse = (job.status == XF_ROW_OK) ? job.lse : (job.has_nan ? XF_NAN : job.m);
     for (long long j = 0; j < C; j++) {
-        xf_cu_store(logp + j, job.status == XF_ROW_OK ? xf_log_prob(xf_cu_load(x[j]), job.m, job.log_s) : XF_NAN);
+        xf_cu_store(logp + j, job.status == XF_ROW_OK ? xf_cu_log_prob(x[j], job.m, job.log_s) : XF_NAN);
     }
 }
 

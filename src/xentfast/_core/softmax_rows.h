@@ -1112,12 +1112,14 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
     XF_FN(xf_xent_grad_general_for)(x, out, n, offset, job, t, w, 0);
 }
 
-/* log_softmax of a block from the row statistics.  finite: every x_j - m of the row is finite
- * (job->exp_normal == 1), so xf_log_prob_finite gives the same bits with ~a quarter fewer operations. */
+/* log_softmax of a block from the row statistics.  float storage: xf_log_prob_single, every row.
+ * double: finite, every x_j - m of the row is finite (job->exp_normal == 1), so xf_log_prob_finite gives
+ * the same bits with ~a quarter fewer operations. */
 XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s,
                                            int finite)
 {
     long long j;
+#if XF_COMPENSATED
     if (finite) {
 #pragma omp simd
         for (j = 0; j < n; j++) {
@@ -1129,6 +1131,13 @@ XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n
     for (j = 0; j < n; j++) {
         out[j] = (XF_T)xf_log_prob((double)x[j], m, log_s);
     }
+#else
+    (void)finite;
+#pragma omp simd
+    for (j = 0; j < n; j++) {
+        out[j] = (XF_T)xf_log_prob_single((double)x[j], m, log_s);
+    }
+#endif
 }
 
 /* A row beyond the normal form's spread (xf_rowjob_set_exp_form gave 0) whose far entries are a finite
@@ -1481,16 +1490,13 @@ typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_G
 
 #if defined(__AVX2__)
 /* A group's output rows from a buffer that holds the group's rows side by side (kept[j][r]) while the
- * output wants each row whole, so blocks of it are transposed in registers (double: 4 x 4, each half of
- * the group; float: 8 columns x 8 rows by unpack, shuffle and permute), and each row's entries get the
- * element loop's operations and are stored at once.  xf_group_grad_columns: the fused gradient from the
- * kept exponentials, doubles for either storage type, multiplied by f[r] (the loop's `* 1.0` being exact)
- * and rounded once to the storage type (softmax's too, xf_short_rows_family).  xf_group_family_columns:
- * log_softmax's outputs (xf_short_rows_family) from a buffer of the storage type (float: widened,
- * multiplied by f[r] = 1 in double, rounded back; double: xf_group_grad_columns).  The loop they replace
- * compiled to ~4 instructions per float entry, a permute-and-blend gather for every 8 entries of one row.
- * Only rows done and not ignored are written: the others are the caller's, and a row left to the row
- * kernel may be the logits themselves (inplace).  Both return the first column not written. */
+ * output wants each row whole, so blocks of it are transposed in registers (4 x 4 doubles, each half of
+ * the group), and each row's entries get the element loop's operations and are stored at once: the fused
+ * gradient (and softmax, xf_short_rows_family) from the kept exponentials, doubles for either storage
+ * type, multiplied by f[r] and rounded once to the storage type.  The loop it replaces compiled to ~4
+ * instructions per float entry, a permute-and-blend gather for every 8 entries of one row.  Only rows done
+ * and not ignored are written: the others are the caller's, and a row left to the row kernel may be the
+ * logits themselves (inplace).  Returns the first column not written. */
 XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_columns)(
     const double *kept, long long C, const double *f, const int *ok, const int *ignored, XF_T *grad)
 {
@@ -1522,57 +1528,7 @@ XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_co
     }
     return j0;
 }
-#if XF_COMPENSATED
-XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_family_columns)(
-    const double *kept, long long C, const double *f, const int *ok, const int *ignored, double *out)
-{
-    return XF_FN(xf_group_grad_columns)(kept, C, f, ok, ignored, out);
-}
-#else
-XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_family_columns)(
-    const float *kept, long long C, const double *f, const int *ok, const int *ignored, float *grad)
-{
-    long long j0;
-    int r;
-    for (j0 = 0; j0 + 8 <= C; j0 += 8) {
-        const float *k0 = kept + j0 * XF_GROUP_ROWS;
-        __m256 a0 = _mm256_loadu_ps(k0), a1 = _mm256_loadu_ps(k0 + 8), a2 = _mm256_loadu_ps(k0 + 16);
-        __m256 a3 = _mm256_loadu_ps(k0 + 24), a4 = _mm256_loadu_ps(k0 + 32), a5 = _mm256_loadu_ps(k0 + 40);
-        __m256 a6 = _mm256_loadu_ps(k0 + 48), a7 = _mm256_loadu_ps(k0 + 56);
-        __m256 b0 = _mm256_unpacklo_ps(a0, a1), b1 = _mm256_unpackhi_ps(a0, a1);
-        __m256 b2 = _mm256_unpacklo_ps(a2, a3), b3 = _mm256_unpackhi_ps(a2, a3);
-        __m256 b4 = _mm256_unpacklo_ps(a4, a5), b5 = _mm256_unpackhi_ps(a4, a5);
-        __m256 b6 = _mm256_unpacklo_ps(a6, a7), b7 = _mm256_unpackhi_ps(a6, a7);
-        __m256 c0 = _mm256_shuffle_ps(b0, b2, _MM_SHUFFLE(1, 0, 1, 0));
-        __m256 c1 = _mm256_shuffle_ps(b0, b2, _MM_SHUFFLE(3, 2, 3, 2));
-        __m256 c2 = _mm256_shuffle_ps(b1, b3, _MM_SHUFFLE(1, 0, 1, 0));
-        __m256 c3 = _mm256_shuffle_ps(b1, b3, _MM_SHUFFLE(3, 2, 3, 2));
-        __m256 c4 = _mm256_shuffle_ps(b4, b6, _MM_SHUFFLE(1, 0, 1, 0));
-        __m256 c5 = _mm256_shuffle_ps(b4, b6, _MM_SHUFFLE(3, 2, 3, 2));
-        __m256 c6 = _mm256_shuffle_ps(b5, b7, _MM_SHUFFLE(1, 0, 1, 0));
-        __m256 c7 = _mm256_shuffle_ps(b5, b7, _MM_SHUFFLE(3, 2, 3, 2));
-        __m256 rows[8];
-        rows[0] = _mm256_permute2f128_ps(c0, c4, 0x20);
-        rows[1] = _mm256_permute2f128_ps(c1, c5, 0x20);
-        rows[2] = _mm256_permute2f128_ps(c2, c6, 0x20);
-        rows[3] = _mm256_permute2f128_ps(c3, c7, 0x20);
-        rows[4] = _mm256_permute2f128_ps(c0, c4, 0x31);
-        rows[5] = _mm256_permute2f128_ps(c1, c5, 0x31);
-        rows[6] = _mm256_permute2f128_ps(c2, c6, 0x31);
-        rows[7] = _mm256_permute2f128_ps(c3, c7, 0x31);
-        for (r = 0; r < 8; r++) {
-            if (ok[r] && !ignored[r]) {
-                const __m256d fr = _mm256_set1_pd(f[r]);
-                __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(rows[r])), fr));
-                __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(rows[r], 1)), fr));
-                _mm256_storeu_ps(grad + r * C + j0, _mm256_set_m128(hi, lo));
-            }
-        }
-    }
-    return j0;
-}
-#endif
-/* the transpositions above are written for 8 rows */
+/* the transposition above is written for 8 rows */
 typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 : -1];
 #endif
 
@@ -1972,25 +1928,19 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 /* logsumexp (mode 0, into lse), log_softmax (mode 1) or softmax (mode 2) of XF_GROUP_ROWS rows side by
  * side, with the bits of _xent.pyx's _softmax_family_row: its row statistics as xf_group_stats takes
  * them, then xf_rowjob_set_sum's lse (rows where it cancels, xf_rowjob_lse_cancels, are handed back to
- * the row path's exact logsumexp) or the operations of its block functions (xf_log_softmax_block's
- * element across the rows; softmax's as xf_xent_row's gradient of a row without a target: each kept
- * exponential times 1 / S, xf_stored_entry),
- * written back through the transposition.  Returns the rows done as a bit mask; the others (not finite,
- * a spread beyond the unclamped exponentials, a rescued float64 sum) are the caller's, and nothing of
- * theirs is written but their lse, which the caller's row path writes again. */
+ * the row path's exact logsumexp), log_softmax's xf_log_softmax_block over each row as it lies (an
+ * entry needs its own logit and its row's statistics only), or softmax as xf_xent_row's gradient of a
+ * row without a target (each kept exponential times 1 / S, xf_stored_entry) written back through the
+ * transposition.  Returns the rows done as a bit mask; the others (not finite, a spread beyond the
+ * unclamped exponentials, a rescued float64 sum) are the caller's, and nothing of theirs is written but
+ * their lse, which the caller's row path writes again. */
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_family_form)(
     const XF_T *x, XF_T *out, double *lse, long long C, const int mode)
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_MAX_C][R];
-    /* log_softmax's values, rounded to the storage type, or softmax's exponentials, the doubles they are,
-     * as the row path keeps them (xf_xent_row): one buffer, a mode uses one of them */
-    union {
-        XF_T values[XF_GROUP_MAX_C][R];
-        double exps[XF_GROUP_MAX_C][R];
-    } buf;
-    XF_T (*const kept)[R] = buf.values;
-    double (*const kept_d)[R] = buf.exps;
+    /* softmax's exponentials, the doubles the row path keeps (xf_xent_row) */
+    double kept[XF_GROUP_MAX_C][R];
     double m[R], hi[R], lo[R], f[R];
     long long argmax[R];
     int ok[R];
@@ -1998,70 +1948,27 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     long long j;
     int r;
     long long j_vec = 0;
-    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept_d, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
+    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
                                                  mode == 2, 2);
-    if (mode == 0) {
+    if (mode != 2) {
         for (r = 0; r < R; r++) {
             const double log_s = xf_row_log_S(hi[r], lo[r]);
-            const double row_lse = m[r] + log_s;
-            ok[r] &= !(log_s > 2.0 * xf_fabs(row_lse));
-            /* every row's, unconditionally (a store under the test became a masked store): the row path
-             * writes the rows handed back again */
-            lse[r] = row_lse;
+            if (mode == 0) {
+                const double row_lse = m[r] + log_s;
+                ok[r] &= !(log_s > 2.0 * xf_fabs(row_lse));
+                /* every row's, unconditionally (a store under the test became a masked store): the row
+                 * path writes the rows handed back again */
+                lse[r] = row_lse;
+            } else if (ok[r]) {
+                XF_FN(xf_log_softmax_block)(x + r * C, out + r * C, C, m[r], log_s, !any_masked);
+            }
             done |= (unsigned)(ok[r] != 0) << r;
         }
         return done;
     }
-    if (mode == 1) {
-        double log_s[R];
-#pragma omp simd
-        for (r = 0; r < R; r++) {
-            log_s[r] = xf_row_log_S(hi[r], lo[r]);
-            f[r] = 1.0;
-        }
-        /* xf_log_softmax_block's element across the rows, into kept, then written back times the factor
-         * 1.0, which changes no value (a float widened, multiplied by one and rounded back is itself) */
-        if (any_masked) {
-            /* xf_log_prob_finite's TwoSum error term is NaN at a -inf entry; the general form zeroes it
-             * (the row path's log_softmax_block for rows with exp_normal != 1), the same bits elsewhere */
-            for (j = 0; j < C; j++) {
-#pragma omp simd
-                for (r = 0; r < R; r++) {
-                    kept[j][r] = (XF_T)xf_log_prob((double)xt[j][r], m[r], log_s[r]);
-                }
-            }
-        } else {
-            /* widened and rounded in loops of their own in the avx512 unit, as xf_group_sum_form's
-             * exponentials */
-            double xd[R], ld[R];
-            for (j = 0; j < C; j++) {
-                if (XF_GROUP_WIDE_ENTRIES) {
-                    for (r = 0; r < R; r++) {
-                        xd[r] = (double)xt[j][r];
-                    }
-                }
-#pragma omp simd
-                for (r = 0; r < R; r++) {
-                    const double v = xf_log_prob_finite(XF_GROUP_WIDE_ENTRIES ? xd[r] : (double)xt[j][r], m[r],
-                                                        log_s[r]);
-                    if (XF_GROUP_WIDE_ENTRIES) {
-                        ld[r] = v;
-                    } else {
-                        kept[j][r] = (XF_T)v;
-                    }
-                }
-                if (XF_GROUP_WIDE_ENTRIES) {
-                    for (r = 0; r < R; r++) {
-                        kept[j][r] = (XF_T)ld[r];
-                    }
-                }
-            }
-        }
-    } else {
-        for (r = 0; r < R; r++) {
-            /* the row path's factor: coef_per_S = xf_rowjob_div_S(job, 1), coef_mult 1 (xf_rowjob_finish) */
-            f[r] = xf_div_S(1.0, hi[r], lo[r]);
-        }
+    for (r = 0; r < R; r++) {
+        /* the row path's factor: coef_per_S = xf_rowjob_div_S(job, 1), coef_mult 1 (xf_rowjob_finish) */
+        f[r] = xf_div_S(1.0, hi[r], lo[r]);
     }
 #if defined(__AVX2__)
     {
@@ -2069,19 +1976,14 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
         for (r = 0; r < R; r++) {
             ignored[r] = 0; /* the write-back's rows to skip besides those not ok: none */
         }
-        if (mode == 2) {
-            j_vec = XF_FN(xf_group_grad_columns)(&kept_d[0][0], C, f, ok, ignored, out);
-        } else {
-            j_vec = XF_FN(xf_group_family_columns)(&kept[0][0], C, f, ok, ignored, out);
-        }
+        j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, out);
     }
 #endif
     for (r = 0; r < R; r++) {
         if (ok[r]) {
             for (j = j_vec; j < C; j++) {
-                /* softmax: xf_stored_entry, one rounding of e_j / S */
-                out[r * C + j] = (mode == 2) ? XF_FN(xf_stored_entry)(kept_d[j][r], f[r], 1.0)
-                                             : (XF_T)((double)kept[j][r] * f[r]);
+                /* xf_stored_entry, one rounding of e_j / S */
+                out[r * C + j] = XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0);
             }
         }
     }
@@ -2091,25 +1993,27 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     return done;
 }
 
-/* the table's entry: logsumexp within the forward pass's limits (the same statistics, nothing written
- * back); log_softmax and softmax within the groups' limits (log_softmax as the forward pass, softmax,
- * which keeps its exponentials, as the fused one) and at most XF_GROUP_FAMILY_MAX_C classes: their
- * groups write every entry back through the transposition, and against the row path (one core,
- * float32, 4096 rows, us, rows -> groups) they gain up to 160 classes and lose beyond (log_softmax
- * C = 128 1190 -> 1018-1076, 160 1411-1419 -> 1324-1355, 200 1635 -> 1647-1680, 256 1923-1941 ->
- * 2245-2258; softmax 128 1113-1122 -> 915-936, 160 1293-1336 -> 1143-1195, 200 1520-1534 -> 1494-1551,
- * 256 1793-1813 -> 1925-1995); else 0 (no row done).  lse: mode 0's output, the group's first row first.
- * In the avx512 unit, with its 512-bit groups (rows -> groups, 4096 rows): float32 log_softmax C = 176
- * 1037 -> 893, 192 978 -> 1059, softmax 176 981 -> 859, 192 945 -> 991; float64 (2^21 entries) log_softmax
- * 100 5832 -> 5149, 128 4863 -> 5204, softmax 100 5454 -> 4785, 128 4438 -> 4833. */
+/* the table's entry: logsumexp and log_softmax within the forward pass's limits (the same statistics;
+ * log_softmax then writes each row as the row path does), softmax, which keeps its exponentials, within
+ * the fused pass's and at most XF_GROUP_FAMILY_MAX_C(2) classes, since its groups write every entry back
+ * through the transposition: against the row path (one core, float32, 4096 rows, us, rows -> groups)
+ * they gained up to 160 classes and lost beyond (softmax 128 1113-1122 -> 915-936, 160 1293-1336 ->
+ * 1143-1195, 200 1520-1534 -> 1494-1551, 256 1793-1813 -> 1925-1995); in the avx512 unit, with its
+ * 512-bit groups (4096 rows): float32 softmax C = 176 981 -> 859, 192 945 -> 991; float64 (2^21
+ * entries) softmax 100 5454 -> 4785, 128 4438 -> 4833.  log_softmax's groups (one core, ns per entry,
+ * 2^22 float32 or 2^21 float64 entries, rows -> groups, benchmarks/README.md, 2026-12-05, sixth round):
+ * avx512 float32 C = 128 1.58 -> 1.06, 192 1.25 -> 1.02, 256 1.19 -> 1.06, float64 128 2.69 -> 2.35,
+ * 160 2.61 -> 2.42; avx2 float32 C = 128 1.66-1.73 -> 1.62-1.64, 136 1.60-1.63 -> 1.61-1.62, 144
+ * 1.57-1.58 -> 1.61-1.63, 160 1.49-1.51 -> 1.57-1.60, so the avx2 unit's stop at 136 (float64 at its
+ * forward limit, 64).  Else 0 (no row done).  lse: mode 0's output, the group's first row first. */
 #if defined(__AVX512F__)
-#define XF_GROUP_FAMILY_MAX_C (XF_COMPENSATED ? 100 : 176)
+#define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? XF_GROUP_MAX_C : XF_COMPENSATED ? 100 : 176)
 #else
-#define XF_GROUP_FAMILY_MAX_C 160
+#define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? 136 : 160)
 #endif
 XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double *lse, long long C, int mode)
 {
-    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || (mode != 0 && C > XF_GROUP_FAMILY_MAX_C)) {
+    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || (mode != 0 && C > XF_GROUP_FAMILY_MAX_C(mode))) {
         return 0;
     }
     if (mode == 0) {

@@ -87,6 +87,10 @@ XF_HD double xf_cu_load(float v) { return (double)v; }
 XF_HD double xf_cu_load(double v) { return v; }
 XF_HD void xf_cu_store(float *p, double v) { *p = (float)v; }
 XF_HD void xf_cu_store(double *p, double v) { *p = v; }
+/* log_softmax's entry by storage type, as softmax_rows.h xf_log_softmax_block: float entries in plain
+ * double (numerics.h xf_log_prob_single), double ones with x - m carried exactly */
+XF_HD double xf_cu_log_prob(float x, double m, double log_s) { return xf_log_prob_single((double)x, m, log_s); }
+XF_HD double xf_cu_log_prob(double x, double m, double log_s) { return xf_log_prob(x, m, log_s); }
 
 /* The logsumexp of a row where m and log S cancel (xentfast/softmax_row.h xf_rowjob_lse_cancels):
  * recomputed at rising precision, as the CPU's xf_rowjob_exact_lse_f32/_f64 do.  On the GPU this runs
@@ -577,7 +581,7 @@ XF_HD void xf_cu_family_row(const Team &team, const T *xrow, T *out, double *lse
             if (!ok) {
                 v = XF_NAN;
             } else if (mode == 1) {
-                v = xf_log_prob(xf_cu_load(x[j]), job->m, job->log_s);
+                v = xf_cu_log_prob(x[j], job->m, job->log_s);
             } else {
                 v = xf_cu_exp_minus(x[j], job->m) * inv_S;
             }
