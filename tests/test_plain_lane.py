@@ -217,7 +217,8 @@ def test_the_family_lane_gives_the_general_paths_bits(dtype, data):
 @pytest.mark.parametrize("shape", [(4100, 10), (257, 129), (130, 160), (130, 161), (130, _xent.GROUP_MAX_C + 1),
                                    (40, 5000), (3, 7, 50), (70,)], ids=str)
 def test_the_family_lane_takes_every_size(dtype, shape):
-    """Short rows side by side (the groups' limit for log_softmax / softmax and beyond it), long rows, more
+    """Short rows side by side (160 and 161: softmax's groups' limit on the avx2 path and beyond it; 257:
+    beyond every group), long rows, more
     than two dimensions and one, on the threads xentfast._threads would start; the rows the groups hand
     back (NaN, +inf, all -inf, a spread beyond the exponentials) included: the general path's bits."""
     rng = np.random.default_rng(shape[-1])

@@ -5,6 +5,8 @@ Bounds (README table): per-row loss, log_softmax, logsumexp, softmax and index-t
 ulp(|p_j A| + |q_j|); mean and sum <= 4 ULP.  Gradients are compared with the exact derivative, never
 with finite differences (the founding Paddle bug hid behind a loose finite-difference tolerance).
 """
+from fractions import Fraction
+
 import mpmath
 import numpy as np
 import pytest
@@ -201,15 +203,19 @@ LOG_SOFTMAX_LAYOUTS = dict(SOFTMAX_LAYOUTS, **{"group-200": dict(rows=16, classe
 @pytest.mark.parametrize("layout", list(LOG_SOFTMAX_LAYOUTS))
 def test_float32_log_softmax_is_rounded_once_and_is_the_negated_row_loss(cpu_path_back, layout):
     # float32 log_softmax is (x_j - m) - log S in plain double (numerics.h xf_log_prob_single): both terms
-    # <= 0, so within 0.5 + ~2^-28 float ULP of the exact value.  Wherever x_j - m is exact in double (the
-    # exponents of x_j and m < 29 apart: every entry here) it has the bits of the loss's TwoSum form, so
-    # log_softmax at the target is minus the reduction="none" loss, bit for bit.  Groups (up to 256 classes
-    # on the avx512 path, 136 on avx2) and the row path; rows with -inf entries take their general forms.
+    # <= 0, so within 0.5 + ~2^-26 float ULP of the exact value.  Wherever x_j - m is exact in double (the
+    # exponents of x_j and m < 29 apart; asserted below for the targets) it has the bits of the loss's
+    # TwoSum form, so log_softmax at the target is minus the reduction="none" loss, bit for bit.  Groups
+    # (up to 256 classes on the avx512 path, 128 on avx2) and the row path; rows with -inf entries take
+    # their general forms.
     x, y, spec = _float32_layout(LOG_SOFTMAX_LAYOUTS, layout, 7)
     x[1::3, 1::2] = -np.inf
     y[1::3] = 0
     exact = ref.log_softmax(x)
     rows = np.arange(x.shape[0])
+    m = x.max(axis=1)
+    assert all(Fraction(float(a)) - Fraction(float(b)) == Fraction(float(np.float64(a) - np.float64(b)))
+               for a, b in zip(x[rows, y], m))
     for path in cpu_path_back.available_cpu_paths():
         cpu_path_back.set_cpu_path(path)
         logp = xf.log_softmax(x, **spec)

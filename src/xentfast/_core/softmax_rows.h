@@ -1422,8 +1422,9 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
  *                    128 310 -> 370
  *   float64 fused    C = 10 212 -> 89, 32 232 -> 156, 48 272 -> 247, 64 301 -> 308
  * float64's compensated lanes make each step dearer, and a gradient is written back through the
- * transposed buffer.  On the AVX2 path that write-back goes 8x8 (float) or 4x4 (double) blocks at a
- * time through registers (xf_group_grad_columns), which moved the fused limits (same microbenchmark,
+ * transposed buffer.  On the AVX2 path that write-back goes 4x4 blocks of doubles at a time through
+ * registers (xf_group_grad_columns; float32 gradients went 8x8 blocks of floats then), which moved the
+ * fused limits (same microbenchmark,
  * another day; row kernel -> groups before -> groups now):
  *   float32 fused    C = 64 206 -> 166 -> 127, 80 220 -> 203 -> 154, 100 257 -> 254 -> 191,
  *                    128 281 -> 319 -> 239
@@ -1993,8 +1994,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     return done;
 }
 
-/* the table's entry: logsumexp and log_softmax within the forward pass's limits (the same statistics;
- * log_softmax then writes each row as the row path does), softmax, which keeps its exponentials, within
+/* the table's entry: logsumexp within the forward pass's limits, and log_softmax too (the same
+ * statistics; it then writes each row as the row path does) but on the avx2 unit's float32 rows, where
+ * it stops at 128 (below); softmax, which keeps its exponentials, within
  * the fused pass's and at most XF_GROUP_FAMILY_MAX_C(2) classes, since its groups write every entry back
  * through the transposition: against the row path (one core, float32, 4096 rows, us, rows -> groups)
  * they gained up to 160 classes and lost beyond (softmax 128 1113-1122 -> 915-936, 160 1293-1336 ->
@@ -2004,12 +2006,12 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
  * 2^22 float32 or 2^21 float64 entries, rows -> groups, benchmarks/README.md, 2026-12-05, sixth round):
  * avx512 float32 C = 128 1.58 -> 1.06, 192 1.25 -> 1.02, 256 1.19 -> 1.06, float64 128 2.69 -> 2.35,
  * 160 2.61 -> 2.42; avx2 float32 C = 128 1.66-1.73 -> 1.62-1.64, 136 1.60-1.63 -> 1.61-1.62, 144
- * 1.57-1.58 -> 1.61-1.63, 160 1.49-1.51 -> 1.57-1.60, so the avx2 unit's stop at 136 (float64 at its
- * forward limit, 64).  Else 0 (no row done).  lse: mode 0's output, the group's first row first. */
+ * 1.57-1.58 -> 1.61-1.63, 160 1.49-1.51 -> 1.57-1.60, so the avx2 unit's stop at 128, the last width
+ * measured faster (float64 at its forward limit, 64).  Else 0 (no row done).  lse: mode 0's output, the group's first row first. */
 #if defined(__AVX512F__)
 #define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? XF_GROUP_MAX_C : XF_COMPENSATED ? 100 : 176)
 #else
-#define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? 136 : 160)
+#define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? 128 : 160)
 #endif
 XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double *lse, long long C, int mode)
 {

@@ -262,8 +262,9 @@ XF_HD double xf_log_prob_finite(double x, double m, double log_s)
 
 /* log p_j for float32 storage: plain double, (x_j - m) - log S.  x_j and m are floats, x_j <= m and
  * log S >= 0 (S >= 1, the max's own term), so both terms are <= 0 and the subtraction cannot cancel: the
- * double result is within 2^-52 relative (the two roundings) plus log S's own error of the exact value,
- * and its one rounding to float gives <= 0.5 + 2^-28 ULP.  x_j - m is exact in double unless the two
+ * double result is within 2^-52 relative (the two roundings) plus log S's own error (<= 1.5 ULP of log S,
+ * at most as much relative to the result) of the exact value, and its one rounding to float gives
+ * <= 0.5 + 2^-26 ULP.  x_j - m is exact in double unless the two
  * floats' exponents lie 29 or more apart; wherever it is exact this is xf_log_prob's value bit for bit
  * (its TwoSum error term is 0).  Elsewhere the two may round to neighbouring floats where the exact value
  * lies within ~2^-52 (relative) of a float rounding boundary.  -inf x_j gives -inf.  The TwoSum is
