@@ -1,11 +1,14 @@
 """The implementations xentfast is measured against, and the memory floor they are all judged by.
 
-Three families, one factory per (family, implementation).  A factory takes the data and a thread count and
-returns a zero-argument callable that runs one call, or None when that peer is not installed.
+Three families of the speed issue, and the softmax functions beside them, one factory per (family,
+implementation).  A factory takes the data and a thread count and returns a zero-argument callable that runs
+one call, or None when that peer is not installed.
 
 - ``FUSED``: mean softmax cross-entropy with index targets, loss and gradient in one call.
 - ``FORWARD``: the same loss, forward only.
 - ``BINARY``: mean sigmoid (binary) cross-entropy from logits with hard 0/1 targets, loss and gradient.
+- ``log_softmax``, ``softmax``, ``logsumexp`` along the last axis (not issue targets; the README's claims
+  about them): the logits of ``make_problem``, its targets unused.
 
 Threads.  xentfast takes ``n_threads`` per call and torch a process-wide ``torch.set_num_threads``.  NumPy's
 element-wise loops are single-threaded whatever is asked.  JAX (XLA's CPU client, jax 0.10.2) sizes its
@@ -134,6 +137,16 @@ def copy_bandwidth(n_threads=1, nbytes=1 << 29, repeats=5):
     return 2 * src.nbytes / best
 
 
+def family_bytes(x, y):
+    """log_softmax and softmax: logits read once, an output of their size written once."""
+    return 2 * x.nbytes
+
+
+def logsumexp_bytes(x, y):
+    """Logits read once: one value per row written."""
+    return x.nbytes
+
+
 # ------------------------------------------------------------------------------------------------------
 # xentfast
 
@@ -152,6 +165,14 @@ def xentfast_forward(x, y, n_threads, out=None):
 def xentfast_binary(x, t, n_threads, out=None):
     out = np.empty_like(x) if out is None else out
     return lambda: xentfast.binary_cross_entropy_with_logits_with_grad(x, t, out=out, n_threads=n_threads)
+
+
+def _xentfast_softmax_function(name):
+    def factory(x, y, n_threads, out=None):
+        """``out`` is accepted for a uniform signature: these functions return a new array."""
+        fn = getattr(xentfast, name)
+        return lambda: fn(x, n_threads=n_threads)
+    return factory
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -184,6 +205,29 @@ def numpy_forward(x, y, n_threads=None):
 
 def numpy_binary(x, t, n_threads=None):
     return lambda: naive_binary_cross_entropy_with_logits_with_grad(x, t)
+
+
+def naive_log_softmax(x):
+    d = x - x.max(axis=1, keepdims=True)
+    return d - np.log(np.exp(d).sum(axis=1, keepdims=True))
+
+
+def naive_softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def naive_logsumexp(x):
+    m = x.max(axis=1, keepdims=True)
+    return np.log(np.exp(x - m).sum(axis=1)) + m[:, 0]
+
+
+def _numpy_softmax_function(name):
+    expression = {"log_softmax": naive_log_softmax, "softmax": naive_softmax, "logsumexp": naive_logsumexp}[name]
+
+    def factory(x, y, n_threads=None):
+        return lambda: expression(x)
+    return factory
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -260,6 +304,21 @@ def torch_forward(x, y, n_threads):
     return run
 
 
+def _torch_softmax_function(name):
+    def factory(x, y, n_threads):
+        torch = _torch(n_threads)
+        if torch is None:
+            return None
+        fn, xt = getattr(torch, name), torch.from_numpy(x)
+
+        def run():
+            with torch.no_grad():
+                return fn(xt, 1)
+
+        return run
+    return factory
+
+
 def torch_binary(x, t, n_threads):
     torch = _torch(n_threads)
     if torch is None:
@@ -286,6 +345,7 @@ def _jax():
     if "jax" not in _JAX:
         try:
             import jax
+            import jax.scipy.special
             import optax
         except ImportError:
             _JAX["jax"] = None
@@ -299,6 +359,9 @@ def _jax():
             return optax.sigmoid_binary_cross_entropy(x, t).mean()
 
         _JAX["jax"] = jax
+        _JAX["log_softmax"] = jax.jit(lambda x, y: jax.nn.log_softmax(x, axis=-1))
+        _JAX["softmax"] = jax.jit(lambda x, y: jax.nn.softmax(x, axis=-1))
+        _JAX["logsumexp"] = jax.jit(lambda x, y: jax.scipy.special.logsumexp(x, axis=-1))
         _JAX["fused"] = jax.jit(jax.value_and_grad(xent))
         _JAX["forward"] = jax.jit(xent)
         _JAX["binary"] = jax.jit(jax.value_and_grad(bce))
@@ -328,6 +391,12 @@ def jax_binary(x, t, n_threads=None):
     return _jax_peer("binary", x, t)
 
 
+def _jax_softmax_function(name):
+    def factory(x, y, n_threads=None):
+        return _jax_peer(name, x, y)
+    return factory
+
+
 def jax_threads():
     """The number of CPUs JAX's CPU client sizes its pool from (the process's affinity), or None."""
     if hasattr(os, "sched_getaffinity"):
@@ -338,6 +407,12 @@ def jax_threads():
 FUSED = {"xentfast": xentfast_fused, "torch": torch_fused, "jax": jax_fused, "numpy": numpy_fused}
 FORWARD = {"xentfast": xentfast_forward, "torch": torch_forward, "jax": jax_forward, "numpy": numpy_forward}
 BINARY = {"xentfast": xentfast_binary, "torch": torch_binary, "jax": jax_binary, "numpy": numpy_binary}
+SOFTMAX_FUNCTIONS = ("log_softmax", "softmax", "logsumexp")
 FAMILIES = {"fused": FUSED, "forward": FORWARD, "binary": BINARY}
-BYTES = {"fused": fused_bytes, "forward": forward_bytes, "binary": binary_bytes}
+FAMILIES.update({name: {"xentfast": _xentfast_softmax_function(name), "torch": _torch_softmax_function(name),
+                        "jax": _jax_softmax_function(name), "numpy": _numpy_softmax_function(name)}
+                 for name in SOFTMAX_FUNCTIONS})
+BYTES = {"fused": fused_bytes, "forward": forward_bytes, "binary": binary_bytes, "log_softmax": family_bytes,
+         "softmax": family_bytes, "logsumexp": logsumexp_bytes}
 PROBLEMS = {"fused": make_problem, "forward": make_problem, "binary": make_binary_problem}
+PROBLEMS.update({name: make_problem for name in SOFTMAX_FUNCTIONS})

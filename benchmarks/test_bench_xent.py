@@ -8,11 +8,12 @@ is xentfast on one thread, for the thread-scaling target.  The shapes above 10^7
     XENTFAST_BENCH_LARGE=1 python -m pytest benchmarks -q             # every shape (about 10 minutes)
     python -m pytest benchmarks -q -k "binary and jax"                # a selection
     python -m pytest benchmarks -q -k options                         # smoothing, soft targets, z-loss
+    python -m pytest benchmarks -q -k softmax_function                # log_softmax, softmax, logsumexp
 """
 import pytest
 
 import peers
-from ratio_table import QUICK_MAX_ELEMENTS, ROWS, TINY
+from ratio_table import FAMILY_ROWS, QUICK_MAX_ELEMENTS, ROWS, TINY
 
 IMPLS = ["xentfast", "xentfast-1t", "torch", "jax", "numpy"]
 
@@ -46,6 +47,14 @@ def test_target_shape(benchmark, row, impl, n_threads):
     # the issue asks for the median of at least 5 runs after a warm-up
     rounds = 5 if n * c > QUICK_MAX_ELEMENTS else 10
     benchmark.pedantic(run, rounds=rounds, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("row", [_param(r) for r in FAMILY_ROWS])
+def test_softmax_function(benchmark, row, impl, n_threads):
+    """log_softmax, softmax and logsumexp along the last axis (not issue targets; the README compares
+    them with torch): xentfast returns a new array, as every peer does."""
+    test_target_shape(benchmark, row, impl, n_threads)
 
 
 @pytest.mark.parametrize("impl", ["xentfast", "numpy"])

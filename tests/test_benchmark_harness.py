@@ -1,4 +1,5 @@
 """The ratio table's timing harness (benchmarks/ratio_table.py): its round orders, without timing anything."""
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,3 +29,43 @@ def test_rows_are_timed_in_whole_cycles():
     timed = calls[len(fns):]
     before = Counter(timed[i] for i in range(len(timed) - 1) if timed[i + 1] == "a" and i % 5 != 4)
     assert set(before) == set("bcde") and len(set(before.values())) == 1
+
+
+_PEERS_AGREE = r"""
+import os
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import peers
+
+def arrays(result):
+    parts = result if isinstance(result, tuple) else (result,)
+    return [np.asarray(p.detach().numpy() if hasattr(p, "detach") else p, dtype=np.float64) for p in parts]
+
+for family, factories in peers.FAMILIES.items():
+    x, b = peers.PROBLEMS[family](6, 40, "float64", seed=3)
+    want = arrays(factories["xentfast"](x, b, 1)())
+    for peer in ("torch", "jax", "numpy"):
+        run = factories[peer](x, b, 1)
+        assert run is not None, (family, peer, "not installed")
+        got = arrays(run())
+        assert len(got) == len(want), (family, peer)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-15, err_msg=f"{family}, {peer}")
+    peers.drop_problems()
+print("ok", sorted(peers.FAMILIES))
+"""
+
+
+def test_every_peer_computes_what_xentfast_computes():
+    # a ratio means something only if both sides compute the same function: every family's torch, JAX and
+    # NumPy peer against xentfast on one small float64 problem.  In a process of its own, since the JAX
+    # peers switch on jax_enable_x64 for the whole process.
+    import subprocess
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    done = subprocess.run([sys.executable, "-c", _PEERS_AGREE, str(benchmarks)], capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0 and "not installed" in done.stderr and not os.environ.get("XENTFAST_REQUIRE_PEERS"):
+        pytest.skip("a peer is not installed")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "log_softmax" in done.stdout and "binary" in done.stdout
