@@ -131,21 +131,35 @@ def _lanes_take_it(loss_pair, grad_pair, args, **kw):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("shape", [(4100, 10), (257, 129), (130, _xent.GROUP_MAX_C)], ids=str)
-def test_the_softmax_lane_takes_larger_calls_of_short_rows(dtype, reduction, shape):
-    """Above PLAIN_MAX_ELEMENTS the softmax lane still takes rows of up to GROUP_MAX_C classes, on the
-    threads xentfast._threads would start, with the general path's bits; the rows the groups hand back
-    (NaN, +inf, all -inf, a spread beyond the exponentials) and ignored rows included."""
+@pytest.mark.parametrize("shape", [(4100, 10), (257, 129), (130, _xent.GROUP_MAX_C), (130, _xent.GROUP_MAX_C + 1),
+                                   (40, 1000), (9, 5000), (4, 2 * _xent.BLOCK + 1)], ids=str)
+def test_the_softmax_lane_takes_larger_calls(dtype, reduction, shape):
+    """Above PLAIN_MAX_ELEMENTS the softmax lane takes short rows side by side and longer ones through
+    softmax_xent's row driver, on the threads xentfast._threads would start, with the general path's
+    bits; the rows the groups hand back (NaN, +inf, all -inf, a spread beyond the exponentials) and
+    ignored rows included.  Rows of 1024 float32 or 2048 float64 classes and more write their gradient
+    pending (streaming stores into a mapped `out`)."""
     n, c = shape
     assert n * c >= 2 * _xent.LANE_MIN_ELEMENTS_PER_THREAD
     rng = np.random.default_rng(n)
     x = (3 * rng.standard_normal(shape)).astype(dtype)
-    x[5, 0], x[17, -1], x[40] = np.nan, np.inf, -np.inf
-    x[63, 0] = 800.0
+    x[1, 0], x[2, -1], x[3] = np.nan, np.inf, -np.inf
+    x[n - 1, 0] = 800.0
     y = rng.integers(0, c, n)
-    y[::7] = -100
+    y[::3] = -100
     for n_threads in (None, 1, 2, 3, -1):
         _lanes_take_it(LANES[0], LANES[1], (x, y), reduction=reduction, n_threads=n_threads)
+
+
+def test_the_softmax_lane_leaves_few_long_rows_to_the_general_path():
+    # fewer rows than threads, rows beyond a block, a call large enough for two threads: the general path
+    # splits (row, block) tasks (_use_phased), which the lane does not
+    x = np.zeros((1, 2 * _xent.LANE_MIN_ELEMENTS_PER_THREAD + 1))
+    y = np.zeros(1, dtype=np.int64)
+    assert _xent.use_phased(1, x.shape[1], 2)
+    assert _xent.plain_cross_entropy(x, y, n_threads=2) is NotImplemented
+    assert _xent.plain_cross_entropy_with_grad(x, y, n_threads=2) is NotImplemented
+    assert _xent.plain_cross_entropy(x, y, n_threads=1) is not NotImplemented
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
@@ -271,7 +285,6 @@ def test_the_lanes_leave_every_other_call_to_the_general_path():
     y = rng.integers(0, 10, 8)
     t = rng.random((8, 10))
     big = np.zeros((200, 200))
-    long_rows = np.zeros((200, _xent.GROUP_MAX_C + 1))  # a larger call whose rows are not short
     others = [
         dict(weight=np.ones(10)), dict(label_smoothing=0.1), dict(z_loss=1e-4), dict(axis=0),
         dict(nan_policy="raise"), dict(empty_mean="bad"), dict(reduction="avg"), dict(n_threads=0),
@@ -280,7 +293,7 @@ def test_the_lanes_leave_every_other_call_to_the_general_path():
     for kw in others:
         assert _xent.plain_cross_entropy(x, y, **kw) is NotImplemented, kw
     for xs, ys in ((x.astype(np.float16), y), (x.T.copy().T, y), (x, y.astype(np.int32)), (x[:, :0], y),
-                   (long_rows, np.zeros(200, dtype=np.int64)), (x, np.where(np.arange(8) == 2, 10, y)), (x, y[:4]),
+                   (x, np.where(np.arange(8) == 2, 10, y)), (x, y[:4]),
                    (x.tolist(), y)):
         assert _xent.plain_cross_entropy(xs, ys) is NotImplemented
     assert _xent.plain_cross_entropy(x, np.full(8, -100), reduction="mean") is NotImplemented

@@ -291,6 +291,34 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
         xf_fp_ieee_leave(fp_thread)
 
 
+cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const XentArgs *a, Py_ssize_t N,
+                     double *loss, int n_threads, bint want_scratch) noexcept nogil:
+    # every row of a call through the row kernel, on a team of n_threads (softmax_xent's rows beyond the
+    # groups, the plain-call lane's larger calls of more than XF_GROUP_MAX_C classes)
+    cdef Py_ssize_t i
+    cdef Py_ssize_t C = a.C
+    cdef xf_fp_state fp_thread
+    cdef xf_row_scratch *scratch = NULL
+    cdef bint streaming = True
+    if want_scratch and grad != NULL and <const floating *>grad != x:
+        streaming = _streaming_stores(grad, N, C, sizeof(floating), floating is float)
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        # exponentials kept between passes (xf_xent_row: the general gradient's, every float32 row's, long
+        # float64 stored rows'); without the memory the rows evaluate them again, or store them in the
+        # gradient, to the same bits.  Releasing it writes the last long row's pending gradient
+        # (xf_row_scratch).
+        scratch = _row_scratch(want_scratch, C, streaming)
+        if grad != NULL and <const floating *>grad != x:
+            # the next row's max pass inside each row's sum pass (rows with a gradient: the forward pass
+            # alone measured no gain); the logits are only read
+            xf_row_scratch_read_ahead(scratch, x + N * C)
+        for i in prange(N, schedule="guided"):
+            loss[i] = _xent_one_row(x, grad, t, a, i, scratch)
+        xf_row_scratch_release(scratch)
+        xf_fp_ieee_leave(fp_thread)
+
+
 cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                        Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
     # Few rows, long rows: the (row, block) pairs are the parallel tasks of each pass; per-row merges
@@ -453,17 +481,13 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     """
     cdef Py_ssize_t N = x.shape[0]
     cdef Py_ssize_t C = x.shape[1]
-    cdef Py_ssize_t i
     cdef XentArgs a
-    cdef xf_fp_state fp_thread
     cdef const floating *xp
     cdef const floating *tp = NULL
     cdef floating *gp = NULL
-    cdef xf_row_scratch *scratch = NULL
     cdef bint want_scratch
     cdef bint groups
     cdef bint ok = True
-    cdef bint streaming = True
     if N == 0 or C == 0:
         return
     xp = &x[0, 0]
@@ -490,23 +514,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
-            if want_scratch and gp != NULL and <const floating *>gp != xp:
-                streaming = _streaming_stores(gp, N, C, sizeof(floating), floating is float)
-            with parallel(num_threads=n_threads):
-                fp_thread = xf_fp_ieee_enter()
-                # exponentials kept between passes (xf_xent_row: the general gradient's, every float32
-                # row's, long float64 stored rows'); without the memory the rows evaluate them again, or
-                # store them in the gradient, to the same bits.  Releasing it writes the last long row's pending
-                # gradient (xf_row_scratch).
-                scratch = _row_scratch(want_scratch, C, streaming)
-                if gp != NULL and <const floating *>gp != xp:
-                    # the next row's max pass inside each row's sum pass (rows with a gradient: the
-                    # forward pass alone measured no gain); the logits are only read
-                    xf_row_scratch_read_ahead(scratch, xp + N * C)
-                for i in prange(N, schedule="guided"):
-                    loss[i] = _xent_one_row(xp, gp, tp, &a, i, scratch)
-                xf_row_scratch_release(scratch)
-                xf_fp_ieee_leave(fp_thread)
+            _xent_rows(xp, gp, tp, &a, N, &loss[0], n_threads, want_scratch)
     if not ok:
         raise MemoryError("cross-entropy: no memory for the per-block state of the row passes")
 
@@ -830,10 +838,13 @@ _init_cpu_path()
 # spends ~12 us there against ~3 us of kernel).  The lane below takes the most common call, decided by
 # C-level type and flag tests, and runs what xentfast.api would run for it with the same row function,
 # the same dd_sum shape and the same arithmetic of the reduction, on the calling thread (the single
-# thread xentfast._threads picks for fewer than 2 * MIN_ELEMENTS_PER_THREAD elements).  Larger calls of
-# short rows (at most XF_GROUP_MAX_C classes) take it too, on the threads xentfast._threads would start:
-# there the Python around the kernel was still a quarter of the call (forward 4096x10 float32: ~40 of
-# ~110 us on two threads; 16384x10 fused: ~100 of ~420 us).  Anything else,
+# thread xentfast._threads picks for fewer than 2 * MIN_ELEMENTS_PER_THREAD elements).  Larger calls take
+# it too, on the threads xentfast._threads would start, short rows side by side and longer ones through
+# softmax_xent's row driver (_xent_rows), but not few rows of more than a block on several threads
+# (softmax_xent's (row, block) tasks, _use_phased): there the Python around the kernel was still a
+# quarter of the call (forward 4096x10 float32: ~40 of ~110 us on two threads; 16384x10 fused: ~100 of
+# ~420 us), and 40-120 us of a fused call on rows of 1000 classes (64x1000 float32, two threads: 64 ->
+# 30 us; 4096x1000: 1.72-1.81 -> 1.63-1.69 ms; benchmarks/README.md, 2026-12-05, sixth round).  Anything else,
 # and anything unusual it meets on the way (a label out of range, nothing to average, a sum small enough
 # for the tiny-terms rerun), returns NotImplemented, and the caller takes the general path, which also
 # raises the errors; nothing here raises.  tests/test_plain_lane.py holds the two paths to the same bits.
@@ -875,6 +886,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     cdef bint f32, ok
     cdef xf_fp_state fp_saved
     cdef int n_team = 1
+    cdef bint rows_alone = False
     if not plain_float_array(input) or type(target) is not cnp.ndarray:
         return NotImplemented
     x = <cnp.ndarray>input
@@ -888,11 +900,11 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     if N == 0 or C == 0 or cnp.PyArray_DIMS(y)[0] != N:
         return NotImplemented
     if N * C >= PLAIN_MAX_ELEMENTS:
-        if C > XF_GROUP_MAX_C:
-            return NotImplemented
         n_team = plain_threads(n_threads, N * C)
-        if n_team < 1:
+        if n_team < 1 or _use_phased(N, C, n_team):
             return NotImplemented
+        # rows beyond the groups: softmax_xent's row driver (its scratch rows, stores and read-ahead)
+        rows_alone = C > XF_GROUP_MAX_C
     if type(ignore_index) is not int:
         return NotImplemented
     try:
@@ -938,8 +950,15 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     # flush-to-zero would otherwise flush a subnormal result)
     with nogil:
         fp_saved = xf_fp_ieee_enter()
-        # the general path's rows: short ones side by side (_xent_row_group), the same bits
-        if f32:
+        # the general path's rows: short ones side by side (_xent_row_group), the same bits; a small call's
+        # longer rows one by one on the calling thread (_xent_row_groups: no team to start)
+        if f32 and rows_alone:
+            _xent_rows(<const float *>cnp.PyArray_DATA(x), <float *>cnp.PyArray_DATA(g) if with_grad else NULL,
+                       NULL, &a, N, loss, n_team, xf_xent_wants_scratch(with_grad, False, True, False, C))
+        elif rows_alone:
+            _xent_rows(<const double *>cnp.PyArray_DATA(x), <double *>cnp.PyArray_DATA(g) if with_grad else NULL,
+                       NULL, &a, N, loss, n_team, xf_xent_wants_scratch(with_grad, False, False, False, C))
+        elif f32:
             _xent_row_groups(<const float *>cnp.PyArray_DATA(x),
                              <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
         else:
