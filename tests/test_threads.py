@@ -83,6 +83,28 @@ def test_phased_split_equals_row_path(dtype, prob):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("extra", [0, 1], ids=["at-the-limit", "beyond"])
+def test_rows_beyond_the_scratch_limit_equal_the_phased_split(dtype, extra):
+    # rows of more than SCRATCH_MAX_CLASSES classes get no scratch row (xf_xent_wants_scratch: it would be
+    # mapped afresh every call) and evaluate their exponentials again; rows at the limit keep them there
+    # (and, long as they are, leave their gradient pending).  Either way the phased split's bits.
+    n, c = 2, _xent.SCRATCH_MAX_CLASSES + extra
+    rng = np.random.default_rng(c)
+    x = (rng.standard_normal((n, c)) * 3).astype(dtype)
+    x[1, 5] = 40.0
+    y = np.array([7, c - 1])
+    outs = []
+    for force in (False, True):
+        loss = np.empty(n)
+        grad = np.empty_like(x)
+        _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), np.empty(0), -100, 0.0, 0.0, np.empty(0), 0.5,
+                           loss, grad, 2, True, False, False, False, True, force)
+        outs.append((loss, grad))
+    assert outs[0][0].tobytes() == outs[1][0].tobytes()
+    assert outs[0][1].tobytes() == outs[1][1].tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_rows_with_finite_masks_take_the_masked_form_with_the_general_forms_bits(dtype, weighted):
     # the row path gives rows whose far entries are a finite mask the masked normal form

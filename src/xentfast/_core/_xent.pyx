@@ -126,6 +126,7 @@ cdef extern from "xent_kernels.h" nogil:
     bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits,
                                long long n_classes)
     long long XF_STREAM_MIN_CLASSES(bint storage_is_float)
+    long long XF_SCRATCH_MAX_CLASSES
     ctypedef struct xf_softmax_exports:
         const int *current_path
         const xf_softmax_table_f32 *(*f32)(int path) noexcept nogil
@@ -466,6 +467,8 @@ def use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads):
 BLOCK = XF_BLOCK
 GROUP_ROWS = XF_GROUP_ROWS
 GROUP_MAX_C = XF_GROUP_MAX_C
+# rows of more classes run without a scratch row (xent_kernels.h, xf_xent_wants_scratch)
+SCRATCH_MAX_CLASSES = XF_SCRATCH_MAX_CLASSES
 
 
 def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[:, ::1] t,
