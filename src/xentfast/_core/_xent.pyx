@@ -455,13 +455,22 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
     return True
 
 
-cdef inline bint _use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads) noexcept nogil:
-    return n_threads > 1 and n_rows < n_threads and n_classes > XF_BLOCK
+cdef inline bint _use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads, bint storage_is_float,
+                             bint has_grad) noexcept nogil:
+    # fewer rows than threads, rows longer than a block, and enough entries per thread to pay for the
+    # split's passes (a team per pass, their barriers, the per-task state, and no scratch row: a gradient
+    # evaluates its exponentials twice); else one thread per row.  One row, two threads against one, us
+    # (benchmarks/README.md, 2026-12-05, sixth round): fused float32 65536 classes 88 / 63, 131072 124 /
+    # 118, 262144 211 / 213, 524288 406 / 574; forward float32 65536 40 / 26, 131072 50 / 53; float64
+    # fused 32768 62 / 54, 65536 82 / 98, forward 32768 39 / 36, 65536 57 / 68
+    cdef Py_ssize_t per_thread = (131072 if has_grad else 65536) if storage_is_float else 32768
+    return (n_threads > 1 and n_rows < n_threads and n_classes > XF_BLOCK
+            and n_rows * n_classes >= n_threads * per_thread)
 
 
-def use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads):
-    """Whether the (row, block) task split is used: fewer rows than threads, rows longer than a block."""
-    return _use_phased(n_rows, n_classes, n_threads)
+def use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads, bint storage_is_float, bint has_grad):
+    """Whether softmax_xent splits a call into (row, block) tasks (_use_phased)."""
+    return _use_phased(n_rows, n_classes, n_threads, storage_is_float, has_grad)
 
 
 BLOCK = XF_BLOCK
@@ -512,12 +521,12 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
     with nogil:
-        if force_phased or _use_phased(N, C, n_threads):
+        if force_phased or _use_phased(N, C, n_threads, floating is float, has_grad):
             ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
-            _xent_rows(xp, gp, tp, &a, N, &loss[0], n_threads, want_scratch)
+            _xent_rows(xp, gp, tp, &a, N, &loss[0], min(n_threads, <int>N), want_scratch)
     if not ok:
         raise MemoryError("cross-entropy: no memory for the per-block state of the row passes")
 
@@ -843,8 +852,8 @@ _init_cpu_path()
 # the same dd_sum shape and the same arithmetic of the reduction, on the calling thread (the single
 # thread xentfast._threads picks for fewer than 2 * MIN_ELEMENTS_PER_THREAD elements).  Larger calls take
 # it too, on the threads xentfast._threads would start, short rows side by side and longer ones through
-# softmax_xent's row driver (_xent_rows), but not few rows of more than a block on several threads
-# (softmax_xent's (row, block) tasks, _use_phased): there the Python around the kernel was still a
+# softmax_xent's row driver (_xent_rows), but not those softmax_xent splits into (row, block) tasks (few
+# rows of more than a block, large enough for several threads: _use_phased): there the Python around the kernel was still a
 # quarter of the call (forward 4096x10 float32: ~40 of ~110 us on two threads; 16384x10 fused: ~100 of
 # ~420 us), and 40-120 us of a fused call on rows of 1000 classes (64x1000 float32, two threads: 64 ->
 # 30 us; 4096x1000: 1.72-1.81 -> 1.63-1.69 ms; benchmarks/README.md, 2026-12-05, sixth round).  Anything else,
@@ -904,8 +913,9 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         return NotImplemented
     if N * C >= PLAIN_MAX_ELEMENTS:
         n_team = plain_threads(n_threads, N * C)
-        if n_team < 1 or _use_phased(N, C, n_team):
+        if n_team < 1 or _use_phased(N, C, n_team, cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32, with_grad):
             return NotImplemented
+        n_team = min(n_team, <int>N) if C > XF_GROUP_MAX_C else n_team
         # rows beyond the groups: softmax_xent's row driver (its scratch rows, stores and read-ahead)
         rows_alone = C > XF_GROUP_MAX_C
     if type(ignore_index) is not int:
