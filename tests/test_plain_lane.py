@@ -132,14 +132,13 @@ def _lanes_take_it(loss_pair, grad_pair, args, **kw):
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("shape", [(4100, 10), (257, 129), (130, _xent.GROUP_MAX_C), (130, _xent.GROUP_MAX_C + 1),
-                                   (40, 1000), (9, 5000), (4, 2 * _xent.BLOCK + 1), (1, 40000)], ids=str)
+                                   (40, 1000), (9, 5000), (4, 2 * _xent.BLOCK + 1)], ids=str)
 def test_the_softmax_lane_takes_larger_calls(dtype, reduction, shape):
     """Above PLAIN_MAX_ELEMENTS the softmax lane takes short rows side by side and longer ones through
     softmax_xent's row driver, on the threads xentfast._threads would start, with the general path's
     bits; the rows the groups hand back (NaN, +inf, all -inf, a spread beyond the exponentials) and
     ignored rows included.  Rows of 1024 float32 or 2048 float64 classes and more write their gradient
-    pending (streaming stores into a mapped `out`).  One row of 40000 classes is too short for the (row,
-    block) split on 2 or 3 threads (_use_phased) and runs on one."""
+    pending (streaming stores into a mapped `out`)."""
     n, c = shape
     assert n * c >= 2 * _xent.LANE_MIN_ELEMENTS_PER_THREAD
     rng = np.random.default_rng(n)
@@ -162,6 +161,14 @@ def test_the_softmax_lane_leaves_few_long_rows_to_the_general_path():
     assert _xent.plain_cross_entropy(x, y, n_threads=2) is NotImplemented
     assert _xent.plain_cross_entropy_with_grad(x, y, n_threads=2) is NotImplemented
     assert _xent.plain_cross_entropy(x, y, n_threads=1) is not NotImplemented
+    # one float32 row too short for a fused split on two threads runs on one, in the lane (its forward
+    # pass alone is split)
+    x = np.random.default_rng(2).standard_normal((1, 40000)).astype(np.float32)
+    assert not _xent.use_phased(1, x.shape[1], 2, True, True) and _xent.use_phased(1, x.shape[1], 2, True, False)
+    assert _xent.plain_cross_entropy(x, y, n_threads=2) is NotImplemented
+    fused = _xent.plain_cross_entropy_with_grad(x, y, n_threads=2)
+    assert fused is not NotImplemented
+    _same_bits(fused, _general(xf.cross_entropy_with_grad)(x, y, n_threads=2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)

@@ -82,6 +82,44 @@ def test_phased_split_equals_row_path(dtype, prob):
     assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
 
 
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["logsumexp", "log_softmax", "softmax"])
+def test_phased_split_of_the_softmax_family_equals_the_row_path(cpu_path_back, path, dtype, mode):
+    # few long rows of logsumexp / log_softmax / softmax as (row, block) tasks (_softmax_family_phased):
+    # the statistics merged in block order, the output block by block, the row path's bits.  Rows with
+    # NaN, +inf, all -inf, -inf and finite masks, a dominant logit, a max past the first block, ties, a
+    # logsumexp that cancels (log-probabilities), float64 sums of subnormal terms only
+    _xent.set_cpu_path(path)
+    rng = np.random.default_rng(mode)
+    n, c = 12, 2 * _xent.BLOCK + 333
+    x = (rng.standard_normal((n, c)) * 3).astype(dtype)
+    x[1, 7] = np.nan
+    x[2, -1] = np.inf
+    x[3] = -np.inf
+    x[4, rng.random(c) < 0.3] = -np.inf
+    x[5, rng.random(c) < 0.3] = dtype(-1e9)
+    x[6, 3] = 200.0
+    x[7, _xent.BLOCK + 17] = 30.0
+    x[8, ::97] = x[8].max()
+    x[9] = x[9] - np.logaddexp.reduce(x[9].astype(np.float64))
+    x[10] = dtype(-745.0) if dtype == np.float64 else x[10]
+    x[10, 0] = 0.0 if dtype == np.float64 else x[10, 0]
+    x[11] = x[11] * dtype(1e-30)
+    outs = []
+    for force in (False, True):
+        out = np.full_like(x, 7.0)
+        lse = np.full(n, 7.0)
+        with np.errstate(all="ignore"):
+            _xent.softmax_family(x, out, lse, mode, 2, mode == 0, True, force)
+        outs.append((out, lse))
+    if mode == 0:
+        assert outs[0][1].tobytes() == outs[1][1].tobytes()
+    else:
+        assert outs[0][0].tobytes() == outs[1][0].tobytes()
+        assert not (outs[1][0] == 7.0).all(axis=1).any()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("extra", [0, 1], ids=["at-the-limit", "beyond"])
 def test_rows_beyond_the_scratch_limit_equal_the_phased_split(dtype, extra):

@@ -337,6 +337,7 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
     cdef double x_y
     cdef floating *store
     cdef xf_fp_state fp_thread
+    cdef bint any_terms = False
     if jobs == NULL or bmax == NULL or bsum == NULL:
         free(jobs)
         free(bmax)
@@ -394,24 +395,27 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
         xf_rowjob_set_sum(&jobs[i], hi, lo)
         if floating is double:
             xf_rowjob_rescue_tiny_sum(&jobs[i], x + i * C, C)
-    # pass 3: loss terms (probability targets, smoothing)
-    with parallel(num_threads=n_threads):
-        fp_thread = xf_fp_ieee_enter()
-        for task in prange(ntask, schedule="guided"):
-            i = task // nb
-            if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK or not jobs[i].needs_terms:
-                continue
-            b0 = (task % nb) * XF_BLOCK
-            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
-            if floating is float:
-                K32.terms_block(x + i * C + b0, blen, b0, &jobs[i],
-                                        t + i * C + b0 if t != NULL else NULL,
-                                        a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
-            else:
-                K64.terms_block(x + i * C + b0, blen, b0, &jobs[i],
-                                        t + i * C + b0 if t != NULL else NULL,
-                                        a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
-        xf_fp_ieee_leave(fp_thread)
+    # pass 3: loss terms (probability targets, smoothing), where a row needs them (no team otherwise)
+    for i in range(N):
+        any_terms = any_terms or (not _row_ignored(a, i) and jobs[i].status == XF_ROW_OK and jobs[i].needs_terms)
+    if any_terms:
+        with parallel(num_threads=n_threads):
+            fp_thread = xf_fp_ieee_enter()
+            for task in prange(ntask, schedule="guided"):
+                i = task // nb
+                if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK or not jobs[i].needs_terms:
+                    continue
+                b0 = (task % nb) * XF_BLOCK
+                blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+                if floating is float:
+                    K32.terms_block(x + i * C + b0, blen, b0, &jobs[i],
+                                            t + i * C + b0 if t != NULL else NULL,
+                                            a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
+                else:
+                    K64.terms_block(x + i * C + b0, blen, b0, &jobs[i],
+                                            t + i * C + b0 if t != NULL else NULL,
+                                            a.w + b0 if a.w != NULL else NULL, &bsum[4 * task])
+            xf_fp_ieee_leave(fp_thread)
     for i in range(N):
         if _row_ignored(a, i):
             loss[i] = 0.0
@@ -455,22 +459,34 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
     return True
 
 
-cdef inline bint _use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads, bint storage_is_float,
-                             bint has_grad) noexcept nogil:
-    # fewer rows than threads, rows longer than a block, and enough entries per thread to pay for the
-    # split's passes (a team per pass, their barriers, the per-task state, and no scratch row: a gradient
-    # evaluates its exponentials twice); else one thread per row.  One row, two threads against one, us
-    # (benchmarks/README.md, 2026-12-05, sixth round): fused float32 65536 classes 88 / 63, 131072 124 /
-    # 118, 262144 211 / 213, 524288 406 / 574; forward float32 65536 40 / 26, 131072 50 / 53; float64
-    # fused 32768 62 / 54, 65536 82 / 98, forward 32768 39 / 36, 65536 57 / 68
-    cdef Py_ssize_t per_thread = (131072 if has_grad else 65536) if storage_is_float else 32768
+cdef inline bint _use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads,
+                             Py_ssize_t per_thread) noexcept nogil:
+    # the (row, block) split: fewer rows than threads, rows longer than a block, and at least per_thread
+    # entries per thread to pay for its passes (a team per pass, their barriers, the per-task state, and
+    # no scratch row: a gradient evaluates its exponentials twice); else one thread per row
     return (n_threads > 1 and n_rows < n_threads and n_classes > XF_BLOCK
             and n_rows * n_classes >= n_threads * per_thread)
 
 
+cdef inline Py_ssize_t _xent_phased_min(bint storage_is_float, bint has_grad) noexcept nogil:
+    # softmax_xent's: one row, the kernel split on two threads against the row on one, us
+    # (benchmarks/README.md, 2026-12-05, sixth round): forward float32 16384 classes 10 / 9, 32768 12 /
+    # 16; fused float32 32768 28 / 27, 65536 55 / 62, 131072 96 / 129; float64 16384 forward 16 / 23, fused
+    # 21 / 32
+    return (32768 if has_grad else 16384) if storage_is_float else 16384
+
+
+cdef inline Py_ssize_t _family_phased_min(bint storage_is_float, int mode) noexcept nogil:
+    # logsumexp / log_softmax / softmax's (_softmax_family_phased): one row, the kernel split on two
+    # threads against the row on one, us (benchmarks/README.md, 2026-12-05, sixth round): float32
+    # logsumexp / log_softmax 16384 classes 9 / 9, 13 / 12, 32768 11 / 14, 17 / 19; softmax 65536 58 /
+    # 61, 98304 79 / 94, 196608 132 / 175; float64 16384 13 / 20, 18 / 21, 17 / 31
+    return (49152 if mode == 2 else 16384) if storage_is_float else 16384
+
+
 def use_phased(Py_ssize_t n_rows, Py_ssize_t n_classes, int n_threads, bint storage_is_float, bint has_grad):
     """Whether softmax_xent splits a call into (row, block) tasks (_use_phased)."""
-    return _use_phased(n_rows, n_classes, n_threads, storage_is_float, has_grad)
+    return _use_phased(n_rows, n_classes, n_threads, _xent_phased_min(storage_is_float, has_grad))
 
 
 BLOCK = XF_BLOCK
@@ -521,7 +537,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
     with nogil:
-        if force_phased or _use_phased(N, C, n_threads, floating is float, has_grad):
+        if force_phased or _use_phased(N, C, n_threads, _xent_phased_min(floating is float, has_grad)):
             ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
@@ -645,8 +661,118 @@ def memory_touched(const unsigned char[::1] buf):
     return bool(xf_memory_touched(&buf[0], buf.shape[0])) if buf.shape[0] else True
 
 
+cdef bint _softmax_family_phased(const floating *x, floating *out, double *lse, Py_ssize_t N, Py_ssize_t C,
+                                 int mode, int n_threads) noexcept nogil:
+    # Few long rows of the family: _xent_phased's (row, block) tasks with the statistics of
+    # _softmax_family_row (logsumexp and log_softmax: no target, no plan; softmax: the gradient of a row
+    # without a target, planned and finished as xf_xent_row does), then the output block by block:
+    # log_softmax's xf_log_softmax_block, softmax's gradient block (its exponentials evaluated again, or for
+    # float64 stored rows kept in the output by the sum pass).  The bits of the row path; False: no memory
+    # for the per-task state (the caller runs the rows).
+    cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
+    cdef Py_ssize_t ntask = N * nb
+    cdef Py_ssize_t task, i, b, b0, blen, skip
+    cdef xf_rowjob *jobs = <xf_rowjob *> malloc(N * sizeof(xf_rowjob))
+    cdef xf_rowmax *bmax = <xf_rowmax *> malloc(ntask * sizeof(xf_rowmax))
+    cdef double *bsum = <double *> malloc(2 * ntask * sizeof(double))
+    cdef xf_rowmax st
+    cdef double hi, lo
+    cdef double terms[4]
+    cdef floating *store
+    cdef xf_fp_state fp_thread
+    if jobs == NULL or bmax == NULL or bsum == NULL:
+        free(jobs)
+        free(bmax)
+        free(bsum)
+        return False
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        for task in prange(ntask, schedule="guided"):
+            i = task // nb
+            b0 = (task % nb) * XF_BLOCK
+            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+            if floating is float:
+                K32.max_block(x + i * C + b0, blen, b0, &bmax[task])
+            else:
+                K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
+        xf_fp_ieee_leave(fp_thread)
+    for i in range(N):
+        xf_rowjob_init(&jobs[i], -1, 1.0, 0.0, 0.0, 1.0, 1.0, 0 if mode == 2 else 1)
+        xf_rowmax_init(&st)
+        for b in range(nb):
+            xf_rowmax_merge(&st, &bmax[i * nb + b])
+        xf_rowjob_set_max(&jobs[i], &st)
+        xf_rowjob_set_exp_form(&jobs[i], C)
+        if mode == 2:
+            xf_rowjob_plan(&jobs[i], 0.0, True)
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        for task in prange(ntask, schedule="guided"):
+            i = task // nb
+            if jobs[i].status != XF_ROW_OK:
+                continue
+            b0 = (task % nb) * XF_BLOCK
+            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+            skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
+            store = out + i * C + b0 if mode == 2 and jobs[i].stored and floating is double else NULL
+            if floating is float:
+                K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
+                                 &bsum[2 * task + 1], store)
+            else:
+                K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
+                                 &bsum[2 * task + 1], store)
+        xf_fp_ieee_leave(fp_thread)
+    fp_thread = xf_fp_ieee_enter()
+    for i in range(N):
+        if jobs[i].status == XF_ROW_OK:
+            hi = 0.0
+            lo = 0.0
+            for b in range(nb):
+                xf_dd_add(&hi, &lo, bsum[2 * (i * nb + b)], bsum[2 * (i * nb + b) + 1])
+            xf_rowjob_set_sum(&jobs[i], hi, lo)
+            if floating is double:
+                xf_rowjob_rescue_tiny_sum(&jobs[i], x + i * C, C)
+        if lse != NULL:
+            if floating is float:
+                lse[i] = xf_rowjob_exact_lse_f32(&jobs[i], x + i * C, C) if jobs[i].status == XF_ROW_OK else _row_logsumexp(&jobs[i])
+            else:
+                lse[i] = xf_rowjob_exact_lse_f64(&jobs[i], x + i * C, C) if jobs[i].status == XF_ROW_OK else _row_logsumexp(&jobs[i])
+        if mode == 2:
+            terms[0] = 0.0
+            terms[1] = 0.0
+            terms[2] = 0.0
+            terms[3] = 0.0
+            xf_rowjob_finish(&jobs[i], terms)
+    xf_fp_ieee_leave(fp_thread)
+    if mode != 0:
+        with parallel(num_threads=n_threads):
+            fp_thread = xf_fp_ieee_enter()
+            for task in prange(ntask, schedule="guided"):
+                i = task // nb
+                b0 = (task % nb) * XF_BLOCK
+                blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
+                if jobs[i].status != XF_ROW_OK:
+                    _fill(out + i * C + b0, blen, NAN)
+                elif mode == 1:
+                    if floating is float:
+                        K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, jobs[i].m, jobs[i].log_s,
+                                              jobs[i].exp_normal == 1)
+                    else:
+                        K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, jobs[i].m, jobs[i].log_s,
+                                              jobs[i].exp_normal == 1)
+                elif floating is float:
+                    K32.grad_block(x + i * C + b0, out + i * C + b0, blen, b0, &jobs[i], NULL, NULL, NULL)
+                else:
+                    K64.grad_block(x + i * C + b0, out + i * C + b0, blen, b0, &jobs[i], NULL, NULL, NULL)
+            xf_fp_ieee_leave(fp_thread)
+    free(jobs)
+    free(bmax)
+    free(bsum)
+    return True
+
+
 cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py_ssize_t N, Py_ssize_t C,
-                               int mode, int n_threads, bint row_groups) noexcept nogil:
+                               int mode, int n_threads, bint row_groups, bint force_phased=False) noexcept nogil:
     # every row of a call (softmax_family, the plain-call lane): short rows side by side unless
     # row_groups is off; on the calling thread for one thread (no team to start, as _xent_row_groups),
     # else on a team of n_threads.  lse: logsumexp's output (mode 0) and only then.  softmax's rows get
@@ -660,7 +786,13 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
     cdef bint want_scratch = mode == 2 and xf_xent_wants_scratch(True, False, is_float, False, C)
     cdef xf_row_scratch *scratch = NULL
     # the output is made for the call: where its pages are new, ordinary stores (xf_pending_stream)
-    cdef bint streaming = not want_scratch or _streaming_stores(out, N, C, sizeof(floating), is_float)
+    cdef bint streaming = True
+    if force_phased or _use_phased(N, C, n_threads, _family_phased_min(is_float, mode)):
+        if _softmax_family_phased(x, out, lse, N, C, mode, n_threads):
+            return
+    # one thread per row at most
+    n_threads = min(n_threads, <int>max(n_tasks, 1))
+    streaming = not want_scratch or _streaming_stores(out, N, C, sizeof(floating), is_float)
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
         scratch = _row_scratch(want_scratch, C, streaming)
@@ -722,10 +854,11 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
 
 
 def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] lse, int mode,
-                   int n_threads, bint has_lse, bint row_groups=True):
+                   int n_threads, bint has_lse, bint row_groups=True, bint force_phased=False):
     """mode 0: logsumexp only (into lse); 1: log_softmax into out; 2: softmax into out.
 
-    row_groups=False: short rows one by one even where groups apply (the tests compare the two)."""
+    row_groups=False: short rows one by one even where groups apply; force_phased: the (row, block) split
+    even where it does not pay (the tests compare each with the row path)."""
     cdef Py_ssize_t N = x.shape[0]
     cdef Py_ssize_t C = x.shape[1]
     cdef floating *op = NULL
@@ -737,7 +870,7 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
     if has_lse:
         lp = &lse[0]
     with nogil:
-        _softmax_family_rows(&x[0, 0], op, lp, N, C, mode, n_threads, row_groups)
+        _softmax_family_rows(&x[0, 0], op, lp, N, C, mode, n_threads, row_groups, force_phased)
 
 
 cdef extern from "xentfast/ddsum.h" nogil:
@@ -913,7 +1046,8 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         return NotImplemented
     if N * C >= PLAIN_MAX_ELEMENTS:
         n_team = plain_threads(n_threads, N * C)
-        if n_team < 1 or _use_phased(N, C, n_team, cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32, with_grad):
+        if n_team < 1 or _use_phased(N, C, n_team, _xent_phased_min(cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32,
+                                                                    with_grad)):
             return NotImplemented
         n_team = min(n_team, <int>N) if C > XF_GROUP_MAX_C else n_team
         # rows beyond the groups: softmax_xent's row driver (its scratch rows, stores and read-ahead)
