@@ -1007,7 +1007,8 @@ def test_launch_functions_take_the_cpu_modules_parameters(cpu_module, name):
     parameters, so each launch function must take the same ones in the same order: binary elementwise's
     in-kernel sum (`part`) once reached only the CPU's, and every device call of the binary family then
     raised a TypeError.  Left out: the CPU's trailing parameters that the front end never passes."""
-    cpu_only = {"softmax_xent": ["row_groups"], "softmax_family": ["row_groups"], "dd_sum": ["n_threads"]}
+    cpu_only = {"softmax_xent": ["row_groups"], "softmax_family": ["row_groups", "force_phased"],
+                "dd_sum": ["n_threads"]}
     cpu = [p for p in inspect.signature(getattr(cpu_module, name)).parameters if p not in cpu_only.get(name, [])]
     assert list(inspect.signature(getattr(_cuda, name)).parameters) == cpu
 

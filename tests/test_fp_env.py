@@ -41,9 +41,11 @@ def _calls(n_threads):
         xf.cross_entropy(np.array([[88.0, 0.0]], np.float32), np.zeros(1, np.int64), n_threads=n_threads),
         xf.binary_cross_entropy_with_logits(np.full(3, -88.0, np.float32), np.zeros(3, np.float32),
                                             n_threads=n_threads),
-        # the phased path (fewer rows than threads)
-        *xf.cross_entropy_with_grad(np.array([[0.0] + [-720.0] * 9000]), np.array([0]),
+        # the (row, block) split of one long row on two or three threads (fewer rows than threads), of the
+        # losses and of the softmax family
+        *xf.cross_entropy_with_grad(np.array([[0.0] + [-720.0] * 40000]), np.array([0]),
                                     n_threads=n_threads),
+        xf.softmax(np.array([[0.0] + [-720.0] * 40000]), n_threads=n_threads),
     ]
 
 

@@ -82,6 +82,27 @@ def test_phased_split_equals_row_path(dtype, prob):
     assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
 
 
+@pytest.mark.parametrize("ignore_index", [-100, 10**12, 2**63 - 1])
+def test_the_phased_split_reads_nothing_at_an_ignored_rows_label(ignore_index):
+    # an ignored row's label is the ignore value, never range-checked: the split once read the weight and
+    # the logit at it (w[-100]; x[10**12] crashed).  One row on two threads takes the split.
+    c = 70000
+    x = np.random.default_rng(1).standard_normal((1, c))
+    w = np.linspace(0.5, 2.0, c)
+    y = np.array([ignore_index])
+    assert _xent.use_phased(1, c, 2, False, True)
+    loss, grad = xf.cross_entropy_with_grad(x, y, weight=w, ignore_index=ignore_index, reduction="none",
+                                            n_threads=2)
+    assert loss[0] == 0.0 and not grad.any()
+    assert xf.cross_entropy(x, y, ignore_index=ignore_index, reduction="sum", n_threads=2) == 0.0
+    # beside a row that is not ignored, the bits of the row path
+    x2 = np.vstack([x, x[:, ::-1]])
+    y2 = np.array([ignore_index, 5])
+    got = xf.cross_entropy_with_grad(x2, y2, weight=w, ignore_index=ignore_index, reduction="sum", n_threads=3)
+    want = xf.cross_entropy_with_grad(x2, y2, weight=w, ignore_index=ignore_index, reduction="sum", n_threads=1)
+    assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()
+
+
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mode", [0, 1, 2], ids=["logsumexp", "log_softmax", "softmax"])

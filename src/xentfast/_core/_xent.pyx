@@ -356,6 +356,10 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
                 K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
         xf_fp_ieee_leave(fp_thread)
     for i in range(N):
+        # an ignored row's label is the ignore value, which nothing range-checks (a weight or a logit read
+        # at it would lie anywhere): no job; every later pass tests _row_ignored before reading one
+        if _row_ignored(a, i):
+            continue
         _row_job_init(a, i, &jobs[i])
         xf_rowmax_init(&st)
         for b in range(nb):
@@ -472,7 +476,8 @@ cdef inline Py_ssize_t _xent_phased_min(bint storage_is_float, bint has_grad) no
     # softmax_xent's: one row, the kernel split on two threads against the row on one, us
     # (benchmarks/README.md, 2026-12-05, sixth round): forward float32 16384 classes 10 / 9, 32768 12 /
     # 16; fused float32 32768 28 / 27, 65536 55 / 62, 131072 96 / 129; float64 16384 forward 16 / 23, fused
-    # 21 / 32
+    # 21 / 32.  16384 per thread is what xentfast._threads gives a thread anyway: only a float32 call with
+    # a gradient (fused or backward) has a minimum of its own
     return (32768 if has_grad else 16384) if storage_is_float else 16384
 
 
@@ -480,7 +485,8 @@ cdef inline Py_ssize_t _family_phased_min(bint storage_is_float, int mode) noexc
     # logsumexp / log_softmax / softmax's (_softmax_family_phased): one row, the kernel split on two
     # threads against the row on one, us (benchmarks/README.md, 2026-12-05, sixth round): float32
     # logsumexp / log_softmax 16384 classes 9 / 9, 13 / 12, 32768 11 / 14, 17 / 19; softmax 65536 58 /
-    # 61, 98304 79 / 94, 196608 132 / 175; float64 16384 13 / 20, 18 / 21, 17 / 31
+    # 61, 98304 79 / 94, 131072 102 / 99 (a tie), 196608 132 / 175; float64 16384 13 / 20, 18 / 21, 17 /
+    # 31.  16384 per thread is what xentfast._threads gives a thread anyway: only softmax's minimum gates
     return (49152 if mode == 2 else 16384) if storage_is_float else 16384
 
 
@@ -542,7 +548,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
-            _xent_rows(xp, gp, tp, &a, N, &loss[0], min(n_threads, <int>N), want_scratch)
+            _xent_rows(xp, gp, tp, &a, N, &loss[0], <int>min(<Py_ssize_t>n_threads, N), want_scratch)
     if not ok:
         raise MemoryError("cross-entropy: no memory for the per-block state of the row passes")
 
@@ -696,6 +702,7 @@ cdef bint _softmax_family_phased(const floating *x, floating *out, double *lse, 
             else:
                 K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
         xf_fp_ieee_leave(fp_thread)
+    fp_thread = xf_fp_ieee_enter()
     for i in range(N):
         xf_rowjob_init(&jobs[i], -1, 1.0, 0.0, 0.0, 1.0, 1.0, 0 if mode == 2 else 1)
         xf_rowmax_init(&st)
@@ -705,6 +712,7 @@ cdef bint _softmax_family_phased(const floating *x, floating *out, double *lse, 
         xf_rowjob_set_exp_form(&jobs[i], C)
         if mode == 2:
             xf_rowjob_plan(&jobs[i], 0.0, True)
+    xf_fp_ieee_leave(fp_thread)
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
         for task in prange(ntask, schedule="guided"):
@@ -791,7 +799,7 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
         if _softmax_family_phased(x, out, lse, N, C, mode, n_threads):
             return
     # one thread per row at most
-    n_threads = min(n_threads, <int>max(n_tasks, 1))
+    n_threads = <int>min(<Py_ssize_t>n_threads, max(n_tasks, 1))
     streaming = not want_scratch or _streaming_stores(out, N, C, sizeof(floating), is_float)
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
@@ -1049,7 +1057,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         if n_team < 1 or _use_phased(N, C, n_team, _xent_phased_min(cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32,
                                                                     with_grad)):
             return NotImplemented
-        n_team = min(n_team, <int>N) if C > XF_GROUP_MAX_C else n_team
+        n_team = <int>min(<Py_ssize_t>n_team, N) if C > XF_GROUP_MAX_C else n_team
         # rows beyond the groups: softmax_xent's row driver (its scratch rows, stores and read-ahead)
         rows_alone = C > XF_GROUP_MAX_C
     if type(ignore_index) is not int:

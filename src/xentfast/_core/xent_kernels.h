@@ -227,8 +227,8 @@ typedef struct {
 /* ...and no scratch row for rows beyond XF_SCRATCH_MAX_CLASSES: its C doubles would then pass 32 MiB,
  * the most glibc's malloc ever serves from its heap (the dynamic mmap threshold's ceiling), so every call
  * would map fresh pages and fault each one in (~0.5 us per 4 KiB page here).  Such rows evaluate their
- * exponentials again, to the same bits: fused 1x8388608 float32 one thread 29.5-31.3 -> 11.9-12.6 ms,
- * 2x4194309 two threads 15.1-15.8 -> 6.2-6.5 ms (benchmarks/README.md, 2026-12-05, sixth round). */
+ * exponentials again, to the same bits: fused 1x8388608 float32 one thread 25.6-28.9 -> 12.6 ms,
+ * 2x4194309 two threads 13.4-14.4 -> 6.2-6.5 ms (benchmarks/README.md, 2026-12-05, sixth round). */
 #define XF_SCRATCH_MAX_CLASSES ((1LL << 22) - 1024)
 static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_is_float, int grad_is_logits,
                                         long long n_classes)
