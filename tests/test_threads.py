@@ -62,6 +62,23 @@ def test_fused_equals_separate(dtype, opts):
     assert np.array_equal(grad, grad_only, equal_nan=True)
 
 
+def _row_path_and_split(x, y=None, t=None, w=None, eps=0.0, z=0.0, scale=1.0):
+    """softmax_xent's row path and its (row, block) split of the same call on two threads, a
+    (loss, gradient) pair each: index targets y or probability targets t, weights w or none."""
+    prob = t is not None
+    outs = []
+    for force in (False, True):
+        loss = np.empty(x.shape[0])
+        grad = np.empty_like(x)
+        with np.errstate(all="ignore"):
+            _xent.softmax_xent(x, np.empty(0, dtype=np.int64) if prob else y,
+                               t if prob else np.empty((0, 0), dtype=x.dtype), np.empty(0) if w is None else w,
+                               -100, eps, z, np.empty(0), scale, loss, grad, 2, not prob, prob, w is not None,
+                               False, True, force)
+        outs.append((loss, grad))
+    return outs
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("prob", [False, True])
 def test_phased_split_equals_row_path(dtype, prob):
@@ -69,15 +86,7 @@ def test_phased_split_equals_row_path(dtype, prob):
     n, c = 6, 2 * _xent.BLOCK + 333
     x, t = _problem(dtype, n, c, seed=7, prob=prob)
     w = np.linspace(0.1, 3.0, c)
-    y = t if not prob else np.empty(0, dtype=np.int64)
-    tt = t if prob else np.empty((0, 0), dtype=dtype)
-    outs = []
-    for force in (False, True):
-        loss = np.empty(n)
-        grad = np.empty_like(x)
-        _xent.softmax_xent(x, y if not prob else np.empty(0, dtype=np.int64), tt, w, -100, 0.1, 1e-3,
-                           np.empty(0), 0.5, loss, grad, 2, not prob, prob, True, False, True, force)
-        outs.append((loss, grad))
+    outs = _row_path_and_split(x, None if prob else t, t if prob else None, w, eps=0.1, z=1e-3, scale=0.5)
     assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True)
     assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
 
@@ -151,14 +160,7 @@ def test_rows_beyond_the_scratch_limit_equal_the_phased_split(dtype, extra):
     rng = np.random.default_rng(c)
     x = (rng.standard_normal((n, c)) * 3).astype(dtype)
     x[1, 5] = 40.0
-    y = np.array([7, c - 1])
-    outs = []
-    for force in (False, True):
-        loss = np.empty(n)
-        grad = np.empty_like(x)
-        _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), np.empty(0), -100, 0.0, 0.0, np.empty(0), 0.5,
-                           loss, grad, 2, True, False, False, False, True, force)
-        outs.append((loss, grad))
+    outs = _row_path_and_split(x, np.array([7, c - 1]), scale=0.5)
     assert outs[0][0].tobytes() == outs[1][0].tobytes()
     assert outs[0][1].tobytes() == outs[1][1].tobytes()
 
@@ -183,14 +185,7 @@ def test_rows_with_finite_masks_take_the_masked_form_with_the_general_forms_bits
     y[10] = 3
     y[0] = int(np.argmin(x[0]))         # a masked target: loss ~1e9
     w = np.linspace(0.5, 2.0, c)
-    outs = []
-    for force in (False, True):
-        loss = np.empty(n)
-        grad = np.empty_like(x)
-        with np.errstate(all="ignore"):
-            _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), w if weighted else np.empty(0), -100, 0.0,
-                               0.0, np.empty(0), 0.5, loss, grad, 2, True, False, weighted, False, True, force)
-        outs.append((loss, grad))
+    outs = _row_path_and_split(x, y, w=w if weighted else None, scale=0.5)
     assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True)
     assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
     assert outs[0][0][0] > 1e8 and np.isfinite(outs[0][0]).all()
@@ -207,13 +202,7 @@ def test_phased_split_equals_row_path_for_z_loss_rows_read_again(dtype):
     x[3:] -= 1.0 + np.geomspace(1e-9, 1e-3, 3)[:, None]
     x = x.astype(dtype)
     y = rng.integers(0, c, n)
-    outs = []
-    for force in (False, True):
-        loss = np.empty(n)
-        grad = np.empty_like(x)
-        _xent.softmax_xent(x, y, np.empty((0, 0), dtype=dtype), np.empty(0), -100, 0.0, 0.5, np.empty(0), 1.0,
-                           loss, grad, 2, True, False, False, False, True, force)
-        outs.append((loss, grad))
+    outs = _row_path_and_split(x, y, z=0.5)
     assert np.array_equal(outs[0][0], outs[1][0])
     assert np.array_equal(outs[0][1], outs[1][1])
     fused = xf.cross_entropy_with_grad(x, y, reduction="none", z_loss=0.5)

@@ -320,33 +320,15 @@ cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const
         xf_fp_ieee_leave(fp_thread)
 
 
-cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
-                       Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
-    # Few rows, long rows: the (row, block) pairs are the parallel tasks of each pass; per-row merges
-    # run in block order between the passes (see (c)).  False: no memory for the per-task state.
-    cdef Py_ssize_t C = a.C
+cdef void _phased_block_maxima(const floating *x, Py_ssize_t N, Py_ssize_t C, xf_rowmax *bmax,
+                               int n_threads) noexcept nogil:
+    # the splits' first pass: each (row, block) task's maximum statistics into bmax[row * nb + block]
     cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
-    cdef Py_ssize_t ntask = N * nb
-    cdef Py_ssize_t task, i, b, b0, blen, skip
-    cdef xf_rowjob *jobs = <xf_rowjob *> malloc(N * sizeof(xf_rowjob))
-    cdef xf_rowmax *bmax = <xf_rowmax *> malloc(ntask * sizeof(xf_rowmax))
-    cdef double *bsum = <double *> malloc(4 * ntask * sizeof(double))
-    cdef xf_rowmax st
-    cdef double hi, lo
-    cdef double acc[4]
-    cdef double x_y
-    cdef floating *store
+    cdef Py_ssize_t task, i, b0, blen
     cdef xf_fp_state fp_thread
-    cdef bint any_terms = False
-    if jobs == NULL or bmax == NULL or bsum == NULL:
-        free(jobs)
-        free(bmax)
-        free(bsum)
-        return False
-    # pass 1: block maxima
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
-        for task in prange(ntask, schedule="guided"):
+        for task in prange(N * nb, schedule="guided"):
             i = task // nb
             b0 = (task % nb) * XF_BLOCK
             blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
@@ -355,33 +337,42 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
             else:
                 K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
         xf_fp_ieee_leave(fp_thread)
-    for i in range(N):
-        # an ignored row's label is the ignore value, which nothing range-checks (a weight or a logit read
-        # at it would lie anywhere): no job; every later pass tests _row_ignored before reading one
-        if _row_ignored(a, i):
-            continue
-        _row_job_init(a, i, &jobs[i])
-        xf_rowmax_init(&st)
-        for b in range(nb):
-            xf_rowmax_merge(&st, &bmax[i * nb + b])
-        xf_rowjob_set_max(&jobs[i], &st)
-        xf_rowjob_set_exp_form(&jobs[i], C)
-        x_y = <double>x[i * C + jobs[i].y] if jobs[i].y >= 0 else 0.0
-        xf_rowjob_plan(&jobs[i], x_y, grad != NULL)
-    # pass 2: block sums of exponentials
+
+
+cdef void _phased_row_max(const xf_rowmax *bmax, Py_ssize_t i, Py_ssize_t C, xf_rowjob *job) noexcept nogil:
+    # row i's block maxima merged in block order into its job, as xf_row_max merges them (without the
+    # masked form, whose bits equal the general form's)
+    cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
+    cdef Py_ssize_t b
+    cdef xf_rowmax st
+    xf_rowmax_init(&st)
+    for b in range(nb):
+        xf_rowmax_merge(&st, &bmax[i * nb + b])
+    xf_rowjob_set_max(job, &st)
+    xf_rowjob_set_exp_form(job, C)
+
+
+cdef void _phased_block_sums(const floating *x, Py_ssize_t N, Py_ssize_t C, const xf_rowjob *jobs,
+                             const XentArgs *a, floating *keep, double *bsum, int n_threads) noexcept nogil:
+    # the splits' sum pass: each task's double-double sum of exponentials into bsum[2 task], [2 task + 1],
+    # for rows that are OK and not ignored (a: the losses' arguments, or NULL).  keep (or NULL): the
+    # gradient-shaped output where float64 stored rows keep their exponentials, exact there; a float32
+    # buffer would round them, so float32 rows evaluate them again in the gradient pass (softmax_rows.h
+    # xf_stored_entry: the same bits as keeping the doubles)
+    cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
+    cdef Py_ssize_t task, i, b0, blen, skip
+    cdef floating *store
+    cdef xf_fp_state fp_thread
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
-        for task in prange(ntask, schedule="guided"):
+        for task in prange(N * nb, schedule="guided"):
             i = task // nb
-            if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
+            if (a != NULL and _row_ignored(a, i)) or jobs[i].status != XF_ROW_OK:
                 continue
             b0 = (task % nb) * XF_BLOCK
             blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
             skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
-            # float64 stored rows keep their exponentials in the gradient, exact there; a float32 buffer
-            # would round them, so float32 rows evaluate them again in pass 4 (softmax_rows.h
-            # xf_stored_entry: the same bits as keeping the doubles)
-            store = grad + i * C + b0 if jobs[i].stored and floating is double else NULL
+            store = keep + i * C + b0 if keep != NULL and jobs[i].stored and floating is double else NULL
             if floating is float:
                 K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
                                  &bsum[2 * task + 1], store)
@@ -389,16 +380,58 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
                 K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
                                  &bsum[2 * task + 1], store)
         xf_fp_ieee_leave(fp_thread)
+
+
+cdef void _phased_row_sum(const floating *x, const double *bsum, Py_ssize_t i, Py_ssize_t C,
+                          xf_rowjob *job) noexcept nogil:
+    # row i's block sums merged in block order into its job (adding the first to (0, 0) returns it
+    # unchanged, as xf_row_sum_writing's first block), and float64's rescue of a sum of subnormal terms
+    cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
+    cdef Py_ssize_t b
+    cdef double hi = 0.0, lo = 0.0
+    for b in range(nb):
+        xf_dd_add(&hi, &lo, bsum[2 * (i * nb + b)], bsum[2 * (i * nb + b) + 1])
+    xf_rowjob_set_sum(job, hi, lo)
+    if floating is double:
+        xf_rowjob_rescue_tiny_sum(job, x + i * C, C)
+
+
+cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+                       Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
+    # Few rows, long rows: the (row, block) pairs are the parallel tasks of each pass; per-row merges
+    # run in block order between the passes (see (c)).  False: no memory for the per-task state.
+    cdef Py_ssize_t C = a.C
+    cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
+    cdef Py_ssize_t ntask = N * nb
+    cdef Py_ssize_t task, i, b, b0, blen
+    cdef xf_rowjob *jobs = <xf_rowjob *> malloc(N * sizeof(xf_rowjob))
+    cdef xf_rowmax *bmax = <xf_rowmax *> malloc(ntask * sizeof(xf_rowmax))
+    cdef double *bsum = <double *> malloc(4 * ntask * sizeof(double))
+    cdef double acc[4]
+    cdef double x_y
+    cdef xf_fp_state fp_thread
+    cdef bint any_terms = False
+    if jobs == NULL or bmax == NULL or bsum == NULL:
+        free(jobs)
+        free(bmax)
+        free(bsum)
+        return False
+    # pass 1: block maxima
+    _phased_block_maxima(x, N, C, bmax, n_threads)
     for i in range(N):
-        if _row_ignored(a, i) or jobs[i].status != XF_ROW_OK:
+        # an ignored row's label is the ignore value, which nothing range-checks (a weight or a logit read
+        # at it would lie anywhere): no job; every later pass tests _row_ignored before reading one
+        if _row_ignored(a, i):
             continue
-        hi = 0.0
-        lo = 0.0
-        for b in range(nb):
-            xf_dd_add(&hi, &lo, bsum[2 * (i * nb + b)], bsum[2 * (i * nb + b) + 1])
-        xf_rowjob_set_sum(&jobs[i], hi, lo)
-        if floating is double:
-            xf_rowjob_rescue_tiny_sum(&jobs[i], x + i * C, C)
+        _row_job_init(a, i, &jobs[i])
+        _phased_row_max(bmax, i, C, &jobs[i])
+        x_y = <double>x[i * C + jobs[i].y] if jobs[i].y >= 0 else 0.0
+        xf_rowjob_plan(&jobs[i], x_y, grad != NULL)
+    # pass 2: block sums of exponentials
+    _phased_block_sums(x, N, C, jobs, a, grad, bsum, n_threads)
+    for i in range(N):
+        if not _row_ignored(a, i) and jobs[i].status == XF_ROW_OK:
+            _phased_row_sum(x, bsum, i, C, &jobs[i])
     # pass 3: loss terms (probability targets, smoothing), where a row needs them (no team otherwise)
     for i in range(N):
         any_terms = any_terms or (not _row_ignored(a, i) and jobs[i].status == XF_ROW_OK and jobs[i].needs_terms)
@@ -677,69 +710,30 @@ cdef bint _softmax_family_phased(const floating *x, floating *out, double *lse, 
     # for the per-task state (the caller runs the rows).
     cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
     cdef Py_ssize_t ntask = N * nb
-    cdef Py_ssize_t task, i, b, b0, blen, skip
+    cdef Py_ssize_t task, i, b0, blen
     cdef xf_rowjob *jobs = <xf_rowjob *> malloc(N * sizeof(xf_rowjob))
     cdef xf_rowmax *bmax = <xf_rowmax *> malloc(ntask * sizeof(xf_rowmax))
     cdef double *bsum = <double *> malloc(2 * ntask * sizeof(double))
-    cdef xf_rowmax st
-    cdef double hi, lo
     cdef double terms[4]
-    cdef floating *store
     cdef xf_fp_state fp_thread
     if jobs == NULL or bmax == NULL or bsum == NULL:
         free(jobs)
         free(bmax)
         free(bsum)
         return False
-    with parallel(num_threads=n_threads):
-        fp_thread = xf_fp_ieee_enter()
-        for task in prange(ntask, schedule="guided"):
-            i = task // nb
-            b0 = (task % nb) * XF_BLOCK
-            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
-            if floating is float:
-                K32.max_block(x + i * C + b0, blen, b0, &bmax[task])
-            else:
-                K64.max_block(x + i * C + b0, blen, b0, &bmax[task])
-        xf_fp_ieee_leave(fp_thread)
+    _phased_block_maxima(x, N, C, bmax, n_threads)
     fp_thread = xf_fp_ieee_enter()
     for i in range(N):
         xf_rowjob_init(&jobs[i], -1, 1.0, 0.0, 0.0, 1.0, 1.0, 0 if mode == 2 else 1)
-        xf_rowmax_init(&st)
-        for b in range(nb):
-            xf_rowmax_merge(&st, &bmax[i * nb + b])
-        xf_rowjob_set_max(&jobs[i], &st)
-        xf_rowjob_set_exp_form(&jobs[i], C)
+        _phased_row_max(bmax, i, C, &jobs[i])
         if mode == 2:
             xf_rowjob_plan(&jobs[i], 0.0, True)
     xf_fp_ieee_leave(fp_thread)
-    with parallel(num_threads=n_threads):
-        fp_thread = xf_fp_ieee_enter()
-        for task in prange(ntask, schedule="guided"):
-            i = task // nb
-            if jobs[i].status != XF_ROW_OK:
-                continue
-            b0 = (task % nb) * XF_BLOCK
-            blen = min(C - b0, <Py_ssize_t>XF_BLOCK)
-            skip = jobs[i].argmax - b0 if b0 <= jobs[i].argmax < b0 + blen else -1
-            store = out + i * C + b0 if mode == 2 and jobs[i].stored and floating is double else NULL
-            if floating is float:
-                K32.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
-                                 &bsum[2 * task + 1], store)
-            else:
-                K64.sumexp_block(x + i * C + b0, blen, jobs[i].m, skip, jobs[i].exp_normal, &bsum[2 * task],
-                                 &bsum[2 * task + 1], store)
-        xf_fp_ieee_leave(fp_thread)
+    _phased_block_sums(x, N, C, jobs, NULL, out if mode == 2 else NULL, bsum, n_threads)
     fp_thread = xf_fp_ieee_enter()
     for i in range(N):
         if jobs[i].status == XF_ROW_OK:
-            hi = 0.0
-            lo = 0.0
-            for b in range(nb):
-                xf_dd_add(&hi, &lo, bsum[2 * (i * nb + b)], bsum[2 * (i * nb + b) + 1])
-            xf_rowjob_set_sum(&jobs[i], hi, lo)
-            if floating is double:
-                xf_rowjob_rescue_tiny_sum(&jobs[i], x + i * C, C)
+            _phased_row_sum(x, bsum, i, C, &jobs[i])
         if lse != NULL:
             if floating is float:
                 lse[i] = xf_rowjob_exact_lse_f32(&jobs[i], x + i * C, C) if jobs[i].status == XF_ROW_OK else _row_logsumexp(&jobs[i])
