@@ -136,7 +136,8 @@ ROUNDED_ONCE_LAYOUTS = {
     "row-inplace": dict(rows=8, classes=1000, inplace=True),
     "streamed": dict(rows=4, classes=5000, n_threads=2),
     "streamed-inplace": dict(rows=4, classes=5000, n_threads=2, inplace=True),
-    "phased": dict(rows=1, classes=9000, n_threads=2),
+    # one row on two threads, long enough for the (row, block) split of a fused float32 call (_use_phased)
+    "phased": dict(rows=1, classes=70000, n_threads=2),
 }
 
 
@@ -173,6 +174,9 @@ SOFTMAX_LAYOUTS = {
     "row": dict(rows=8, classes=1000),
     "streamed": dict(rows=6, classes=5000, n_threads=2),
     "streamed-long": dict(rows=3, classes=33000, n_threads=2),
+    # one row on two threads, long enough for the (row, block) split of float32 softmax (49152 entries
+    # per thread, _softmax_family_phased), of log_softmax, and of the gradient they are compared with
+    "phased": dict(rows=1, classes=100000, n_threads=2),
 }
 
 
