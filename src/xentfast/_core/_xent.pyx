@@ -294,8 +294,9 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
 
 cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const XentArgs *a, Py_ssize_t N,
                      double *loss, int n_threads, bint want_scratch) noexcept nogil:
-    # every row of a call through the row kernel, on a team of n_threads (softmax_xent's rows beyond the
-    # groups, the plain-call lane's larger calls of more than XF_GROUP_MAX_C classes)
+    # every row of a call through the row kernel, on a team of n_threads but at most one thread per row
+    # (softmax_xent's rows beyond the groups, the plain-call lane's larger calls of more than
+    # XF_GROUP_MAX_C classes)
     cdef Py_ssize_t i
     cdef Py_ssize_t C = a.C
     cdef xf_fp_state fp_thread
@@ -303,7 +304,7 @@ cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const
     cdef bint streaming = True
     if want_scratch and grad != NULL and <const floating *>grad != x:
         streaming = _streaming_stores(grad, N, C, sizeof(floating), floating is float)
-    with parallel(num_threads=n_threads):
+    with parallel(num_threads=<int>min(<Py_ssize_t>n_threads, N)):
         fp_thread = xf_fp_ieee_enter()
         # exponentials kept between passes (xf_xent_row: the general gradient's, every float32 row's, long
         # float64 stored rows'); without the memory the rows evaluate them again, or store them in the
@@ -581,7 +582,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         elif groups:
             _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
         else:
-            _xent_rows(xp, gp, tp, &a, N, &loss[0], <int>min(<Py_ssize_t>n_threads, N), want_scratch)
+            _xent_rows(xp, gp, tp, &a, N, &loss[0], n_threads, want_scratch)
     if not ok:
         raise MemoryError("cross-entropy: no memory for the per-block state of the row passes")
 
@@ -988,10 +989,11 @@ _init_cpu_path()
 # thread xentfast._threads picks for fewer than 2 * MIN_ELEMENTS_PER_THREAD elements).  Larger calls take
 # it too, on the threads xentfast._threads would start, short rows side by side and longer ones through
 # softmax_xent's row driver (_xent_rows), but not those softmax_xent splits into (row, block) tasks (few
-# rows of more than a block, large enough for several threads: _use_phased): there the Python around the kernel was still a
-# quarter of the call (forward 4096x10 float32: ~40 of ~110 us on two threads; 16384x10 fused: ~100 of
-# ~420 us), and 40-120 us of a fused call on rows of 1000 classes (64x1000 float32, two threads: 64 ->
-# 30 us; 4096x1000: 1.72-1.81 -> 1.63-1.69 ms; benchmarks/README.md, 2026-12-05, sixth round).  Anything else,
+# rows of more than a block, large enough for several threads: _use_phased): there the Python around the
+# kernel was still a quarter of the call (forward 4096x10 float32: ~40 of ~110 us on two threads;
+# 16384x10 fused: ~100 of ~420 us), and 40-120 us of a fused call on rows of 1000 classes (64x1000
+# float32, two threads: 64 -> 30 us; 4096x1000: 1.72-1.81 -> 1.63-1.69 ms; benchmarks/README.md,
+# 2026-12-05, sixth round).  Anything else,
 # and anything unusual it meets on the way (a label out of range, nothing to average, a sum small enough
 # for the tiny-terms rerun), returns NotImplemented, and the caller takes the general path, which also
 # raises the errors; nothing here raises.  tests/test_plain_lane.py holds the two paths to the same bits.
@@ -1051,7 +1053,6 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         if n_team < 1 or _use_phased(N, C, n_team, _xent_phased_min(cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32,
                                                                     with_grad)):
             return NotImplemented
-        n_team = <int>min(<Py_ssize_t>n_team, N) if C > XF_GROUP_MAX_C else n_team
         # rows beyond the groups: softmax_xent's row driver (its scratch rows, stores and read-ahead)
         rows_alone = C > XF_GROUP_MAX_C
     if type(ignore_index) is not int:
