@@ -1539,9 +1539,21 @@ typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 
  * gradient's and softmax's, as xf_xent_row keeps them). */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
     XF_T (*xt)[XF_GROUP_ROWS], double (*kept_d)[XF_GROUP_ROWS], const double *m, const long long *argmax,
-    double (*acc)[XF_GROUP_ROWS], double (*cmp)[XF_GROUP_ROWS], long long C, const int want_kept, const int form)
+    double (*acc)[XF_GROUP_ROWS], double (*cmp)[XF_GROUP_ROWS], long long C, const char *next,
+    const int want_kept, const int form)
 {
     enum { R = XF_GROUP_ROWS };
+    /* The next group's rows (`next`), one cache line per column here, as the row kernel's sum pass
+     * fetches the next row (a hint: a prefetch never faults, also past the array).  Without it the
+     * transposition's strided reads wait on memory (C = 100 float32, 16384 rows from memory: 199 ns per
+     * row without, 156 with all lines fetched at once).  All at once, before the transposition, the loop
+     * of prefetches itself waited for the line fill buffers, about a seventh of a float32 logsumexp group
+     * of 256 classes, with no arithmetic beside it; spread over this loop, the exponentials' work covers
+     * the reads (one core, avx512, 2^21 entries: float32 logsumexp C = 256 1.60 -> 1.25-1.36 ms, forward
+     * 176 1.70 -> 1.43-1.49, float64 forward 160 4.06-4.18 -> 3.44-3.60; benchmarks/README.md,
+     * 2026-12-05, seventh round).  The R * C * sizeof(XF_T) bytes take at most C lines (float64: C,
+     * float32: C / 2). */
+    const long long next_bytes = R * C * (long long)sizeof(XF_T);
     long long j;
     int r, k;
     /* In the avx512 unit (XF_GROUP_WIDE_ENTRIES) the loop below holds doubles alone: the entries are
@@ -1553,6 +1565,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
     double xd[R];
     for (j = 0; j < C; j++) {
         k = (int)(j % XF_LANES);
+        if (j * 64 < next_bytes) {
+            __builtin_prefetch(next + j * 64, 0, 3);
+        }
         if (XF_GROUP_WIDE_ENTRIES) {
             for (r = 0; r < R; r++) {
                 xd[r] = (double)xt[j][r];
@@ -1721,17 +1736,6 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     double acc[XF_LANES][R], cmp[XF_LANES][R];
     long long j;
     int r, k;
-    {
-        /* the next group's rows, as the row kernel's sum pass fetches the next row (a hint: a prefetch
-         * never faults, also past the array): the transposition's strided reads wait on memory otherwise
-         * (C = 100 float32, 16384 rows from memory: 199 ns per row without it, 156 with) */
-        const char *next = (const char *)(x + R * C);
-        const long long bytes = R * C * (long long)sizeof(XF_T);
-        long long b;
-        for (b = 0; b < bytes; b += 64) {
-            __builtin_prefetch(next + b, 0, 3);
-        }
-    }
     for (j = 0; j < C; j++) {
         for (r = 0; r < R; r++) {
             xt[j][r] = x[r * C + j];
@@ -1824,16 +1828,17 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     }
     /* xf_sumexp_block_form: element j into lane j % XF_LANES, in order, the argmax as 0.0.  Rows that are
      * not ok may hold inf or NaN here; their lanes are computed and never read. */
+    const char *next = (const char *)(x + R * C);
     if (want_kept) {
         if (any_masked) {
-            XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 1, 2);
+            XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, next, 1, 2);
         } else {
-            XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 1, 1);
+            XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, next, 1, 1);
         }
     } else if (any_masked) {
-        XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 0, 2);
+        XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, next, 0, 2);
     } else {
-        XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, 0, 1);
+        XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, next, 0, 1);
     }
 #pragma omp simd
     for (r = 0; r < R; r++) {
