@@ -1441,11 +1441,18 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 /* the avx512 unit, once its groups took 512-bit vectors (xf_group_sum_form, XF_GROUP_WIDE_ENTRIES; one
  * core, 4096 rows, us, rows -> groups): float32 forward C = 208 816 -> 707, 256 866 -> 852, fused 176
  * 1019 -> 802, 208 1022 -> 956, 256 1030 -> 1158; float64 forward 128 952 -> 865, 160 1176 -> 1079, 200
- * 1252 -> 1348, fused 160 1451 -> 1387, 200 1522 -> 1806 (benchmarks/README.md, 2026-12-05) */
+ * 1252 -> 1348, fused 160 1451 -> 1387, 200 1522 -> 1806 (benchmarks/README.md, 2026-12-05).  Once the
+ * groups fetched the next group during their sum pass (xf_group_sum_form), measured again (one core,
+ * ns per entry, 2^22 float32 or 2^21 float64 entries, rows -> groups, benchmarks/README.md, 2026-12-05,
+ * seventh round): float32 fused C = 224 1.43 -> 1.02, 256 1.19-1.25 -> 0.96-1.01; float64 forward 192
+ * 1.81-1.86 -> 1.61-1.72, 224 1.95 -> 1.69, 240 1.86 -> 1.64, 256 1.67 -> 1.62 (logsumexp and
+ * log_softmax slower there, 1.63 -> 1.67, 2.04 -> 2.15), fused 192 2.19 -> 2.27, 224 2.26 -> 2.29 (minima),
+ * so float32 groups take every width of the buffers and float64 ones stop at 240 without a gradient and
+ * stay at 160 with one. */
 #if XF_COMPENSATED
-#define XF_GROUP_C_LIMIT(has_grad) 160
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 160 : 240)
 #else
-#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 208 : XF_GROUP_MAX_C)
+#define XF_GROUP_C_LIMIT(has_grad) XF_GROUP_MAX_C
 #endif
 #elif defined(__AVX2__)
 #if XF_COMPENSATED
@@ -2012,9 +2019,13 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
  * avx512 float32 C = 128 1.58 -> 1.06, 192 1.25 -> 1.02, 256 1.19 -> 1.06, float64 128 2.69 -> 2.35,
  * 160 2.61 -> 2.42; avx2 float32 C = 128 1.66-1.73 -> 1.62-1.64, 136 1.60-1.63 -> 1.61-1.62, 144
  * 1.57-1.58 -> 1.61-1.63, 160 1.49-1.51 -> 1.57-1.60, so the avx2 unit's stop at 128, the last width
- * measured faster (float64 at its forward limit, 64).  Else 0 (no row done).  lse: mode 0's output, the group's first row first. */
+ * measured faster (float64 at its forward limit, 64).  Once the groups fetched the next group during
+ * their sum pass, softmax's avx512 groups measured again (same units, seventh round): float32 C = 192
+ * 1.39 -> 0.99, 200 1.34 -> 0.97, 224 1.39 -> 0.98, 256 1.19-1.20 -> 0.94-0.97; float64 128
+ * 2.37-2.57 -> 2.01-2.16, 160 2.45-2.52 -> 2.11-2.13, 192 2.12 -> 2.18 (minima), so they take the
+ * fused pass's limits there.  Else 0 (no row done).  lse: mode 0's output, the group's first row first. */
 #if defined(__AVX512F__)
-#define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? XF_GROUP_MAX_C : XF_COMPENSATED ? 100 : 176)
+#define XF_GROUP_FAMILY_MAX_C(mode) XF_GROUP_MAX_C
 #else
 #define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? 128 : 160)
 #endif
