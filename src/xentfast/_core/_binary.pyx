@@ -165,7 +165,7 @@ def elementwise(int op, const floating[::1] x, const floating[::1] t,
     cdef Py_ssize_t n = x.shape[0]
     cdef Py_ssize_t nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
     cdef Py_ssize_t b, off, blen
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     cdef xf_bin_args a
     cdef double *ld = NULL
     cdef floating *lo = NULL
@@ -257,7 +257,7 @@ def ce_probs(const floating[:, ::1] p, const int64_t[::1] y, const floating[:, :
     cdef Py_ssize_t N = p.shape[0]
     cdef Py_ssize_t C = p.shape[1]
     cdef Py_ssize_t i
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     cdef xf_bin_prob_mode m
     cdef const int64_t *yp = &y[0] if has_y else NULL
     cdef const floating *tp = NULL
@@ -350,7 +350,7 @@ cdef void _bce_blocks(const void *xp, const void *tp, const xf_bin_args *a, Py_s
     # the lane's blocks: on the calling thread, or on a team of n_threads
     cdef Py_ssize_t nb = (n + XF_BIN_BLOCK - 1) // XF_BIN_BLOCK
     cdef Py_ssize_t b
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     if n_threads == 1:
         for b in range(nb):
             _bce_block(xp, tp, a, n, b, lp, gp, f32)

@@ -21,7 +21,9 @@
 #     mean is not built from float32-rounded row losses.
 # (e) Subnormals are never flushed, whatever the caller set (torch.set_flush_denormal, XLA's threads):
 #     each OpenMP thread clears flush-to-zero inside every parallel region and restores it on the way
-#     out (fp_ieee.h); the public functions do the same on the calling thread (xentfast.api).
+#     out (fp_ieee.h); the public functions do the same on the calling thread (xentfast.api).  Each
+#     region's saved state (`fp_thread`) starts at 0: Cython copies it into every thread (firstprivate),
+#     and gcc warned of an uninitialized copy.
 # (f) Left out on purpose: OpenMP reductions (their order follows the thread count), per-element
 #     Python-level dispatch, and any N x C temporary besides the caller-visible outputs.
 
@@ -271,7 +273,7 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
     # to the row kernel get the thread's scratch row as the main driver's do (float32 keeps its
     # exponentials there; without it they are evaluated twice, 32x300 float32 14 -> 28 us)
     cdef Py_ssize_t g
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     cdef xf_row_scratch *scratch = NULL
     cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, False, floating is float,
                                                    <const floating *>grad == x, a.C)
@@ -299,7 +301,7 @@ cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const
     # XF_GROUP_MAX_C classes)
     cdef Py_ssize_t i
     cdef Py_ssize_t C = a.C
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     cdef xf_row_scratch *scratch = NULL
     cdef bint streaming = True
     if want_scratch and grad != NULL and <const floating *>grad != x:
@@ -326,7 +328,7 @@ cdef void _phased_block_maxima(const floating *x, Py_ssize_t N, Py_ssize_t C, xf
     # the splits' first pass: each (row, block) task's maximum statistics into bmax[row * nb + block]
     cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
     cdef Py_ssize_t task, i, b0, blen
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
         for task in prange(N * nb, schedule="guided"):
@@ -363,7 +365,7 @@ cdef void _phased_block_sums(const floating *x, Py_ssize_t N, Py_ssize_t C, cons
     cdef Py_ssize_t nb = (C + XF_BLOCK - 1) // XF_BLOCK
     cdef Py_ssize_t task, i, b0, blen, skip
     cdef floating *store
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     with parallel(num_threads=n_threads):
         fp_thread = xf_fp_ieee_enter()
         for task in prange(N * nb, schedule="guided"):
@@ -410,7 +412,7 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
     cdef double *bsum = <double *> malloc(4 * ntask * sizeof(double))
     cdef double acc[4]
     cdef double x_y
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     cdef bint any_terms = False
     if jobs == NULL or bmax == NULL or bsum == NULL:
         free(jobs)
@@ -716,7 +718,7 @@ cdef bint _softmax_family_phased(const floating *x, floating *out, double *lse, 
     cdef xf_rowmax *bmax = <xf_rowmax *> malloc(ntask * sizeof(xf_rowmax))
     cdef double *bsum = <double *> malloc(2 * ntask * sizeof(double))
     cdef double terms[4]
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     if jobs == NULL or bmax == NULL or bsum == NULL:
         free(jobs)
         free(bmax)
@@ -782,7 +784,7 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
     # the scratch rows of the gradient they are (_softmax_family_row), and read the next row's max ahead
     # as the main driver's rows with a gradient do (the output is never the input)
     cdef Py_ssize_t i
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     cdef bint groups = row_groups and (mode == 0) == (lse != NULL) and C <= XF_GROUP_MAX_C
     cdef Py_ssize_t n_tasks = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS if groups else N
     cdef bint is_float = floating is float
@@ -830,7 +832,7 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     cdef int64_t y[XF_GROUP_ROWS]
     cdef double loss[XF_GROUP_ROWS]     # cross-entropy's row losses, or logsumexp's values
     cdef unsigned done = 0
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     cdef floating *op = NULL
     cdef int r
     if x.shape[0] < XF_GROUP_ROWS or C == 0 or out.shape[0] != x.shape[0] or out.shape[1] != C:
@@ -891,7 +893,7 @@ cdef bint _dd_sum_into(const double *v, long long n, int n_threads, double *hi, 
     cdef double one[2]
     cdef double *part
     cdef int nt
-    cdef xf_fp_state fp_thread
+    cdef xf_fp_state fp_thread = 0
     if nb <= 1:
         # one block: no partials array, no thread
         one[0] = 0.0
@@ -1029,7 +1031,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     cdef Py_ssize_t kept = 0
     cdef XentArgs a
     cdef double *loss
-    cdef double den = 0.0, hi = 0.0, lo = 0.0, total
+    cdef double den = 0.0, hi = 0.0, lo = 0.0, total = 0.0
     cdef float total32 = 0.0
     cdef int k = 0
     cdef bint f32, ok
