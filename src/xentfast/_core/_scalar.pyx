@@ -17,7 +17,7 @@ cdef extern from "xentfast/numerics.h" nogil:
     double xf_fma_emulated(double a, double b, double c)
 
 cdef extern from "xentfast/binary.h" nogil:
-    double xf_bin_log1p_unit(double e, double rd)
+    double xf_bin_log1p_unit(double e)
 
 cdef extern from "xentfast/softmax_row.h" nogil:
     double xf_lse_cancelling(const float *xf, const double *xd, long long C, int is_f32, double d_max)
@@ -90,10 +90,8 @@ def exp_lite_normal(x):
 
 
 def bin_log1p_unit(e):
-    """log1p(e) for e in [2^-1000, 1] to 2^-37.6 relative (float32 BCE's plain-double form), given the
-    1 / (1 + e) that the kernels form and reuse."""
-    e = np.ascontiguousarray(e, dtype=np.float64)
-    return _apply2(xf_bin_log1p_unit, e, 1.0 / (1.0 + e))
+    """log1p(e) for e in [2^-1000, 1] to 2^-37.6 relative (float32 BCE's plain-double form)."""
+    return _apply1(xf_bin_log1p_unit, e)
 
 
 def exp_dd(hi, lo):

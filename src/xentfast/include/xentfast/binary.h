@@ -410,24 +410,25 @@ typedef struct {
     int pos;    /* x >= 0 (true for -0), as xf_bin_logit */
 } xf_bin_fast_logit;
 
-/* log1p(e) for e in [2^-1000, 1] given rd = 1/(1 + e), to 2^-37.6 relative, with one division (xf_log1p
- * has two and carries double-double corrections a float32 result has no use for).
+/* log1p(e) for e in [2^-1000, 1] to 2^-37.6 relative, with one division (xf_log1p has two and carries
+ * double-double corrections a float32 result has no use for).
  *   1 + e <= sqrt 2: log1p(e) = 2 atanh(s), s = e / (2 + e), |s| <= 0.1716;
- *   1 + e >  sqrt 2: u = fl(1 + e) = 2 (1 + f) with f = u/2 - 1 exact in (-0.293, 0], and the rounding
- *                    d = e - (u - 1) (exact, Fast2Sum) enters as log(1 + d/u) = d rd to 2^-53;
- *                    log1p(e) = ln 2 + 2 atanh(f / (2 + f)) + d rd, in [0.346, 0.694] (no cancellation
- *                    beyond a factor 2).
- * With t = 2s (exact) and w = t^2 <= 0.1178: 2 atanh(s) = t (1 + w p(w)), p of degree 3, the minimax
- * polynomial of the relative error on [0, 0.1178] (Remez, equioscillating at 4.76e-12 = 2^-37.6; the
- * Taylor polynomial of degree 6 in s^2 it replaces reached 2^-39.5 with three more multiply-adds).  The
- * roundings of the evaluation add ~2^-51.  Estrin's scheme: this chain follows the exponential and a
- * division on the element's critical path.  The multiply-adds are xf_fma,
- * one rounding each, the same bits on every path (2^-37.6 leaves the float32 bound its margin, see above:
- * the polynomial's degree, not the evaluation, sets the error). */
-XF_HD double xf_bin_log1p_unit(double e, double rd)
+ *   1 + e >  sqrt 2: log(u) for u = fl(1 + e) = 2 (1 + f), f = u/2 - 1 exact in (-0.293, 0]:
+ *                    ln 2 + 2 atanh(f / (2 + f)), in [0.346, 0.694] (no cancellation beyond a factor 2).
+ *                    The rounding of 1 + e is left out: |log1p(e) - log(u)| <= 2^-53 / u, under 2^-52
+ *                    of the result.  Carried as d / u (Fast2Sum and the sigmoid's 1/(1 + e)), it made the
+ *                    forward pass divide twice per element, and a division issues once per 16 cycles for
+ *                    eight doubles on the avx512 path (benchmarks/README.md, 2026-12-05, seventh round).
+ * With t = 2s and w = t^2 <= 0.1178: 2 atanh(s) = t (1 + w p(w)), p of degree 3, the minimax polynomial of
+ * the relative error on [0, 0.1178] (Remez, equioscillating at 4.76e-12 = 2^-37.6; the Taylor polynomial
+ * of degree 6 in s^2 it replaces reached 2^-39.5 with three more multiply-adds).  The roundings of the
+ * evaluation and the left-out rounding add ~2^-51.  Estrin's scheme: this chain follows the exponential
+ * and a division on the element's critical path.  The multiply-adds are xf_fma, one rounding each, the
+ * same bits on every path (2^-37.6 leaves the float32 bound its margin, see above: the polynomial's
+ * degree, not the evaluation, sets the error). */
+XF_HD double xf_bin_log1p_unit(double e)
 {
     double u = 1.0 + e;
-    double d = e - (u - 1.0);
     int big = u > 0x1.6a09e667f3bcdp+0;
     double f = big ? xf_mul_add_exact(0.5, u, -1.0) : e;
     double t = 2.0 * (f / (2.0 + f));
@@ -436,7 +437,7 @@ XF_HD double xf_bin_log1p_unit(double e, double rd)
     double p01 = xf_fma(w, 0x1.999a7a1a2c12cp-7, 0x1.555554fde2d86p-4);
     double p23 = xf_fma(w, 0x1.e2f2d41f1620dp-12, 0x1.2438f15e71923p-9);
     double at = xf_fma(t, w * xf_fma(w2, p23, p01), t);
-    return big ? (XF_MATH_LN2_HI + (at + xf_fma(d, rd, XF_MATH_LN2_LO))) : at;
+    return big ? (XF_MATH_LN2_HI + (at + XF_MATH_LN2_LO)) : at;
 }
 
 /* e = exp(-|x|), the first of the pieces; the CPU loops make a chunk's exponentials in a loop of their
@@ -452,7 +453,7 @@ XF_HD xf_bin_fast_logit xf_bin_fast_from_exp(double x, double e)
     r.a = xf_fabs(x);
     r.e = e;
     r.rd = 1.0 / (1.0 + r.e);
-    r.l = xf_bin_log1p_unit(r.e, r.rd);
+    r.l = xf_bin_log1p_unit(r.e);
     r.pos = (x >= 0.0);
     return r;
 }
