@@ -306,7 +306,7 @@ def _short_rows(dtype, n, c, seed, ignore):
 # XF_GROUP_C_LIMIT and XF_GROUP_FAMILY_MAX_C; README, "Threads and determinism"), per kind: logsumexp,
 # log_softmax, softmax, cross-entropy forward, with its gradient.  x86's baseline path takes none.
 _GROUP_LIMITS = {
-    ("avx512", np.float32): (256, 256, 256, 256, 256),
+    ("avx512", np.float32): (512, 512, 448, 512, 448),
     ("avx512", np.float64): (240, 240, 160, 240, 160),
     ("avx2", np.float32): (256, 128, 144, 256, 144),
     ("avx2", np.float64): (64, 64, 80, 64, 80),
@@ -362,7 +362,7 @@ def test_short_row_groups_take_ordinary_rows_up_to_their_limits(cpu_path_back, p
     _xent.set_cpu_path(path)
     rng = np.random.default_rng(5)
     for kind, limit in enumerate(_GROUP_LIMITS[path, dtype]):
-        for c in sorted({1, 2, 8, 31, 32, 33, 63, 64, 65, limit - 1, limit, limit + 1, 257} - {-1, 0}):
+        for c in sorted({1, 2, 8, 31, 32, 33, 63, 64, 65, limit - 1, limit, limit + 1, 257, 513} - {-1, 0}):
             # offset from 0, so that no logsumexp cancels (such rows go back to the row path)
             x = (rng.standard_normal((_xent.GROUP_ROWS, c)) * 3 + 10).astype(dtype)
             want = (1 << _xent.GROUP_ROWS) - 1 if c <= limit else 0
@@ -376,7 +376,7 @@ def test_short_row_groups_take_ordinary_rows_up_to_their_limits(cpu_path_back, p
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 48, 49, 64, 65, 80, 81, 100, 101, 128, 129,
-                               160, 161, 176, 177, 240, 241, 256, 257])
+                               160, 161, 176, 177, 240, 241, 256, 257, 448, 449, 512, 513])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back, path, dtype, c):
     # xf_short_rows_family: logsumexp, log_softmax and softmax of GROUP_ROWS rows side by side, with the
@@ -409,7 +409,7 @@ def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 10, 17, 32, 33, 48, 49, 64, 65, 79, 80, 81, 100, 128, 129,
-                               144, 145, 160, 161, 208, 209, 240, 241, 255, 256, 257])
+                               144, 145, 160, 161, 208, 209, 240, 241, 255, 256, 257, 448, 449, 512, 513])
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted-ignore-3"])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, weighted):

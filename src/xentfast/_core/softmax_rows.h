@@ -1447,18 +1447,27 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
  * seventh round): float32 fused C = 224 1.43 -> 1.02, 256 1.19-1.25 -> 0.96-1.01; float64 forward 192
  * 1.81-1.86 -> 1.61-1.72, 224 1.95 -> 1.69, 240 1.86 -> 1.64, 256 1.67 -> 1.62 (logsumexp and
  * log_softmax slower there, 1.63 -> 1.67, 2.04 -> 2.15), fused 192 2.19 -> 2.27, 224 2.26 -> 2.29 (minima),
- * so float32 groups take every width of the buffers and float64 ones stop at 240 without a gradient and
- * stay at 160 with one. */
+ * so float32 groups take every width of the buffers (256 then) and float64 ones stop at 240 without a
+ * gradient and stay at 160 with one.  With buffers of 512 (rows -> groups, same units and rounds):
+ * float32 C = 300 logsumexp 0.97 -> 0.63, forward 1.01 -> 0.63, log_softmax 1.15 -> 0.88, softmax 1.17
+ * -> 0.88, fused 1.21 -> 0.94; 384 0.78 -> 0.63, 0.80 -> 0.54, 0.95 -> 0.83, 0.95 -> 0.92, 0.98 -> 0.95;
+ * 448 0.72 -> 0.61, 0.75 -> 0.56, 0.90 -> 0.73, 0.91 -> 0.89, 0.96 -> 0.87; 512 0.67 -> 0.59, 0.69 ->
+ * 0.61, 0.88 -> 0.85, softmax 0.87 -> 0.94 and fused 0.93 -> 0.90 (minima), so float32 groups take 512
+ * classes without a gradient and 448 with one (softmax, whose groups share the fused pass's limit, lost
+ * at 512). */
 #if XF_COMPENSATED
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 160 : 240)
 #else
-#define XF_GROUP_C_LIMIT(has_grad) XF_GROUP_MAX_C
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 448 : 512)
 #endif
 #elif defined(__AVX2__)
+/* float32 without a gradient: the groups lost beyond 256 classes here (one core, ns per entry, 2^22
+ * entries, rows -> groups: logsumexp C = 300 0.93 -> 1.12, 384 0.86 -> 1.13, 512 0.79 -> 1.12; forward
+ * alike; benchmarks/README.md, 2026-12-05, seventh round) */
 #if XF_COMPENSATED
 #define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 80 : 64)
 #else
-#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 144 : XF_GROUP_MAX_C)
+#define XF_GROUP_C_LIMIT(has_grad) ((has_grad) ? 144 : 256)
 #endif
 #elif defined(__x86_64__) || defined(__i386__)
 /* x86's baseline path (SSE2, the fma emulated): no groups.  Once the row kernel's last lanes were

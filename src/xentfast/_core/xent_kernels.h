@@ -182,10 +182,11 @@ XF_DECLARE_TABLE(float, f32)
 XF_DECLARE_TABLE(double, f64)
 #undef XF_DECLARE_TABLE
 
-/* rows per short-row group (softmax_rows.h, xf_short_rows), and the transposed buffer's classes (the
- * groups stop paying near there, XF_GROUP_C_LIMIT) */
+/* rows per short-row group (softmax_rows.h, xf_short_rows), and the transposed buffer's classes: the
+ * widest group of any path (XF_GROUP_C_LIMIT, the avx512 path's float32 rows without a gradient); the
+ * drivers send rows up to it to the groups, which hand back the rows their path does not take */
 #define XF_GROUP_ROWS 8
-#define XF_GROUP_MAX_C 256
+#define XF_GROUP_MAX_C 512
 /* independent running max, min and argmax chains in a group's statistics (xf_group_max), on the groups
  * XF_GROUP_CHAINS_FROM_C (softmax_rows.h) gives them */
 #define XF_GROUP_CHAINS 4
