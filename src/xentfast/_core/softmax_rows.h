@@ -1502,8 +1502,12 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 #else
 #define XF_GROUP_CHAINS_FROM_C 64
 #endif
-typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_GROUP_MAX_C &&
-                                                      XF_GROUP_C_LIMIT(1) <= XF_GROUP_MAX_C) ? 1 : -1];
+/* a group's transposed buffers, on the stack: float64 groups stop at 240 classes on every path, so their
+ * buffers (64 KB at 512 classes) take 256 */
+#define XF_GROUP_BUF_C (XF_COMPENSATED ? 256 : XF_GROUP_MAX_C)
+typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_GROUP_BUF_C &&
+                                                      XF_GROUP_C_LIMIT(1) <= XF_GROUP_BUF_C &&
+                                                      XF_GROUP_BUF_C <= XF_GROUP_MAX_C) ? 1 : -1];
 
 #if defined(__AVX2__)
 /* A group's output rows from a buffer that holds the group's rows side by side (kept[j][r]) while the
@@ -1872,9 +1876,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     double loss_scale, double scale, const double *row_scale, double *loss, const int has_grad)
 {
     enum { R = XF_GROUP_ROWS };
-    XF_T xt[XF_GROUP_MAX_C][R];
+    XF_T xt[XF_GROUP_BUF_C][R];
     /* with a gradient: each exp(x_j - m) as the row kernel keeps it, the double it is */
-    double kept[XF_GROUP_MAX_C][R];
+    double kept[XF_GROUP_BUF_C][R];
     double m[R], hi[R], lo[R], f[R], g_y[R], x_y[R], w_y[R], scale_r[R];
     long long argmax[R], target[R];
     int ok[R], ignored[R], y_is_max[R];
@@ -1960,9 +1964,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     const XF_T *x, XF_T *out, double *lse, long long C, const int mode)
 {
     enum { R = XF_GROUP_ROWS };
-    XF_T xt[XF_GROUP_MAX_C][R];
+    XF_T xt[XF_GROUP_BUF_C][R];
     /* softmax's exponentials, the doubles the row path keeps (xf_xent_row) */
-    double kept[XF_GROUP_MAX_C][R];
+    double kept[XF_GROUP_BUF_C][R];
     double m[R], hi[R], lo[R], f[R];
     long long argmax[R];
     int ok[R];
@@ -2076,6 +2080,7 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_GROUP_C_LIMIT
 #undef XF_GROUP_CHAINS_FROM_C
 #undef XF_GROUP_FAMILY_MAX_C
+#undef XF_GROUP_BUF_C
 #undef XF_STREAMED_ROWS
 #undef XF_STREAM_LANES
 #undef XF_EXP_MINUS
