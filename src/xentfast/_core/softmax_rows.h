@@ -1569,8 +1569,8 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
      * row without, 156 with all lines fetched at once).  All at once, before the transposition, the loop
      * of prefetches itself waited for the line fill buffers, about a seventh of a float32 logsumexp group
      * of 256 classes, with no arithmetic beside it; spread over this loop, the exponentials' work covers
-     * the reads (one core, avx512, 2^21 entries: float32 logsumexp C = 256 1.60 -> 1.25-1.36 ms, forward
-     * 176 1.70 -> 1.43-1.49, float64 forward 160 4.06-4.18 -> 3.44-3.60; benchmarks/README.md,
+     * the reads (one core, avx512, 2^21 entries: float32 logsumexp C = 256 1.60-1.67 -> 1.25-1.40 ms,
+     * forward 176 1.70-1.81 -> 1.43-1.53, float64 forward 160 4.06-4.19 -> 3.44-3.62; benchmarks/README.md,
      * 2026-12-05, seventh round).  The R * C * sizeof(XF_T) bytes take at most C lines (float64: C,
      * float32: C / 2). */
     const long long next_bytes = R * C * (long long)sizeof(XF_T);
