@@ -530,7 +530,9 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
         valid &= y < jnp.asarray(C, y.dtype)
     use = valid if keep is None else valid & keep
     bad = ~valid if keep is None else ~valid & keep
-    yk = jnp.where(use, y.astype(jnp.int64 if wide else jnp.int32), _SKIP)
+    # int64 only where x64 is on: without it JAX truncates an int64 request to int32 with a UserWarning,
+    # and the check above has left labels that fit int32
+    yk = jnp.where(use, y.astype(jnp.int64 if wide and jax.config.jax_enable_x64 else jnp.int32), _SKIP)
     loss = _xent_op(z, False)(x, yk)
     return _nan_where(bad, loss)
 
