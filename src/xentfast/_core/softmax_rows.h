@@ -609,7 +609,12 @@ static void XF_FN(xf_pending_finish)(xf_row_scratch *p, int fence)
 {
     long long j;
     if (p->pending) {
-        XF_FN(xf_pending_stream)(p, (p->n - p->done) & ~(long long)(XF_STREAM_LANES - 1));
+        /* whole lines only, the rest by ordinary stores: a streaming store that leaves part of its line
+         * unwritten goes out as a partial write, and the ordinary stores that fill the rest of that line
+         * (this row's last entries, the next row's first) must then fetch it back.  Rows whose gradient
+         * ended that way, by the offset of `out` in its line, ran 25-40 % slower (float32 rows of 1024
+         * and 1200 classes: benchmarks/README.md, 2026-12-05, eighth round) */
+        XF_FN(xf_pending_stream)(p, (p->n - p->done) & ~(long long)(64 / (int)sizeof(XF_T) - 1));
         for (j = p->done; j < p->n; j++) {
             XF_FN(xf_pending_put)(p, j);
         }
