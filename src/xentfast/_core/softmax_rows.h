@@ -697,14 +697,26 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
             XF_FN(xf_pending_step)(pend);
         }
 #endif
-#pragma omp simd
-        for (i = 0; i < XF_CHUNK; i++) {
-            double e = XF_EXP_FORM(normal, x[j + i], m);
-            if (has_store) {
-                /* the sum below still adds the double e: a forward-only call gets the same loss bits */
-                store[j + i] = (XF_T)e;
+#if defined(__AVX512F__) && !XF_COMPENSATED
+        if (normal == 1 && !has_store) {
+            /* the normal form's exponentials with the scale in one instruction (xf_exp_lite_normal_pd512) */
+            const __m512d mv = _mm512_set1_pd(m);
+            for (i = 0; i < XF_CHUNK; i += 8) {
+                const __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps((const float *)x + j + i)), mv);
+                _mm512_storeu_pd(buf + i, xf_exp_lite_normal_pd512(d));
             }
-            buf[i] = e;
+        } else
+#endif
+        {
+#pragma omp simd
+            for (i = 0; i < XF_CHUNK; i++) {
+                double e = XF_EXP_FORM(normal, x[j + i], m);
+                if (has_store) {
+                    /* the sum below still adds the double e: a forward-only call gets the same loss bits */
+                    store[j + i] = (XF_T)e;
+                }
+                buf[i] = e;
+            }
         }
         /* the left-out argmax as one store after the loop, not a compare and select per element (~5 %
          * of the float32 sum pass); the lanes add the same numbers */

@@ -259,6 +259,14 @@ XF_HD double xf_exp(double x)
  * per-element GPU threads) evaluate few exponentials per row or hide the chain behind other work.  The reduction's error (below 2^-43, see there) and the
  * roundings of the evaluation (near 2^-52) stay far below the approximation error; tests/test_numerics.py
  * measures the whole function against mpmath. */
+#define XF_EXP_LITE_LN2 0x1.62e42fefa39efp-1
+#define XF_EXP_LITE_C7 0x1.6c765cf9d9be1p-13
+#define XF_EXP_LITE_C6 0x1.6d74ba9382160p-10
+#define XF_EXP_LITE_C5 0x1.113d1193c984fp-7
+#define XF_EXP_LITE_C4 0x1.5554ad7083de4p-5
+#define XF_EXP_LITE_C3 0x1.55552b0d18cf0p-3
+#define XF_EXP_LITE_C2 0x1.00000028345f3p-1
+#define XF_EXP_LITE_C1 0x1.000000142e536p+0
 XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
 {
     double t = xf_fma(xc, XF_MATH_LOG2E, XF_MATH_SHIFTER);
@@ -266,13 +274,13 @@ XF_HD double xf_exp_lite_reduced(double xc, double *t_out)
     /* one constant, one rounding (xf_fma): r = x - n fl(ln2) is off by |n| |fl(ln2) - ln2| <= 1075 2^-54
      * plus half an ulp of r, below 2^-43 for |x| <= 745, which is exp's relative error: far below the
      * polynomial's 2^-32 (the two-constant reduction and Fast2Sum of xf_exp cost five more operations) */
-    double r = xf_fma(-nd, 0x1.62e42fefa39efp-1, xc);
-    double p = xf_fma(r, 0x1.6c765cf9d9be1p-13, 0x1.6d74ba9382160p-10);
-    p = xf_fma(r, p, 0x1.113d1193c984fp-7);
-    p = xf_fma(r, p, 0x1.5554ad7083de4p-5);
-    p = xf_fma(r, p, 0x1.55552b0d18cf0p-3);
-    p = xf_fma(r, p, 0x1.00000028345f3p-1);
-    p = xf_fma(r, p, 0x1.000000142e536p+0);
+    double r = xf_fma(-nd, XF_EXP_LITE_LN2, xc);
+    double p = xf_fma(r, XF_EXP_LITE_C7, XF_EXP_LITE_C6);
+    p = xf_fma(r, p, XF_EXP_LITE_C5);
+    p = xf_fma(r, p, XF_EXP_LITE_C4);
+    p = xf_fma(r, p, XF_EXP_LITE_C3);
+    p = xf_fma(r, p, XF_EXP_LITE_C2);
+    p = xf_fma(r, p, XF_EXP_LITE_C1);
     *t_out = t;
     return xf_fma(r, p, 1.0);
 }
@@ -294,6 +302,33 @@ XF_HD double xf_exp_lite_normal(double x)
     double y = xf_exp_lite_reduced(x, &t);
     return xf_exp_scale_normal(y, t);
 }
+
+#if defined(__AVX512F__) && !defined(__CUDACC__)
+#include <immintrin.h>
+/* xf_exp_lite_normal of eight lanes, for the CPU's AVX-512 kernels, the same operations in the same order
+ * but the scale: vscalefpd multiplies y by 2^nd exactly where the product is a normal number, which is
+ * where xf_exp_scale_normal applies, so the bits are the same.  It is one instruction where the
+ * exponent-field addition is two (a shift and an add), and gcc does not vectorize scalbn or ldexp:
+ * written here with intrinsics, one operation fewer of about fifteen per eight exponentials on the two
+ * ports that execute 512-bit arithmetic (float32 forward 5-8 % faster: benchmarks/README.md,
+ * 2026-12-05, eighth round).  tests/test_dispatch.py compares this path with the others bit for bit. */
+static inline __attribute__((always_inline)) __m512d xf_exp_lite_normal_pd512(__m512d x)
+{
+    const __m512d shifter = _mm512_set1_pd(XF_MATH_SHIFTER);
+    __m512d t = _mm512_fmadd_pd(x, _mm512_set1_pd(XF_MATH_LOG2E), shifter);
+    __m512d nd = _mm512_sub_pd(t, shifter);
+    /* -(nd ln2) + x rounded once: xf_fma(-nd, ln2, x) */
+    __m512d r = _mm512_fnmadd_pd(nd, _mm512_set1_pd(XF_EXP_LITE_LN2), x);
+    __m512d p = _mm512_fmadd_pd(r, _mm512_set1_pd(XF_EXP_LITE_C7), _mm512_set1_pd(XF_EXP_LITE_C6));
+    p = _mm512_fmadd_pd(r, p, _mm512_set1_pd(XF_EXP_LITE_C5));
+    p = _mm512_fmadd_pd(r, p, _mm512_set1_pd(XF_EXP_LITE_C4));
+    p = _mm512_fmadd_pd(r, p, _mm512_set1_pd(XF_EXP_LITE_C3));
+    p = _mm512_fmadd_pd(r, p, _mm512_set1_pd(XF_EXP_LITE_C2));
+    p = _mm512_fmadd_pd(r, p, _mm512_set1_pd(XF_EXP_LITE_C1));
+    __m512d y = _mm512_fmadd_pd(r, p, _mm512_set1_pd(1.0));
+    return _mm512_scalef_pd(y, nd);
+}
+#endif
 
 /* exp(hi + lo) for a double-double argument, |lo| <= ulp(hi)/2 (lo = 0 allowed).  lo enters the reduced
  * argument after the exact part of the reduction, where it is no longer swamped by hi, so the result is
