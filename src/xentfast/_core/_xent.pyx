@@ -127,7 +127,7 @@ cdef extern from "xent_kernels.h" nogil:
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
     bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits,
                                long long n_classes)
-    long long XF_STREAM_MIN_CLASSES(bint storage_is_float)
+    long long XF_STREAM_MIN_CLASSES_FOR(bint storage_is_float, int path)
     long long XF_SCRATCH_MAX_CLASSES
     ctypedef struct xf_softmax_exports:
         const int *current_path
@@ -664,9 +664,11 @@ cdef int _stores_forced = -1
 
 
 cdef inline bint _may_stream(Py_ssize_t C, bint storage_is_float) noexcept nogil:
-    # whether a call's rows may write by streaming stores: long enough (XF_STREAM_MIN_CLASSES), on a path
-    # that has them (not the baseline); only those calls look at their output's pages
-    return C >= XF_STREAM_MIN_CLASSES(storage_is_float) and _current_code != XF_PATH_BASELINE
+    # whether a call's rows may write by streaming stores: long enough for the path that runs them
+    # (XF_STREAM_MIN_CLASSES_FOR), on a path that has them (not the baseline); only those calls look at
+    # their output's pages
+    return (C >= XF_STREAM_MIN_CLASSES_FOR(storage_is_float, _current_code)
+            and _current_code != XF_PATH_BASELINE)
 
 
 cdef inline bint _streaming_stores(const void *out, Py_ssize_t N, Py_ssize_t C, size_t itemsize,

@@ -217,7 +217,7 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
     // a gradient buffer whose pages are not mapped in yet takes ordinary stores (xf_pending_stream); only
     // calls whose rows may stream look
     const bool may_stream = want_scratch && grad != nullptr && cpu_path() != XF_PATH_BASELINE &&
-                            C >= XF_STREAM_MIN_CLASSES(sizeof(T) == sizeof(float));
+                            C >= XF_STREAM_MIN_CLASSES_FOR(sizeof(T) == sizeof(float), cpu_path());
     const bool grad_touched =
         !may_stream || xf_memory_touched(grad, static_cast<size_t>(N) * static_cast<size_t>(C) * sizeof(T));
 #pragma omp parallel num_threads(nt)

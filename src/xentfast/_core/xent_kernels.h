@@ -202,15 +202,26 @@ typedef struct {
     const xf_softmax_table_f64 *(*f64)(int path);
 } xf_softmax_exports;
 
-/* float32 rows of at least this many bytes of kept exponentials (doubles: 8 bytes a class) keep them in
- * the scratch row below and write the gradient by streaming stores, where the kernels are compiled for
- * AVX2 (softmax_rows.h, XF_STREAMED_ROWS): from 1024 classes.  float64 stored rows from twice as many,
- * 2048 classes (16 KB), as measured when they came (benchmarks/README.md, 2026-12-04). */
-#ifndef XF_STREAM_MIN_BYTES
-#define XF_STREAM_MIN_BYTES (8 * 1024)
+/* Rows of at least this many classes write their gradient by streaming stores (or, into a new array,
+ * ordinary ones) during the next row's sum pass, where the kernels are compiled for AVX2 (softmax_rows.h,
+ * XF_STREAMED_ROWS), the exponentials kept in the scratch row below meanwhile: float32 rows from 1024
+ * classes on the avx2 path and from 512 on the avx512 path, float64 stored rows from 2048 (16 KB).
+ * Measured (benchmarks/README.md, 2026-12-04; float32 again in 2026-12-05, eighth round, once a row's
+ * last partial line no longer went out by streaming stores): streaming pays where the logits come from
+ * memory (two threads, 1 GB: avx512 512 / 700 classes 10 / 22 % faster from 512, avx2 520 / 700 classes
+ * 10 % faster), and costs the avx2 path 5-6 % at 520-700 classes where they sit in the L3 cache (16-17
+ * MB, one thread), the avx512 path nothing measurable.  Streamed from 256 classes, the avx512 path gained
+ * 15 % at 460 classes from memory; the avx2 path lost 2-7 % at 300-500 in the cache and gained nothing at
+ * 300 from memory.  float64 streamed from 1024 classes (avx512) gained 5 % from memory and lost 2-6 % in
+ * the cache.  The drivers (_xent.pyx, _xla_ffi.cc) ask with the path they run (XF_PATH_*); a path's own
+ * unit knows its own. */
+#define XF_STREAM_MIN_CLASSES_FOR(storage_is_float, path) \
+    ((storage_is_float) ? (((path) == XF_PATH_AVX512) ? 512LL : 1024LL) : 2048LL)
+#if defined(XF_AVX512_PATH_UNIT)
+#define XF_STREAM_MIN_CLASSES(storage_is_float) XF_STREAM_MIN_CLASSES_FOR(storage_is_float, XF_PATH_AVX512)
+#else
+#define XF_STREAM_MIN_CLASSES(storage_is_float) XF_STREAM_MIN_CLASSES_FOR(storage_is_float, XF_PATH_AVX2)
 #endif
-#define XF_STREAM_MIN_CLASSES(storage_is_float) \
-    ((long long)XF_STREAM_MIN_BYTES / (long long)sizeof(double) * ((storage_is_float) ? 1 : 2))
 
 /* Whether a row driver hands xf_xent_row a scratch row of C doubles per thread (softmax_rows.h): the
  * general gradient (probability targets, label smoothing, the z-loss) keeps exponentials there, float64
