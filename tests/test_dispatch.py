@@ -67,18 +67,18 @@ def test_paths_agree_bitwise_on_long_rows(cpu_path_back_module, dtype):
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean"])
-@pytest.mark.parametrize("n_classes", [512 + 37, _xent.BLOCK // 4 + 5, _xent.BLOCK // 2 + 3, _xent.BLOCK,
+@pytest.mark.parametrize("n_classes", [460, _xent.BLOCK // 4 + 5, _xent.BLOCK // 2 + 3, _xent.BLOCK,
                                        3 * _xent.BLOCK + 7, 4 * _xent.BLOCK + 13])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_long_rows_with_a_streamed_gradient_keep_the_bits(cpu_path_back_module, reduction, n_classes, dtype):
-    # rows of 1024 classes and more (float32, from 512 on the avx512 path; float64 2048) keep their
+    # rows of 1024 classes and more (float32, from 256 on the avx512 path; float64 2048) keep their
     # exponentials in a scratch row and write the gradient by streaming stores on the AVX2 paths
     # (softmax_rows.h, XF_STREAMED_ROWS; xent_kernels.h, XF_STREAM_MIN_CLASSES_FOR), each row's gradient
     # while the next row of the same thread runs its sum pass (xf_pending_step); the baseline path writes
     # it in a pass of its own.
     # Every path, thread count, out= buffers starting 1, 5 and 15 elements past a 64-byte boundary and
-    # inplace=True must give the same bits.  The row lengths: just past the avx512 path's threshold for
-    # float32 (streamed there, not on the avx2 path), just past the other one (a
+    # inplace=True must give the same bits.  The row lengths: just past the avx512 path's short-row
+    # groups (streamed there, not on the avx2 path), just past the avx2 path's threshold (a
     # quarter block, a partial last chunk; float64 rows that short are not streamed), just past it for
     # float64 (half a block), one block, a multiple of 64 (no partial chunk), and odd lengths that put
     # each row's start at another alignment.  The rows differ in where
@@ -119,11 +119,11 @@ def test_long_rows_with_a_streamed_gradient_keep_the_bits(cpu_path_back_module, 
                     assert np.array_equal(a, b, equal_nan=True), (path, n_threads)
 
 
-@pytest.mark.parametrize("n_classes", [512 + 37, 1024 + 37, 2048 + 5, 4096 + 45, 8192, 8192 + 77])
+@pytest.mark.parametrize("n_classes", [460, 1024 + 37, 2048 + 5, 4096 + 45, 8192, 8192 + 77])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_long_rows_of_softmax_keep_the_bits(cpu_path_back_module, n_classes, dtype):
     # softmax runs as the gradient of a row without a target (_xent.pyx _softmax_family_row): from 1024
-    # classes (float32, 512 on the avx512 path; float64 2048) each row's output goes out while the next row of the same thread
+    # classes (float32, 256 on the avx512 path; float64 2048) each row's output goes out while the next row of the same thread
     # runs its sum pass, as the fused gradient's does, and from 8192 classes that sum pass reads the next
     # row's max ahead; the baseline path writes each row in a pass of its own.  Every path, thread count
     # and kind of store must give its bits (log_softmax's too, beside it), whatever lies between the rows:

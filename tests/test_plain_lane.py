@@ -137,7 +137,7 @@ def test_the_softmax_lane_takes_larger_calls(dtype, reduction, shape):
     """Above PLAIN_MAX_ELEMENTS the softmax lane takes short rows side by side and longer ones through
     softmax_xent's row driver, on the threads xentfast._threads would start, with the general path's
     bits; the rows the groups hand back (NaN, +inf, all -inf, a spread beyond the exponentials) and
-    ignored rows included.  Rows of 1024 float32 (512 on the avx512 path) or 2048 float64 classes and more
+    ignored rows included.  Rows of 1024 float32 (256 on the avx512 path) or 2048 float64 classes and more
     write their gradient pending (streaming stores into a mapped `out`)."""
     n, c = shape
     assert n * c >= 2 * _xent.LANE_MIN_ELEMENTS_PER_THREAD

@@ -446,7 +446,7 @@ static inline __attribute__((always_inline)) void XF_FN(xf_next_max_add)(XF_FN(x
  * gradient, 4096x4096).  Since float32 rows keep doubles in the scratch row anyway (xf_stored_entry),
  * streaming paid from 1024 classes (two threads, 1 GB of logits: 1024 classes 0.17 -> 0.15 s, 2048
  * 0.17 -> 0.14 s; 512 and 700 classes lost 5-10 %, while a row's tail still streamed a partial line);
- * since 2026-12-05, eighth round, from 512 on the avx512 path (xent_kernels.h).  Without the streaming stores the baseline unit
+ * since 2026-12-05, eighth round, from 256 on the avx512 path (xent_kernels.h).  Without the streaming stores the baseline unit
  * writes the gradient in its own pass.  float64 rows, whose stored form kept the exponentials in the
  * output too, from 2048 classes (16 KB): fused 8192x8000, one thread, 0.119 -> 0.104 s, 1024x64000
  * 0.150 -> 0.113 s; rows of 2048 0.113 -> 0.104 s. */

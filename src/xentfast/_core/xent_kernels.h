@@ -205,18 +205,20 @@ typedef struct {
 /* Rows of at least this many classes write their gradient by streaming stores (or, into a new array,
  * ordinary ones) during the next row's sum pass, where the kernels are compiled for AVX2 (softmax_rows.h,
  * XF_STREAMED_ROWS), the exponentials kept in the scratch row below meanwhile: float32 rows from 1024
- * classes on the avx2 path and from 512 on the avx512 path, float64 stored rows from 2048 (16 KB).
+ * classes on the avx2 path and from 256 on the avx512 path (whose short-row groups take the rows of up to
+ * 448 classes with a gradient, so in effect every row its row path gets), float64 stored rows from 2048
+ * (16 KB).
  * Measured (benchmarks/README.md, 2026-12-04; float32 again in 2026-12-05, eighth round, once a row's
  * last partial line no longer went out by streaming stores): streaming pays where the logits come from
  * memory (two threads, 1 GB: avx512 512 / 700 classes 10 / 22 % faster from 512, avx2 520 / 700 classes
  * 10 % faster), and costs the avx2 path 5-6 % at 520-700 classes where they sit in the L3 cache (16-17
  * MB, one thread), the avx512 path nothing measurable.  Streamed from 256 classes, the avx512 path gained
- * 15 % at 460 classes from memory; the avx2 path lost 2-7 % at 300-500 in the cache and gained nothing at
- * 300 from memory.  float64 streamed from 1024 classes (avx512) gained 5 % from memory and lost 2-6 % in
+ * 8-18 % at 460 classes from memory and stayed within noise in the cache; the avx2 path lost 2-7 % at
+ * 300-500 in the cache and gained nothing at 300 from memory.  float64 streamed from 1024 classes (avx512) gained 5 % from memory and lost 2-6 % in
  * the cache.  The drivers (_xent.pyx, _xla_ffi.cc) ask with the path they run (XF_PATH_*); a path's own
  * unit knows its own. */
 #define XF_STREAM_MIN_CLASSES_FOR(storage_is_float, path) \
-    ((storage_is_float) ? (((path) == XF_PATH_AVX512) ? 512LL : 1024LL) : 2048LL)
+    ((storage_is_float) ? (((path) == XF_PATH_AVX512) ? 256LL : 1024LL) : 2048LL)
 #if defined(XF_AVX512_PATH_UNIT)
 #define XF_STREAM_MIN_CLASSES(storage_is_float) XF_STREAM_MIN_CLASSES_FOR(storage_is_float, XF_PATH_AVX512)
 #else
