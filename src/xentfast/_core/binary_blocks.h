@@ -334,13 +334,12 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                 }
             }
             long long j_first = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && XF_BIN_FAST
             /* exp(-|x|) <= 1 with |x| <= 80 (the fast form's condition): a normal number, where the
-             * exponential's scale is one instruction (xf_exp_lite_normal_pd512), the same bits */
+             * exponential's scale is one instruction (xf_exp_lite_normal_pd512), the same bits.  Only
+             * float32 blocks take the fast form (XF_BIN_FAST). */
             for (; j_first + 8 <= len; j_first += 8) {
-                const __m512d v = (sizeof(XF_T) == sizeof(float))
-                                      ? _mm512_cvtps_pd(_mm256_loadu_ps((const float *)c.x + j_first))
-                                      : _mm512_loadu_pd((const double *)c.x + j_first);
+                const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)c.x + j_first));
                 /* -|x|: the sign bit set, as -xf_fabs(x) */
                 const __m512d neg_abs = _mm512_castsi512_pd(
                     _mm512_or_si512(_mm512_castpd_si512(v), _mm512_set1_epi64((long long)0x8000000000000000ULL)));
