@@ -241,6 +241,22 @@ def test_softmax_family_thread_count(f):
         assert np.array_equal(f(x, n_threads=nt), ref, equal_nan=True)
 
 
+def test_negative_n_threads_count_back_from_every_thread():
+    # README: -k asks for every thread but k - 1 (scikit-learn's convention: -1 is None's count), never
+    # fewer than one; 0 and bools are refused (tests/test_validation.py)
+    from xentfast._core._openmp_helpers import omp_max_threads, openmp_enabled
+    from xentfast._threads import effective_n_threads
+    every = omp_max_threads() if openmp_enabled() else 1
+    assert effective_n_threads(None) == effective_n_threads(-1) == every
+    assert effective_n_threads(-2) == (max(1, every - 1) if openmp_enabled() else 1)
+    assert effective_n_threads(-10**6) == 1
+    x, y = _problem(np.float32, 256, 300, seed=4)
+    loss, grad = xf.cross_entropy_with_grad(x, y, n_threads=1)
+    for nt in (-1, -2, -10**6):
+        got_loss, got_grad = xf.cross_entropy_with_grad(x, y, n_threads=nt)
+        assert np.array_equal(got_loss, loss) and np.array_equal(got_grad, grad), nt
+
+
 def test_mean_equals_mean_of_none():
     # the reduction sums double row losses in a fixed order, so `mean` is reproducible from `none` rows
     x, y = _problem(np.float64, 257, 100, seed=11)
