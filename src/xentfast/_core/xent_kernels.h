@@ -54,6 +54,7 @@
  * output is not whole. */
 typedef struct xf_row_scratch {
     double *row;
+    void *row_block; /* malloc's block, which holds `row` on a 64-byte boundary */
     /* the pending gradient, when `pending`: out_j = (kept_j * factor) * factor2 rounded to the storage type
      * for j in [done, n), but out[target] = target_grad.  `write` (set by the unit that left
      * one, else NULL) writes the rest, and with `fence` orders the streaming stores of every row it left
@@ -82,11 +83,17 @@ static inline xf_row_scratch *xf_row_scratch_new(long long n_classes)
     if (s == NULL) {
         return NULL;
     }
-    s->row = (double *)malloc((size_t)n_classes * sizeof(double));
-    if (s->row == NULL) {
+    /* `row` on a 64-byte boundary: the kernels read and write it in 512-bit (or 256-bit) vectors, and
+     * where malloc's 16-byte alignment put it at 16 or 48 bytes into a line (or at 8, 24, ...), AMD's Zen 4
+     * took 30-35 % longer over fused float32 rows of 32000 classes than at 0 or 32, the 256-bit halves then
+     * straddling lines (one thread, 2048x32000, 39 against 52 ms; benchmarks/README.md, 2026-12-05, ninth
+     * round).  Intel's CPU model 207 showed no difference. */
+    s->row_block = malloc((size_t)n_classes * sizeof(double) + 64);
+    if (s->row_block == NULL) {
         free(s);
         return NULL;
     }
+    s->row = (double *)(((uintptr_t)s->row_block + 63) & ~(uintptr_t)63);
     s->pending = 0;
     s->streaming = 1;
     s->write = NULL;
@@ -154,7 +161,7 @@ static inline void xf_row_scratch_release(xf_row_scratch *s)
         if (s->write != NULL) {
             s->write(s, 1);
         }
-        free(s->row);
+        free(s->row_block);
         free(s);
     }
 }
