@@ -56,15 +56,15 @@
 XF_HD long long xf_ddsum_nblocks(long long n) { return (n + XF_DDSUM_BLOCK - 1) / XF_DDSUM_BLOCK; }
 
 #if XF_DDSUM_FMA_LANES
-/* Step 1's lanes (xf_acc_add on each, in index order) where the CPU has the fused multiply-add: the same
- * operations, but four of the nine per step (TwoSum's three differences other than a - (s - bb), and
- * the guard's s - s) written as fma(y, -1, x), which is x - y rounded once, the same result in every case
- * (signed zeros, infinities and NaN included).  AMD's Zen cores execute additions on two pipes and
- * multiply-adds on two others; as additions the nine steps took the two adder pipes ~8 cycles per eight
- * elements (a ninth of a float32 BCE `mean` on one Zen 4 core), split this way they take about half of
- * that on each pair.  The running sum stays an addition: it is the dependent chain.  The -1 reaches
- * the instructions through an empty asm, so that the compiler does not turn them back into
- * subtractions.  Returns the first element after the whole lane steps. */
+/* Step 1's lanes (xf_acc_add on each, in index order) where the CPU has the fused multiply-add: the values
+ * xf_acc_add gives, but four of the nine operations per step (TwoSum's three differences other than
+ * a - (s - bb), and the guard's s - s) written as fma(y, -1, x), which is x - y rounded once, the same
+ * result in every case (signed zeros, infinities and NaN included).  AMD's Zen cores execute additions
+ * on two pipes and multiply-adds on two others; as additions the nine kept the two adder pipes busy
+ * about 8 cycles per eight elements on Zen 4 (an eighth of a float32 BCE `mean` call on one core),
+ * split this way each pair gets about half.  The running sum stays an addition: it is the dependent
+ * chain.  The -1 reaches the instructions through an empty asm, so that no compiler turns them back
+ * into subtractions.  Returns the first element after the whole lane steps. */
 static inline __attribute__((always_inline)) long long xf_ddsum_lanes_fma(const double *v, long long off,
                                                                          long long end, double *hi, double *lo)
 {
