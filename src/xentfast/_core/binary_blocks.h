@@ -239,6 +239,18 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #define XF_BIN_STAGE 64
 #endif
 
+/* Whether the fast form's stages make their divisions in a loop of their own (xf_bce_logits_chunk): the
+ * avx2 unit only.  Measured on Zen 4 (one thread, float32 BCE with logits fused mean, ms, benchmarks/
+ * README.md, 2026-12-05, tenth round): avx2 path 4096x1000 10.42-10.44 -> 9.50-9.87, 65536x256
+ * 49.0-50.9 -> 47.0-47.5; the avx512 path, whose vectors hold eight doubles, lost 10 % that way
+ * (4096x1000 7.14-7.17 -> 7.87-8.09) and keeps its divisions in the element's loop (its code is
+ * unchanged: the element loop's rdbuf and lbuf are literal zeros there). */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define XF_BIN_DIVISIONS_APART 1
+#else
+#define XF_BIN_DIVISIONS_APART 0
+#endif
+
 /* ---- BCE with logits ---------------------------------------------------------------------------------- */
 
 /* fast_mode: 0 the general form only (float64 storage), 2 the plain-double form of binary.h only (a
@@ -247,7 +259,8 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
  * upstream factor), as on the GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                           const int unweighted, const int fast_mode, const double *ebuf,
-                                          const int want_d, const int want_o, const int want_g)
+                                          const double *rdbuf, const double *lbuf, const int want_d,
+                                          const int want_o, const int want_g)
 {
     const XF_T *x = b.x, *t = b.t;
     const double *w = b.w, *q = b.q, *g = b.g;
@@ -267,7 +280,15 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
          * condition would stop the vectorizer) */
         double v = 0.0, gv = 0.0;
         if (fast_mode == 2) {
+#if XF_BIN_DIVISIONS_APART
+            xf_bin_fast_logit f = rdbuf ? xf_bin_fast_from_parts(xv, ebuf[j], rdbuf[j], lbuf[j])
+                                  : ebuf  ? xf_bin_fast_from_exp(xv, ebuf[j])
+                                          : xf_bin_fast_pieces(xv);
+#else
             xf_bin_fast_logit f = ebuf ? xf_bin_fast_from_exp(xv, ebuf[j]) : xf_bin_fast_pieces(xv);
+            (void)rdbuf;
+            (void)lbuf;
+#endif
             v = (want_d | want_o) ? xf_bin_bce_fast_loss(f, y, wj, qj) : 0.0;
             gv = want_g ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : 0.0;
         } else {
@@ -316,6 +337,9 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
          * polynomial, loss) is cut in two, and each loop's iterations are short enough for the core to
          * overlap several of them (see benchmarks/README.md, ninth round) */
         double ebuf[XF_BIN_STAGE];
+#if XF_BIN_DIVISIONS_APART
+        double rdbuf[XF_BIN_STAGE], lbuf[XF_BIN_STAGE];
+#endif
         long long s0, j;
         for (s0 = 0; s0 < n; s0 += XF_BIN_STAGE) {
             const long long len = (n - s0 < XF_BIN_STAGE) ? n - s0 : XF_BIN_STAGE;
@@ -350,12 +374,24 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
             for (j = j_first; j < len; j++) {
                 ebuf[j] = xf_bin_fast_exp((double)c.x[j]);
             }
-            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf);
+#if XF_BIN_DIVISIONS_APART
+            /* the two divisions (1 / (1 + e) and the one in log1p) in a loop of their own as well: in
+             * the element's loop they sat in the middle of its chain, and with four doubles per vector
+             * the core overlapped too few elements to keep its pipes busy */
+#pragma omp simd
+            for (j = 0; j < len; j++) {
+                rdbuf[j] = 1.0 / (1.0 + ebuf[j]);
+                lbuf[j] = xf_bin_log1p_unit(ebuf[j]);
+            }
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, rdbuf, lbuf);
+#else
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, 0);
+#endif
         }
         return;
     }
 #endif
-    XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode, 0);
+    XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode, 0, 0, 0);
 }
 
 #if XF_BIN_FAST
@@ -560,9 +596,9 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     double rescued[XF_BIN_BLOCK];
     const int stored_before = XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, 0, rescued);
     if (unweighted) {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0, 0);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0, 0, 0, 0);
     } else {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0, 0);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0, 0, 0, 0);
     }
     XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, 0, stored_before, rescued);
 #endif
@@ -743,6 +779,7 @@ XF_KERNEL double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long lon
 #undef XF_BIN_CONVERT_LOSS
 #undef XF_BIN_FAST_CHUNK
 #undef XF_BIN_PLAIN
+#undef XF_BIN_DIVISIONS_APART
 #undef XF_BIN_FN
 #undef XF_BIN_CAT
 #undef XF_BIN_CAT_

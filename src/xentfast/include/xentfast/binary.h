@@ -447,6 +447,19 @@ XF_HD double xf_bin_fast_exp(double x)
     return xf_exp_lite_normal(-xf_fabs(x));
 }
 
+/* xf_bin_fast_from_exp's pieces with rd = 1 / (1 + e) and l = xf_bin_log1p_unit(e) made before (the
+ * avx2 unit makes a stage's divisions in a loop of their own, binary_blocks.h) */
+XF_HD xf_bin_fast_logit xf_bin_fast_from_parts(double x, double e, double rd, double l)
+{
+    xf_bin_fast_logit r;
+    r.a = xf_fabs(x);
+    r.e = e;
+    r.rd = rd;
+    r.l = l;
+    r.pos = (x >= 0.0);
+    return r;
+}
+
 XF_HD xf_bin_fast_logit xf_bin_fast_from_exp(double x, double e)
 {
     xf_bin_fast_logit r;
