@@ -241,8 +241,8 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 
 /* Whether the fast form's stages make their divisions in a loop of their own (xf_bce_logits_chunk): the
  * avx2 unit only.  Measured on Zen 4 (one thread, float32 BCE with logits fused mean, ms, benchmarks/
- * README.md, 2026-12-05, tenth round): avx2 path 4096x1000 10.42-10.44 -> 9.50-9.87, 65536x256
- * 49.0-50.9 -> 47.0-47.5; the avx512 path, whose vectors hold eight doubles, lost 10 % that way
+ * README.md, 2026-12-05, tenth round): avx2 path 4096x1000 10.42-10.50 -> 9.56-9.63, 65536x256
+ * 50.6-50.9 -> 44.5-46.1; the avx512 path, whose vectors hold eight doubles, lost 10 % that way
  * (4096x1000 7.14-7.17 -> 7.87-8.09) and keeps its divisions in the element's loop (its code is
  * unchanged: the element loop's rdbuf and lbuf are literal zeros there). */
 #if defined(__AVX2__) && !defined(__AVX512F__)
