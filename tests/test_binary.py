@@ -858,6 +858,13 @@ class TestBadBCEArguments:
         with raises(ValueError, "pos_weight", "(5,)"):
             xf.binary_cross_entropy_with_logits(X, T, pos_weight=np.ones(5))
 
+    @pytest.mark.parametrize("name", ["weight", "pos_weight"])
+    def test_weight_may_not_enlarge_the_input(self, name):
+        # torch broadcasts the shapes together and returns a (1, 4) loss here; the README's deliberate
+        # differences say why xentfast raises instead
+        with raises(ValueError, name, "(1, 4)", "(4,)"):
+            xf.binary_cross_entropy_with_logits(X[0], T[0], reduction="none", **{name: np.ones((1, 4))})
+
     def test_target_equal_to_ignore_index_is_accepted(self):
         t = T.copy()
         t[0, 0] = -100
@@ -883,10 +890,23 @@ class TestBadBCEArguments:
             xf.binary_cross_entropy_with_logits_with_grad(ro, T, inplace=True)
 
     @pytest.mark.parametrize("alpha, gamma, word", [(1.5, 2.0, "alpha"), (0.25, -1.0, "gamma"),
-                                                    (np.nan, 2.0, "alpha"), (0.25, np.inf, "gamma")])
+                                                    (np.nan, 2.0, "alpha"), (np.inf, 2.0, "alpha"),
+                                                    (0.25, np.inf, "gamma")])
     def test_focal_parameters(self, alpha, gamma, word):
         with raises(ValueError, word):
             xf.sigmoid_focal_loss(X, T, alpha=alpha, gamma=gamma)
+
+    @pytest.mark.parametrize("alpha", [-np.inf, -(10**400), -1e300])
+    def test_focal_any_negative_alpha_switches_the_weighting_off(self, alpha):
+        # torchvision's `alpha >= 0` test: every negative alpha, -inf included, means alpha_t = 1
+        x = np.linspace(-30.0, 30.0, 12).reshape(3, 4)
+        t = np.linspace(0.0, 1.0, 12).reshape(3, 4)
+        got = xf.sigmoid_focal_loss_with_grad(x, t, alpha=alpha, gamma=1.5)
+        off = xf.sigmoid_focal_loss_with_grad(x, t, alpha=-1.0, gamma=1.5)
+        weighted = xf.sigmoid_focal_loss(x, t, alpha=0.25, gamma=1.5)
+        assert not np.array_equal(off[0], weighted)
+        np.testing.assert_array_equal(got[0], off[0])
+        np.testing.assert_array_equal(got[1], off[1])
 
 
 # ---- failures found by the adversarial search, pinned --------------------------------------------------

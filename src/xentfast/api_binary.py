@@ -770,7 +770,14 @@ _MAX_FOCAL_GAMMA = 2.0**400
 
 
 def _check_focal(alpha, gamma):
-    a = _check_real(alpha, "alpha")
+    try:
+        a = _check_real(alpha, "alpha")
+    except ValueError:
+        # -inf is negative too: the weighting off, as torchvision's `alpha >= 0` test reads it (NaN and
+        # +inf are not, and still raise)
+        if not alpha < 0:
+            raise
+        a = -1.0
     if a > 1:
         raise ValueError(f"alpha: must be in [0, 1], or negative to switch the weighting off; got {alpha!r}")
     g = _check_real(gamma, "gamma", 0.0)
