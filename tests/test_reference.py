@@ -573,6 +573,24 @@ def test_ulp_error_rules():
         assert xt.ulp_error(np.array([a]), ex, f64)[0] == want, (a, ex)
     # float32 overflow threshold
     assert xt.ulp_error(np.array([np.inf], dtype=np.float32), mpmath.ldexp(1, 128), np.float32)[0] == 0
+    # beyond the largest finite number by less than the context's precision resolves: still beyond it
+    # (the float64 loss of logits [DBL_MAX, -DBL_MAX, 0 x 8] with every target 0.1, DBL_MAX (1 + 2^-54))
+    dbl_max = mpf(np.finfo(f64).max)
+    with mpmath.workprec(200):
+        beyond = [dbl_max + mpmath.ldexp(1, 970) - mpmath.ldexp(1, 917), dbl_max + mpmath.ldexp(1, 900)]
+        beyond_negated = [-v for v in beyond]
+    for above, below in zip(beyond, beyond_negated):
+        assert xt.ulp_error(np.array([np.inf]), above, f64)[0] == 0
+        assert xt.ulp_error(np.array([-np.inf]), below, f64)[0] == 0
+        assert xt.ulp_error(np.array([-np.inf]), above, f64)[0] == np.inf
+    # within the range: the infinity counts as 2^1024 (2^128), one ulp past the largest finite number
+    assert xt.ulp_error(np.array([np.inf]), dbl_max, f64)[0] == 1.0
+    assert xt.ulp_error(np.array([-np.inf]), -dbl_max, f64)[0] == 1.0
+    assert xt.ulp_error(np.array([np.inf]), dbl_max - mpmath.ldexp(3, 971), f64)[0] == 4.0
+    assert xt.ulp_error(np.array([np.inf]), dbl_max / 2, f64)[0] == 2.0**53 + 1
+    assert xt.ulp_error(np.array([-np.inf]), dbl_max, f64)[0] == np.inf
+    flt_max = mpf(float(np.finfo(np.float32).max))
+    assert xt.ulp_error(np.array([np.inf], dtype=np.float32), flt_max, np.float32)[0] == 1.0
     # scale: errors measured in ulp(scale)
     e = xt.ulp_error(np.array([2.0**-60]), mpf(0), f64, scale=mpf(1))[0]
     assert e == 2.0**-8

@@ -137,9 +137,17 @@ def _error_one(a, e, s, p, emin, emax, max_finite):
     if a_nan:
         return math.inf
     if a == _INF or a == _NINF:
-        if abs(e) > max_finite and (a > 0) == (e > 0):
+        if (a > 0) != (e > 0):
+            return math.inf
+        # compared exactly: abs(e) would round e to the context's 53 bits, and an exact value just past the
+        # largest finite number (DBL_MAX + 2^970 - 2^917, a float64 loss the tests met) rounds back onto it
+        if (e > max_finite) if a > 0 else (e < -max_finite):
             return 0.0
-        return math.inf
+        # an exact value within the range: the infinity stands for the next number of the format past the
+        # largest finite one, 2^(emax+1), which is what rounding with an unbounded exponent range gives
+        # before it overflows; so an infinity where the exact value is DBL_MAX itself is 1 ulp off, and one
+        # where it is DBL_MAX / 2 is 2^52 ulp off
+        a = _pow2(emax + 1) if a > 0 else -_pow2(emax + 1)
     if s is None or s != s or s == _INF or s == _NINF:
         s = e
     u = _ulp_one(s, p, emin)
@@ -172,9 +180,11 @@ def ulp_error(actual, exact, dtype, scale=None):
     -------
     numpy.ndarray of float64
         ``|actual - exact| / ulp``.  Special rules: exact NaN -> 0 if actual is NaN, else inf;
-        exact ``±inf`` -> 0 if actual equals it, else inf; exact finite and actual NaN or infinite
-        -> inf, except that an exact value beyond the format's largest finite number may be returned
-        as the infinity of the same sign (error 0).
+        exact ``±inf`` -> 0 if actual equals it, else inf; exact finite and actual NaN -> inf.  An
+        actual infinity against a finite exact value of the other sign -> inf; of the same sign: 0 where
+        the exact value lies beyond the format's largest finite number, else the infinity counts as
+        ``±2**(emax+1)`` (2**1024 for float64, 2**128 for float32), the next number of the format's grid
+        past the largest finite one (so the error is 1 ulp at the largest finite number itself).
     """
     p, emin, emax = _format(dtype)
     max_finite = _MP.make_mpf(libmp.from_man_exp((1 << p) - 1, emax - p + 1))
