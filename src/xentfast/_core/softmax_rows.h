@@ -705,7 +705,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_sumexp_block_form)
              * additions in the same order as the loops below.  The argmax's lane is left out of its
              * vector's addition where the loop below adds +0 to it: the same sum, since a lane that
              * starts at +0 and adds exponentials never holds -0 (forward 1024x32000 float32, one
-             * thread, 14.38-14.43 -> 14.19-14.21 ms, benchmarks/README.md, eleventh round) */
+             * thread, 14.38-14.46 -> 14.16-14.21 ms, benchmarks/README.md, eleventh round) */
             const __m512d mv = _mm512_set1_pd(m);
             const long long skip_at = skip - j;
             __m512d lanes = _mm512_loadu_pd(acc);
