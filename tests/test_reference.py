@@ -573,7 +573,7 @@ def test_ulp_error_rules():
         assert xt.ulp_error(np.array([a]), ex, f64)[0] == want, (a, ex)
     # float32 overflow threshold
     assert xt.ulp_error(np.array([np.inf], dtype=np.float32), mpmath.ldexp(1, 128), np.float32)[0] == 0
-    # beyond the largest finite number by less than the context's precision resolves: still beyond it
+    # beyond the largest finite number by less than the context's 53 bits can resolve: still beyond it
     # (the float64 loss of logits [DBL_MAX, -DBL_MAX, 0 x 8] with every target 0.1, DBL_MAX (1 + 2^-54))
     dbl_max = mpf(np.finfo(f64).max)
     with mpmath.workprec(200):

@@ -146,7 +146,7 @@ def _error_one(a, e, s, p, emin, emax, max_finite):
         # an exact value within the range: the infinity stands for the next number of the format past the
         # largest finite one, 2^(emax+1), which is what rounding with an unbounded exponent range gives
         # before it overflows; so an infinity where the exact value is DBL_MAX itself is 1 ulp off, and one
-        # where it is DBL_MAX / 2 is 2^52 ulp off
+        # where it is DBL_MAX / 2 is 2^53 + 1 ulp off
         a = _pow2(emax + 1) if a > 0 else -_pow2(emax + 1)
     if s is None or s != s or s == _INF or s == _NINF:
         s = e
