@@ -33,16 +33,27 @@ def _is_simple(case):
 
 
 def _subnormal_mass_rows(case):
-    """Rows of README's known limit: probability targets whose every positive term mass (q_c, times w_c
-    where weighted) is subnormal; each term q_c (lse - x_c) rounds on the subnormal grid before the row's
-    sum, half a step each: up to C/2 of the row loss's ULP (measured 8.2 for 65 classes of mass
-    4.45e-311)."""
-    t = case.target
-    if t.dtype.kind != "f" or t.ndim != 2:
-        return np.zeros(t.shape[:-1] if t.ndim else (), dtype=bool)
-    m = t.astype(np.float64) * (1.0 if case.weight is None else case.weight.astype(np.float64))
-    positive = m > 0
-    tiny = np.where(positive, m < np.finfo(np.float64).smallest_normal, True).all(axis=-1)
+    """Rows of README's known limit: rows whose every positive term mass is subnormal (q_c of probability
+    targets or of label smoothing, times w_c where weighted); each term q_c (lse - x_c) rounds on the
+    subnormal grid before the row's sum, half a step each: up to C/2 of the row loss's ULP (measured 8.2
+    for 65 probability masses of 4.45e-311, 4.76 for smoothing 1.0 over 15 classes weighted 5e-324).  The
+    masses are formed 2^1200 larger here, where the products of subnormal weights would underflow."""
+    x, t = case.logits, case.target
+    if x.ndim != 2:
+        return np.zeros(x.shape[:-1], dtype=bool)
+    lift = 2.0**600
+    eps = float(case.label_smoothing)
+    finite = x > -np.inf
+    with np.errstate(all="ignore"):
+        per_class = np.where(finite, eps / np.maximum(finite.sum(axis=-1, keepdims=True), 1), 0.0) * lift
+        if t.dtype.kind == "f":
+            own = (1.0 - eps) * t.astype(np.float64) * lift
+        else:
+            own = np.where(np.arange(x.shape[-1]) == t[:, None], (1.0 - eps) * lift, 0.0)
+        w = np.ones(x.shape[-1]) if case.weight is None else case.weight.astype(np.float64)
+        m = (own + per_class) * (w * lift)
+        positive = m > 0
+        tiny = np.where(positive, m < np.finfo(np.float64).smallest_normal * lift * lift, True).all(axis=-1)
     return positive.any(axis=-1) & tiny
 
 
