@@ -429,6 +429,35 @@ class TestGradientBufferApart:
             xf.cross_entropy_with_grad(X, labels, out=buf.reshape(3, 4))
 
 
+    @pytest.mark.parametrize("wrap", ["array", "memoryview"])
+    def test_out_over_arguments_the_kernels_read_converted(self, wrap):
+        # int32 labels, float32 weights and targets, a float16 pos_weight reach the kernels as converted
+        # copies, so the kernels' reads were safe; the gradient would still have overwritten the caller's
+        # own array, which README's "Use" promises to refuse
+        wrapped = (lambda a: a) if wrap == "array" else memoryview
+        buf = np.zeros(3 * 4)
+        labels = buf.view(np.int32)[:3]
+        labels[:] = Y
+        with raises(ValueError, "out", "target"):
+            xf.cross_entropy_with_grad(X, wrapped(labels), out=buf.reshape(3, 4))
+        x32 = X.astype(np.float32)
+        out32 = np.zeros((3, 4), np.float32)
+        with raises(ValueError, "out", "weight"):
+            xf.cross_entropy_with_grad(x32, Y, weight=wrapped(out32.view(np.float16)[0, :4]), out=out32)
+        with raises(ValueError, "out", "target"):
+            t32 = wrapped(buf.view(np.float32)[:12].reshape(3, 4))
+            xf.cross_entropy_from_probs_with_grad(np.full((3, 4), 0.25), t32, out=buf.reshape(3, 4))
+        with raises(ValueError, "out", "pos_weight"):
+            xf.binary_cross_entropy_with_logits_with_grad(X, np.full((3, 4), 0.5),
+                                                          pos_weight=wrapped(buf.view(np.float16)[:4]),
+                                                          out=buf.reshape(3, 4))
+        with raises(ValueError, "inplace", "target"):
+            t32 = wrapped(buf.view(np.float32)[:12].reshape(3, 4))
+            xf.binary_cross_entropy_with_logits_with_grad(buf.reshape(3, 4), t32, inplace=True)
+        # a list is converted into fresh memory: nothing to refuse
+        loss, grad = xf.cross_entropy_with_grad(X, Y.tolist(), out=np.zeros((3, 4)))
+        assert loss == xf.cross_entropy(X, Y)
+
 class TestGradientBufferOfItsOwn:
     """A gradient destination whose elements share memory (broadcast, stride 0) would hold, in each
     place, whichever element was written last."""

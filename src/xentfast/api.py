@@ -422,6 +422,7 @@ class _Problem:
 
     def __init__(self, input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss,
                  empty_mean, nan_policy, n_threads, inplace=False, grad_output=None, out=None):
+        self.given_arrays = (("target", target), ("weight", weight))
         if not (type(input) is np.ndarray and type(target) is np.ndarray and weight is None
                 and self._init_plain(input, target, ignore_index, reduction, label_smoothing, axis, z_loss,
                                      empty_mean, nan_policy, n_threads, inplace, grad_output, out)):
@@ -501,7 +502,10 @@ class _Problem:
 
     def read_arrays(self):
         """(argument name, array) of what the kernels read besides the input, as they read it (a
-        converted copy shares nothing with the caller's array, the caller's own array may)."""
+        converted copy shares nothing with the caller's array, the caller's own array may).  The
+        caller's own arguments (given_arrays) are checked against the gradient buffer as well: where the
+        kernels read a converted copy (int32 labels, float32 weights), a buffer over the caller's array
+        would still overwrite it with the gradient."""
         return (("target", self.y), ("target", self.t), ("weight", self.w))
 
     def _set_dtypes(self):
@@ -808,6 +812,21 @@ def _loss_and_grad(problem, buf, grad_output, **grad_only):
     return problem.reduce(losses)
 
 
+def _caller_memory(backend, a):
+    """The caller's argument as an array of the backend over its own memory, or None.  On the CPU a
+    buffer object (memoryview, ctypes array, __array_interface__) is viewed, not copied; a list gives
+    a fresh array, which overlaps nothing, and so does anything that is no array at all."""
+    if a is None or backend.owns(a):
+        return a
+    if backend.is_cpu and not isinstance(a, (list, tuple)):
+        try:
+            a = np.asarray(a)
+        except (TypeError, ValueError, RuntimeError):
+            return None                                  # the argument's own check reports what is wrong
+        return a if a.dtype != object else None
+    return None
+
+
 def _check_apart(problem, dest, what, grad_output):
     """dest (out=, or the input with inplace=True) has no two elements in one place (each would hold the
     last gradient written there) and shares no memory with anything else the kernels read: they read
@@ -817,14 +836,8 @@ def _check_apart(problem, dest, what, grad_output):
     if backend.has_internal_overlap(dest):
         raise ValueError(f"{what}: some of its elements share memory (a broadcast or stride-0 view); the "
                          f"gradient needs a place of its own for every element")
-    if backend.is_cpu and grad_output is not None and not isinstance(grad_output, np.ndarray):
-        # a buffer object (memoryview, ctypes array, __array_interface__) reaches the kernels without a
-        # copy: its memory is what they read (a list gives a fresh array, which overlaps nothing)
-        try:
-            grad_output = np.asarray(grad_output)
-        except (TypeError, ValueError, RuntimeError):
-            grad_output = None                          # _upstream_factor reports what is wrong with it
-    named = problem.read_arrays() + (("grad_output", grad_output if backend.owns(grad_output) else None),)
+    named = problem.read_arrays() + tuple((name, _caller_memory(backend, a)) for name, a in
+                                          problem.given_arrays + (("grad_output", grad_output),))
     for name, a in named:
         if a is not None and backend.owns(a) and backend.overlaps(dest, a):
             raise ValueError(f"{what}: shares memory with {name}; the gradient needs a buffer of its own")

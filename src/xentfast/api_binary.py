@@ -278,6 +278,7 @@ class _Elementwise:
                  empty_mean="nan", nan_policy="propagate", n_threads=None, inplace=False, what="logits",
                  alpha=0.25, gamma=2.0, eps=None, log_clamp=None):
         self.op = op
+        self.given_arrays = (("target", target), ("weight", weight), ("pos_weight", pos_weight))
         self.backend = _backend.for_call(input=input, target=target, weight=weight, pos_weight=pos_weight)
         self.xp = xp = self.backend.xp
         checks = self.backend.checks()
@@ -1004,6 +1005,7 @@ class _ProbsProblem(_api._Problem):
 
     def __init__(self, input, target, weight, ignore_index, reduction, axis, eps, empty_mean, nan_policy,
                  n_threads, inplace=False):
+        self.given_arrays = (("target", target), ("weight", weight))
         self.backend = _backend.for_call(input=input, target=target, weight=weight)
         self.xp = self.backend.xp
         self.k = self.backend.softmax
