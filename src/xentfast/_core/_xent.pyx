@@ -67,6 +67,8 @@ cdef extern from "xent_kernels.h" nogil:
     void xf_rowjob_set_exp_form(xf_rowjob *job, long long C)
     void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
     void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
+    void xf_rowjob_tiny_loss_row(const xf_rowjob *job, const double *x, const double *t, const double *w,
+                                 long long C, double *terms)
     double xf_rowjob_finish(xf_rowjob *job, const double *terms)
     double xf_rowjob_div_S(const xf_rowjob *job, double a)
     void xf_rowjob_plan(xf_rowjob *job, double x_y, int has_grad)
@@ -470,6 +472,7 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
         if floating is float:
             K32.row_z_lse(x + i * C, C, &jobs[i], t + i * C if t != NULL else NULL, a.w, acc)
         else:
+            xf_rowjob_tiny_loss_row(&jobs[i], x + i * C, t + i * C if t != NULL else NULL, a.w, C, acc)
             K64.row_z_lse(x + i * C, C, &jobs[i], t + i * C if t != NULL else NULL, a.w, acc)
         loss[i] = xf_rowjob_finish(&jobs[i], acc)
     # pass 4: gradient

@@ -1466,6 +1466,9 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     if (job->status == XF_ROW_OK && job->needs_terms) {
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
     }
+#if XF_COMPENSATED
+    xf_rowjob_tiny_loss_row(job, (const double *)x, (const double *)t, w, C, terms);
+#endif
     XF_FN(xf_row_z_lse)(x, C, job, t, w, terms);
     double loss = xf_rowjob_finish(job, terms);
     if (grad) {

@@ -119,6 +119,15 @@ XF_HD_COLD void xf_cu_z_exact(xf_rowjob *job, const double *x, long long C, cons
     xf_rowjob_z_lse_row(job, 0, x, 0, t, w, C, xf_rowjob_lse_cancels(job) ? xf_cu_lse_cancelling(x, C) : 0.0, terms);
 }
 
+/* float64 rows whose loss sum is tiny: summed again 2^1200 larger (xentfast/softmax_row.h); float32 rows
+ * round their loss to float32 and keep the first sum */
+XF_HD_COLD void xf_cu_tiny_loss(const xf_rowjob *job, const double *x, long long C, const double *t, const double *w,
+                                double *terms)
+{
+    xf_rowjob_tiny_loss_row(job, x, t, w, C, terms);
+}
+XF_HD void xf_cu_tiny_loss(const xf_rowjob *, const float *, long long, const float *, const double *, double *) {}
+
 template <int ZX, typename T>
 XF_HD void xf_cu_row_z_lse(xf_rowjob *job, const T *x, long long C, const T *t, const double *w, double *terms)
 {
@@ -518,6 +527,7 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
                 }
 #endif
             }
+            xf_cu_tiny_loss(sc.job, x, C, t, w, terms);
             xf_cu_row_z_lse<ZX>(sc.job, x, C, t, w, terms);
             a.loss[row] = xf_rowjob_finish(sc.job, terms);
             if (!ZX && a.z_redo) {

@@ -394,6 +394,106 @@ XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double 
     return term;
 }
 
+/* ---- float64 rows whose loss is tiny: the terms summed 2^1200 larger -----------------------------------
+ * xf_xent_term hands each term over unscaled, so a term below 2^-1022 has already been rounded on the
+ * subnormal grid (half its step, 2^-1075) before the row's sum: where every term is that small the row
+ * loss carried up to C/2 of its own ULP (65 probability masses of 4.45e-311 and equal logits: 8.2 ULP;
+ * smoothing 1.0 over 15 classes weighted 5e-324: 0 for 2.35e-323).  So a float64 row whose loss sum
+ * comes out below 2^-969 (or 0) is summed again, serially in class order, from its terms times 2^1200,
+ * and scaled back once: one rounding on the subnormal grid instead of one per term.  In such a row, with
+ * every mass >= 0 and loss_scale r in [2^-50, 2^50], every term q_j r (-log p_j) is below 2^-969, so
+ * each scaled one is below 2^231; and since -log p_j >= log 2 off the argmax, a class other than the
+ * argmax has q_j r below 2^-968: q_j r 2^1200 < 2^232 is exact (or, for q_j below 2^-969, formed from
+ * the masses scaled, xf_row_target_q_2p1200).  The argmax's -log p_j = log S may be tiny while its mass
+ * is not: its term takes 2^600 on each factor (log S >= ~2^-900 unless the row is rescued, so q_j r <
+ * 2^-69), or the rescued s 2^600 and then 2^600.  Rows that fall outside (a negative or NaN mass, a
+ * term that is not finite, a loss scale outside that range) keep the first sum.  The z-loss's term is
+ * added after (xf_rowjob_finish), to the sum redone.
+ * float32 rows do not need it: their loss rounds to float32, whose grain lies 2^925 above these errors. */
+#define XF_TINY_LOSS 0x1p-969
+
+XF_HD int xf_rowjob_tiny_loss_wanted(const xf_rowjob *job, const double *terms)
+{
+    return job->status == XF_ROW_OK && job->needs_terms && job->loss_scale >= 0x1p-50 &&
+           job->loss_scale <= 0x1p50 && xf_fabs(terms[0] + terms[1]) < XF_TINY_LOSS;
+}
+
+/* class j's term q_j loss_scale (-log p_j) times 2^1200 (see above); NaN for a negative or NaN mass */
+XF_HD double xf_xent_term_2p1200(const xf_rowjob *job, long long j, double x_j, double w_j, double t_j)
+{
+    double finite = (x_j > -XF_INF) ? 1.0 : 0.0;
+    double q = xf_row_target_q(job, j, w_j, finite, t_j);
+    double nlp = xf_neg_log_prob(x_j, job->m, job->log_s);
+    int has_mass = xf_row_target_has_mass(job, j, w_j, finite, t_j);
+    double ls = job->loss_scale;
+    if (!(q >= 0.0)) {
+        return XF_NAN;
+    }
+    if (q < 0x1p-969) {
+        return xf_xent_term_from(job, j, x_j, nlp, xf_row_target_q_2p1200(job, j, w_j, finite, t_j) * ls, has_mass);
+    }
+    if (j == job->argmax) {
+        return job->rescued ? ((q * ls) * job->s_scaled) * 0x1p600 : ((q * ls) * 0x1p600) * (job->log_s * 0x1p600);
+    }
+    return xf_xent_term_from(job, j, x_j, nlp, ((q * ls) * 0x1p600) * 0x1p600, has_mass);
+}
+
+/* Whether any class of a row has target mass (xf_row_target_has_mass), with the row's layout constant so
+ * that the loop vectorizes: a row without targets (padding) sums no mass, and a test element by element
+ * in the serial loop below cost such rows, float64 1000 classes, about 1.8 times the whole row.  Without
+ * smoothing a logit's finiteness does not matter (eps / C_eff = 0), and the logits are not read. */
+XF_HD int xf_row_has_mass_form(const xf_rowjob *job, const double *x, const double *t, const double *w,
+                               long long C, const int has_t, const int has_w, const int smooth)
+{
+    int any = 0;
+    long long j;
+#pragma omp simd reduction(| : any)
+    for (j = 0; j < C; j++) {
+        const double finite = smooth ? ((x[j] > -XF_INF) ? 1.0 : 0.0) : 1.0;
+        any |= xf_target_has_mass_from(has_t, job->eps, job->eps_per_class, j == job->y, job->w_y,
+                                       has_w ? w[j] : 1.0, finite, has_t ? t[j] : 0.0);
+    }
+    return any;
+}
+
+XF_HD int xf_row_has_mass(const xf_rowjob *job, const double *x, const double *t, const double *w, long long C)
+{
+    if (t && job->eps == 0.0) {
+        return w ? xf_row_has_mass_form(job, x, t, w, C, 1, 1, 0) : xf_row_has_mass_form(job, x, t, w, C, 1, 0, 0);
+    }
+    if (t) {
+        return w ? xf_row_has_mass_form(job, x, t, w, C, 1, 1, 1) : xf_row_has_mass_form(job, x, t, w, C, 1, 0, 1);
+    }
+    return w ? xf_row_has_mass_form(job, x, t, w, C, 0, 1, 1) : xf_row_has_mass_form(job, x, t, w, C, 0, 0, 1);
+}
+
+/* terms[0..1] of such a row (x, t, w: the row's float64 logits and targets, the class weights or NULL),
+ * redone where xf_rowjob_tiny_loss_wanted says so */
+XF_HD void xf_rowjob_tiny_loss_row(const xf_rowjob *job, const double *x, const double *t, const double *w,
+                                   long long C, double *terms)
+{
+    double hi = 0.0, lo = 0.0;
+    long long j;
+    if (!xf_rowjob_tiny_loss_wanted(job, terms)) {
+        return;
+    }
+    if (terms[2] + terms[3] == 0.0 && !xf_row_has_mass(job, x, t, w, C)) {
+        return; /* no mass (padding), rather than masses that all rounded to 0 */
+    }
+    for (j = 0; j < C; j++) {
+        const double term = xf_xent_term_2p1200(job, j, x[j], w ? w[j] : 1.0, t ? t[j] : 0.0);
+        if (!(term - term == 0.0)) {
+            return;
+        }
+        if (term != 0.0) {
+            xf_dd_add(&hi, &lo, term, 0.0);
+        }
+    }
+    /* the first step is exact wherever the result can be above 0 (hi >= 2^-422), the second rounds */
+    terms[0] = ((hi + lo) * 0x1p-600) * 0x1p-600;
+    terms[1] = 0.0;
+}
+
 /* lane k of the row at acc[k * stride] (the short-row groups of softmax_rows.h keep rows side by side) */
 XF_HD void xf_lanes_to_dd_strided(const double *acc, const double *cmp, long long stride, double *hi,
                                   double *lo)
