@@ -395,6 +395,26 @@ def test_subnormal_class_weights_under_a_large_upstream_factor(reduction, probab
                                  err_msg=f"weight={w} label_smoothing={label_smoothing} grad_output={g}")
 
 
+@pytest.mark.parametrize("other_weight", [2.0, 3.0, 7.0])
+@pytest.mark.parametrize("grad_output", [1.0, 0.75, 1.5])
+def test_a_weighted_means_folded_subnormal_weight_keeps_its_bits(other_weight, grad_output):
+    # a weighted mean with subnormal weights takes w / sum(w_y) as the gradient's weights: 5e-324 / 2
+    # rounded to 0 (and 3e-320 / 7 onto the subnormal grid) under factors below 2, which moved nothing
+    # into the weights, and the z-loss's 2 z lse magnified the loss: an entry of 4.9e-128 came out 0
+    # (4.8e15 ULP) at lse 1e200
+    for w0 in (5e-324, 3e-320):
+        for far in (45001.0, 1e10, 1e200):
+            x = np.zeros((3, 3))
+            x[0, 2] = far
+            x[2] = [1.0, -2.0, 0.5]
+            y = np.array([0, 1, 0])
+            kw = dict(weight=np.array([w0, other_weight, 0.0]), z_loss=1e-4, reduction="mean")
+            grad = xf.cross_entropy_backward(np.asarray(grad_output), x, y, **kw)
+            exact, scale = ref.cross_entropy_grad(x, y, grad_output=grad_output, return_scale=True, **kw)
+            assert_ulp_close(grad, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale,
+                             err_msg=f"weight {w0} beside {other_weight}, x = {far}, grad_output {grad_output}")
+
+
 @pytest.mark.parametrize("probabilities", [False, True])
 def test_subnormal_class_weights_under_large_per_row_factors(probabilities):
     # reduction='none' with a grad_output array: the weights take the power of two that the least finite

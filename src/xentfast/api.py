@@ -351,6 +351,22 @@ def _weight_lift(w, scale):
     return max(0, min(math.frexp(scale)[1] - 1, 1021 - math.frexp(wmax)[1]))
 
 
+def _fold_lift(xp, w, folded, den, g):
+    """k >= 0 that puts the least positive class weight over the mean's denominator among the normals,
+    for a weighted mean's folded weights (_Problem._run_launches): w / den rounds such a weight on the
+    subnormal grid, or to 0 (5e-324 / 2), and the z-loss's 2 z lse (up to 2^1024) magnifies what it lost
+    (weights [5e-324, 2], lse 1e200: an entry of 4.9e-128 came out 0).  _weight_lift moves only what
+    the factor holds (g >= 2), nothing under g = 1.  Every gradient product holds one weight and the
+    factor (index targets: r = w_y), so 2^k on the weights and 2^-k on g leave it exact; capped so that
+    the largest folded weight stays below 2^1021 and g 2^-k a normal number."""
+    positive = w[w > 0]
+    if not positive.size or g == 0 or not math.isfinite(g):
+        return 0
+    need = math.frexp(den)[1] - math.frexp(float(positive.min()))[1] - 1021
+    cap = min(1021 - math.frexp(float(xp.max(folded)))[1], math.frexp(g)[1] + 1021)
+    return max(0, min(need, cap))
+
+
 def _least_magnitude(xp, factors):
     """The least |f| over the finite nonzero entries of a per-row factor array (0 if none): the one that
     limits _weight_lift, since every factor is lowered by the same power of two."""
@@ -658,8 +674,8 @@ class _Problem:
                         folded = self.w / den
                         g = g_up
                 # keyed on the weights' subnormals, not the folded ones: w / den can round one to 0
-                lift = (_weight_lift(folded, g) if self._subnormal_weights() and bool(xp.isfinite(folded).all())
-                        else 0)
+                lift = (max(_weight_lift(folded, g), _fold_lift(xp, self.w, folded, den, g))
+                        if self._subnormal_weights() and bool(xp.isfinite(folded).all()) else 0)
                 if lift:
                     # the power of two before the division as far as the weights take it: a folded
                     # weight below the normals was rounded on the subnormal grid by the division itself
