@@ -555,6 +555,13 @@ def test_refusals_name_the_argument():
         xt.cross_entropy(x, torch.tensor([0, 1, 7]))
 
 
+def test_integer_logits_are_refused_without_a_numpy_idiom():
+    # the drop-in hands its tensors to the NumPy API as arrays; the hint once read ".astype(np.float32)"
+    with pytest.raises(TypeError, match="input: expected .* logits, got dtype int64") as info:
+        xt.cross_entropy(torch.ones(4, 5, dtype=torch.long), torch.tensor([0, 1, 2, 3]))
+    assert "astype" not in str(info.value) and "cast them to float32" in str(info.value)
+
+
 def test_refusals_of_arguments_the_op_schema_would_read_otherwise():
     x = torch.randn(5, 5, dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 3, 1])

@@ -1289,7 +1289,8 @@ def _as_float_input(input, name="input", what="logits", writeable=False, backend
         return given.astype(np.float64), given
     hint = ""
     if dt.kind in "iub":
-        hint = f" ({what} must be floating point; cast with .astype(np.float32) if integers were meant)"
+        # the drop-ins reach this check with their tensors viewed as NumPy arrays: no library's idiom here
+        hint = f" ({what} must be floating point; cast them to float32 or float64 if integers were meant)"
     elif dt.kind == "f":
         hint = " (cast to float64: wider formats are not supported)"
     elif dt.kind == "c":
