@@ -1136,6 +1136,27 @@ def test_model_ce_probs_long_rows(binary_model, dtype):
             assert_same_bits(gm, gc, f"inplace gradient, C={C}")
 
 
+def test_model_ce_probs_tiny_rows_give_the_cpu_bits(binary_model):
+    """float64 rows whose terms all lie below the normal range are summed a second time 2^1200 larger
+    (binary.h, xf_bin_ce_tiny_redo): the same chain on the team, the CPU's bits, within the float64 bound
+    where each term's rounding on the subnormal grid gave up to C/2 ULP."""
+    for C in (65, 300, 3 * 256 + 1):
+        p = np.full((4, C), 1.0 / C)
+        p[1, :2] = [0.5, 1e-300]
+        t = np.full((4, C), 4.45e-311)
+        t[2] = 0.0                              # padding: no mass, no second sum
+        t[3, 0] = -1e-310                       # a negative mass: the scaled terms stay finite here
+        for a in (CeArgs(p, None, t, None, -100, None, 1.0, None, 0.0),
+                  CeArgs(p, None, t, np.linspace(0.5, 2.0, C), -100, None, 0.5, None, 0.0)):
+            lc, gc = cpu_ce_probs(a)
+            for nt, order in ((32, 1), (7, 2)):
+                lm, gm = binary_model.ce_probs(a, order=order, nt=nt)
+                assert_same_bits(lm, lc, f"row losses, C={C}")
+                assert_same_bits(gm, gc, f"gradient, C={C}")
+            exact = ref.cross_entropy_from_probs(p[:3], t[:3], weight=a.w, reduction="none")
+            assert_ulp_close(lc[:3], exact, 4.0, dtype=np.float64, err_msg=f"C={C}")
+
+
 # ---- dd_sum: one fixed shape (xentfast/ddsum.h) on every thread count and device
 
 

@@ -402,6 +402,30 @@ def test_fused_equals_separate(dtype):
 
 # ---- bad input ---------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("C", [15, 65, 300])
+def test_rows_of_subnormal_masses_within_bound(C):
+    """Each term w_c t_c (-log p_c) is rounded before the row's sum; where every term lies below the normal
+    range that rounding is on the subnormal grid, up to C/2 of the row loss's ULP (10.2 at 300 classes of
+    mass 4.45e-311).  Such rows are summed again 2^1200 larger (binary.h, xf_bin_ce_tiny_redo)."""
+    bound = BOUND[np.dtype(np.float64)]
+    p = np.full((4, C), 1.0 / C)
+    p[1] = np.linspace(1.0, 2.0, C)
+    p[1] /= p[1].sum()
+    t = np.full((4, C), 4.45e-311)
+    t[2] = 3e-320
+    t[3] = 0.0                                   # padding rows (no mass) stay 0
+    for kw in (dict(), dict(weight=np.linspace(0.25, 4.0, C)), dict(weight=np.full(C, 1e-5))):
+        loss, _ = xf.cross_entropy_from_probs_with_grad(p, t, reduction="none", **kw)
+        exact = ref.cross_entropy_from_probs(p, t, reduction="none", **kw)
+        assert_ulp_close(loss, exact, bound, err_msg=f"C={C}, {kw}")
+        assert loss[3] == 0.0
+        assert xf.cross_entropy_from_probs(p, t, reduction="none", **kw).tobytes() == loss.tobytes()
+        for reduction in ("sum", "mean"):
+            assert_ulp_close(xf.cross_entropy_from_probs(p, t, reduction=reduction, **kw),
+                             ref.cross_entropy_from_probs(p, t, reduction=reduction, **kw), bound,
+                             err_msg=f"C={C}, {kw}, {reduction}")
+
+
 P = np.full((3, 4), 0.25)
 T = np.full((3, 4), 0.5)
 

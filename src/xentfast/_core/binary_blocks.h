@@ -762,14 +762,25 @@ XF_KERNEL double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long lon
         return loss;
     }
     double acc = 0.0, err = 0.0;
+    int has_mass = 0;
     for (j = 0; j < C; j++) {
         double pj = (double)p[j];
         double wc = w ? w[j] : 1.0;
         double tj = (double)t[j];
         xf_acc_add(&acc, &err, xf_bin_neg_log_prob_term(pj, wc, tj, m, loss_k));
+        has_mass |= (wc != 0.0) & (tj != 0.0);
         if (grad) {
             grad[j] = (XF_T)xf_bin_neg_log_prob_grad(pj, wc, tj, s, m);
         }
+    }
+    /* float32 rows round their loss to float32, far above these errors */
+    if (sizeof(XF_T) == sizeof(double) && xf_bin_ce_tiny_redo(acc + err, has_mass)) {
+        double acc2 = 0.0, err2 = 0.0;
+        for (j = 0; j < C; j++) {
+            xf_acc_add(&acc2, &err2, xf_bin_neg_log_prob_term((double)p[j], w ? w[j] : 1.0, (double)t[j], m,
+                                                              loss_k + XF_BIN_TINY_LIFT));
+        }
+        return xf_bin_ce_tiny_loss(acc2, err2, acc + err);
     }
     return acc + err;
 }

@@ -172,7 +172,35 @@ typedef struct {
     double acc, err, loss, g_y;
     int nan_part[XF_CU_CE_TEAM];
     int has_nan;
+    int has_mass, tiny; /* rows whose loss is tiny (binary.h, xf_bin_ce_tiny_redo) */
 } xf_cu_ce_scratch;
+
+/* The row's terms w_c t_c (-log p_c) 2^k summed into sc->acc, sc->err (from 0) in class order, as the
+ * CPU's chain; sc->has_mass: whether some class has w_c t_c != 0 */
+template <typename T, typename Team>
+XF_HD void xf_cu_ce_probs_sum(const Team &team, const T *p, long long C, const T *t, const double *w,
+                              const xf_bin_prob_mode *m, double k, xf_cu_ce_scratch *sc)
+{
+    const int nt = team.nt;
+    for (long long c0 = 0; c0 < C; c0 += XF_CU_CE_CHUNK) {
+        const long long cn = (C - c0 < XF_CU_CE_CHUNK) ? C - c0 : XF_CU_CE_CHUNK;
+        team.step([&](int tid) {
+            for (long long q = tid; q < cn; q += nt) {
+                const long long j = c0 + q;
+                sc->term[q] = xf_bin_neg_log_prob_term((double)p[j], w ? w[j] : 1.0, (double)t[j], m, k);
+            }
+        });
+        team.step([&](int tid) {
+            if (tid == 0) { /* class order, as the CPU's chain */
+                for (long long q = 0; q < cn; q++) {
+                    const long long j = c0 + q;
+                    xf_acc_add(&sc->acc, &sc->err, sc->term[q]);
+                    sc->has_mass |= ((w ? w[j] : 1.0) != 0.0) & ((double)t[j] != 0.0);
+                }
+            }
+        });
+    }
+}
 
 /* Row i: loss[i] and, when grad, the gradient row (as _binary.pyx: _ce_probs_one_row, then as
  * binary_blocks.h: xf_ce_probs_row, by a team of team.nt <= XF_CU_CE_TEAM threads, see (d)). */
@@ -228,6 +256,7 @@ XF_HD void xf_cu_ce_probs_row(const Team &team, const T *p_all, long long C, lon
             sc->has_nan = f;
             sc->acc = 0.0;
             sc->err = 0.0;
+            sc->has_mass = 0;
             if (!f && !t) { /* index target: one term, one gradient entry */
                 double py = (double)p[yi];
                 sc->loss = xf_bin_neg_log_prob_term(py, w_y, 1.0, m, loss_k);
@@ -261,25 +290,28 @@ XF_HD void xf_cu_ce_probs_row(const Team &team, const T *p_all, long long C, lon
         });
         return;
     }
-    for (long long c0 = 0; c0 < C; c0 += XF_CU_CE_CHUNK) {
-        const long long cn = (C - c0 < XF_CU_CE_CHUNK) ? C - c0 : XF_CU_CE_CHUNK;
+    xf_cu_ce_probs_sum(team, p, C, t, w, m, loss_k, sc);
+    team.step([&](int tid) {
+        if (tid == 0) {
+            /* float32 rows round their loss to float32, far above these errors (and their kernel
+             * spilled with the second sum compiled in) */
+            sc->tiny = (sizeof(T) == sizeof(double)) && xf_bin_ce_tiny_redo(sc->acc + sc->err, sc->has_mass);
+            sc->loss = sc->acc + sc->err;
+            sc->acc = 0.0;
+            sc->err = 0.0;
+        }
+    });
+    if (sizeof(T) == sizeof(double) && sc->tiny) { /* uniform: read by every thread after the step */
+        xf_cu_ce_probs_sum(team, p, C, t, w, m, loss_k + XF_BIN_TINY_LIFT, sc);
         team.step([&](int tid) {
-            for (long long k = tid; k < cn; k += nt) {
-                const long long j = c0 + k;
-                sc->term[k] = xf_bin_neg_log_prob_term((double)p[j], w ? w[j] : 1.0, (double)t[j], m, loss_k);
-            }
-        });
-        team.step([&](int tid) {
-            if (tid == 0) { /* class order, as the CPU's chain */
-                for (long long k = 0; k < cn; k++) {
-                    xf_acc_add(&sc->acc, &sc->err, sc->term[k]);
-                }
+            if (tid == 0) {
+                sc->loss = xf_bin_ce_tiny_loss(sc->acc, sc->err, sc->loss);
             }
         });
     }
     team.step([&](int tid) {
         if (tid == 0) {
-            loss[i] = sc->acc + sc->err;
+            loss[i] = sc->loss;
         }
         if (gr) {
             for (long long j = tid; j < C; j += nt) {

@@ -827,4 +827,28 @@ XF_HD double xf_bin_neg_log_prob_grad(double pr, double w, double q, double s, c
     return (pr != pr) ? pr : r;
 }
 
+/* CE from probabilities, rows whose loss is tiny.  Each term w_c t_c (-log p_c) is rounded onto the
+ * double grid, so where every term lies below the normal range they were rounded on the subnormal grid
+ * before the row's sum, half a step each: up to C/2 of the row loss's ULP (300 classes of mass 4.45e-311
+ * on uniform probabilities: 10.2 ULP).  A row whose sum comes out below 2^-969 while some class has mass
+ * (w_c t_c != 0) is summed again, in the same order, from its terms formed 2^1200 larger (the power of
+ * two the terms already take, xf_bin_term's e0: exact until their one rounding, then as normal numbers)
+ * and scaled back once.  The scaled sum is kept only where it is finite (terms of both signs that
+ * cancel, negative target probabilities, can overflow there).  float64 rows only: a float32 row loss
+ * rounds to float32, whose grain lies 2^925 above these errors.  As the softmax family (softmax_row.h). */
+#define XF_BIN_TINY_LOSS 0x1p-969
+#define XF_BIN_TINY_LIFT 1200.0
+
+XF_HD int xf_bin_ce_tiny_redo(double sum, int has_mass)
+{
+    return has_mass && xf_fabs(sum) < XF_BIN_TINY_LOSS;
+}
+
+/* the row loss from the scaled sum (acc, err), or the first sum where that one is not finite */
+XF_HD double xf_bin_ce_tiny_loss(double acc, double err, double first)
+{
+    double r = ((acc + err) * 0x1p-600) * 0x1p-600;
+    return (r - r == 0.0) ? r : first;
+}
+
 #endif /* XENTFAST_BINARY_H */
