@@ -438,33 +438,49 @@ XF_HD double xf_xent_term_2p1200(const xf_rowjob *job, long long j, double x_j, 
     return xf_xent_term_from(job, j, x_j, nlp, ((q * ls) * 0x1p600) * 0x1p600, has_mass);
 }
 
-/* Whether any class of a row has target mass (xf_row_target_has_mass), with the row's layout constant so
- * that the loop vectorizes: a row without targets (padding) sums no mass, and a test element by element
- * in the serial loop below cost such rows, float64 1000 classes, about 1.8 times the whole row.  Without
- * smoothing a logit's finiteness does not matter (eps / C_eff = 0), and the logits are not read. */
-XF_HD int xf_row_has_mass_form(const xf_rowjob *job, const double *x, const double *t, const double *w,
-                               long long C, const int has_t, const int has_w, const int smooth)
+/* Whether any class of a row has target mass below 2^-969 (xf_row_target_has_mass with q_j of
+ * xf_row_target_q), with the row's layout constant so that the loop vectorizes.  Only such masses put
+ * more than one term on the subnormal grid: off the argmax -log p_j >= log 2, so a mass of 2^-969 or
+ * more makes a normal term, and the argmax's own term is one rounding.  Rows without them (padding rows
+ * without any mass, confident rows whose loss underflows) skip the serial sum below, which cost such
+ * rows, float64 1000 classes, about 1.8 times the whole row.  Without smoothing a logit's finiteness
+ * does not matter (eps / C_eff = 0), and the logits are not read. */
+XF_HD int xf_row_has_tiny_mass_form(const xf_rowjob *job, const double *x, const double *t, const double *w,
+                                    long long C, const int has_t, const int has_w, const int smooth,
+                                    const int none_summed)
 {
     int any = 0;
     long long j;
 #pragma omp simd reduction(| : any)
     for (j = 0; j < C; j++) {
         const double finite = smooth ? ((x[j] > -XF_INF) ? 1.0 : 0.0) : 1.0;
-        any |= xf_target_has_mass_from(has_t, job->eps, job->eps_per_class, j == job->y, job->w_y,
-                                       has_w ? w[j] : 1.0, finite, has_t ? t[j] : 0.0);
+        const double w_j = has_w ? w[j] : 1.0, t_j = has_t ? t[j] : 0.0;
+        const int is_y = (j == job->y);
+        const double q_other = xf_target_q_other(has_t, job->eps, job->eps_per_class, w_j, finite, t_j);
+        const double q = is_y ? q_other + (1.0 - job->eps) * job->w_y : q_other;
+        const int mass = xf_target_has_mass_from(has_t, job->eps, job->eps_per_class, is_y, job->w_y, w_j,
+                                                 finite, t_j);
+        any |= none_summed ? mass : mass & (xf_fabs(q) < XF_TINY_LOSS);
     }
     return any;
 }
 
-XF_HD int xf_row_has_mass(const xf_rowjob *job, const double *x, const double *t, const double *w, long long C)
+/* none_summed: the masses summed to 0 (a padding row, or masses that all rounded to 0), where any mass
+ * is a tiny one and its test alone is the cheaper loop */
+XF_HD int xf_row_has_tiny_mass(const xf_rowjob *job, const double *x, const double *t, const double *w,
+                               long long C, int none_summed)
 {
+#define XF_TINY_MASS_FORMS(HT, HW, SM)                                                                      \
+    (none_summed ? xf_row_has_tiny_mass_form(job, x, t, w, C, HT, HW, SM, 1)                                 \
+                 : xf_row_has_tiny_mass_form(job, x, t, w, C, HT, HW, SM, 0))
     if (t && job->eps == 0.0) {
-        return w ? xf_row_has_mass_form(job, x, t, w, C, 1, 1, 0) : xf_row_has_mass_form(job, x, t, w, C, 1, 0, 0);
+        return w ? XF_TINY_MASS_FORMS(1, 1, 0) : XF_TINY_MASS_FORMS(1, 0, 0);
     }
     if (t) {
-        return w ? xf_row_has_mass_form(job, x, t, w, C, 1, 1, 1) : xf_row_has_mass_form(job, x, t, w, C, 1, 0, 1);
+        return w ? XF_TINY_MASS_FORMS(1, 1, 1) : XF_TINY_MASS_FORMS(1, 0, 1);
     }
-    return w ? xf_row_has_mass_form(job, x, t, w, C, 0, 1, 1) : xf_row_has_mass_form(job, x, t, w, C, 0, 0, 1);
+    return w ? XF_TINY_MASS_FORMS(0, 1, 1) : XF_TINY_MASS_FORMS(0, 0, 1);
+#undef XF_TINY_MASS_FORMS
 }
 
 /* terms[0..1] of such a row (x, t, w: the row's float64 logits and targets, the class weights or NULL),
@@ -477,8 +493,8 @@ XF_HD void xf_rowjob_tiny_loss_row(const xf_rowjob *job, const double *x, const 
     if (!xf_rowjob_tiny_loss_wanted(job, terms)) {
         return;
     }
-    if (terms[2] + terms[3] == 0.0 && !xf_row_has_mass(job, x, t, w, C)) {
-        return; /* no mass (padding), rather than masses that all rounded to 0 */
+    if (!xf_row_has_tiny_mass(job, x, t, w, C, terms[2] + terms[3] == 0.0)) {
+        return;
     }
     for (j = 0; j < C; j++) {
         const double term = xf_xent_term_2p1200(job, j, x[j], w ? w[j] : 1.0, t ? t[j] : 0.0);
