@@ -1138,7 +1138,7 @@ def test_model_ce_probs_long_rows(binary_model, dtype):
 
 def test_model_ce_probs_tiny_rows_give_the_cpu_bits(binary_model):
     """float64 rows whose terms all lie below the normal range are summed a second time 2^1200 larger
-    (binary.h, xf_bin_ce_tiny_redo): the same chain on the team, the CPU's bits, within the float64 bound
+    (binary.h, xf_bin_ce_tiny_mass): the same chain on the team, the CPU's bits, within the float64 bound
     where each term's rounding on the subnormal grid gave up to C/2 ULP."""
     for C in (65, 300, 3 * 256 + 1):
         p = np.full((4, C), 1.0 / C)

@@ -406,7 +406,7 @@ def test_fused_equals_separate(dtype):
 def test_rows_of_subnormal_masses_within_bound(C):
     """Each term w_c t_c (-log p_c) is rounded before the row's sum; where every term lies below the normal
     range that rounding is on the subnormal grid, up to C/2 of the row loss's ULP (10.2 at 300 classes of
-    mass 4.45e-311).  Such rows are summed again 2^1200 larger (binary.h, xf_bin_ce_tiny_redo)."""
+    mass 4.45e-311).  Such rows are summed again 2^1200 larger (binary.h, xf_bin_ce_tiny_mass)."""
     bound = BOUND[np.dtype(np.float64)]
     p = np.full((4, C), 1.0 / C)
     p[1] = np.linspace(1.0, 2.0, C)

@@ -172,11 +172,11 @@ typedef struct {
     double acc, err, loss, g_y;
     int nan_part[XF_CU_CE_TEAM];
     int has_nan;
-    int has_mass, tiny; /* rows whose loss is tiny (binary.h, xf_bin_ce_tiny_redo) */
+    int tiny; /* rows whose loss is tiny (binary.h, xf_bin_ce_tiny_mass) */
 } xf_cu_ce_scratch;
 
 /* The row's terms w_c t_c (-log p_c) 2^k summed into sc->acc, sc->err (from 0) in class order, as the
- * CPU's chain; sc->has_mass: whether some class has w_c t_c != 0 */
+ * CPU's chain */
 template <typename T, typename Team>
 XF_HD void xf_cu_ce_probs_sum(const Team &team, const T *p, long long C, const T *t, const double *w,
                               const xf_bin_prob_mode *m, double k, xf_cu_ce_scratch *sc)
@@ -195,7 +195,6 @@ XF_HD void xf_cu_ce_probs_sum(const Team &team, const T *p, long long C, const T
                 for (long long q = 0; q < cn; q++) {
                     const long long j = c0 + q;
                     xf_acc_add(&sc->acc, &sc->err, sc->term[q]);
-                    sc->has_mass |= ((w ? w[j] : 1.0) != 0.0) & ((double)t[j] != 0.0);
                 }
             }
         });
@@ -256,7 +255,6 @@ XF_HD void xf_cu_ce_probs_row(const Team &team, const T *p_all, long long C, lon
             sc->has_nan = f;
             sc->acc = 0.0;
             sc->err = 0.0;
-            sc->has_mass = 0;
             if (!f && !t) { /* index target: one term, one gradient entry */
                 double py = (double)p[yi];
                 sc->loss = xf_bin_neg_log_prob_term(py, w_y, 1.0, m, loss_k);
@@ -295,7 +293,14 @@ XF_HD void xf_cu_ce_probs_row(const Team &team, const T *p_all, long long C, lon
         if (tid == 0) {
             /* float32 rows round their loss to float32, far above these errors (and their kernel
              * spilled with the second sum compiled in) */
-            sc->tiny = (sizeof(T) == sizeof(double)) && xf_bin_ce_tiny_redo(sc->acc + sc->err, sc->has_mass);
+            int tiny = 0;
+            if (sizeof(T) == sizeof(double) && xf_fabs(sc->acc + sc->err) < XF_BIN_TINY_LOSS) {
+                /* rare rows: their masses looked at only here, as the CPU's */
+                for (long long j = 0; j < C && !tiny; j++) {
+                    tiny = xf_bin_ce_tiny_mass(w ? w[j] : 1.0, (double)t[j]);
+                }
+            }
+            sc->tiny = tiny;
             sc->loss = sc->acc + sc->err;
             sc->acc = 0.0;
             sc->err = 0.0;

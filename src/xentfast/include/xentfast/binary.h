@@ -830,8 +830,10 @@ XF_HD double xf_bin_neg_log_prob_grad(double pr, double w, double q, double s, c
 /* CE from probabilities, rows whose loss is tiny.  Each term w_c t_c (-log p_c) is rounded onto the
  * double grid, so where every term lies below the normal range they were rounded on the subnormal grid
  * before the row's sum, half a step each: up to C/2 of the row loss's ULP (300 classes of mass 4.45e-311
- * on uniform probabilities: 10.2 ULP).  A row whose sum comes out below 2^-969 while some class has mass
- * (w_c t_c != 0) is summed again, in the same order, from its terms formed 2^1200 larger (the power of
+ * on uniform probabilities: 10.2 ULP).  A row whose sum comes out below 2^-969 while some class has a mass
+ * w_c t_c below 2^-969 (xf_bin_ce_tiny_mass; a larger one makes a normal term, since -log p_c >= 2^-53
+ * where p_c < 1, and 0 at p_c = 1: rows of such terms, confident rows among them, have at most one that
+ * is not normal) is summed again, in the same order, from its terms formed 2^1200 larger (the power of
  * two the terms already take, xf_bin_term's e0: exact until their one rounding, then as normal numbers)
  * and scaled back once.  The scaled sum is kept only where it is finite (terms of both signs that
  * cancel, negative target probabilities, can overflow there).  float64 rows only: a float32 row loss
@@ -839,10 +841,12 @@ XF_HD double xf_bin_neg_log_prob_grad(double pr, double w, double q, double s, c
 #define XF_BIN_TINY_LOSS 0x1p-969
 #define XF_BIN_TINY_LIFT 1200.0
 
-XF_HD int xf_bin_ce_tiny_redo(double sum, int has_mass)
+/* whether a class's mass w t is nonzero and below 2^-969 (the product may round to 0) */
+XF_HD int xf_bin_ce_tiny_mass(double w, double t)
 {
-    return has_mass && xf_fabs(sum) < XF_BIN_TINY_LOSS;
+    return (w != 0.0) & (t != 0.0) & (xf_fabs(w * t) < XF_BIN_TINY_LOSS);
 }
+
 
 /* the row loss from the scaled sum (acc, err), or the first sum where that one is not finite */
 XF_HD double xf_bin_ce_tiny_loss(double acc, double err, double first)
