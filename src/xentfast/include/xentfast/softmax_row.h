@@ -397,7 +397,7 @@ XF_HD double xf_xent_term(const xf_rowjob *job, long long j, double x_j, double 
 /* ---- float64 rows whose loss is tiny: the terms summed 2^1200 larger -----------------------------------
  * xf_xent_term hands each term over unscaled, so a term below 2^-1022 has already been rounded on the
  * subnormal grid (half its step, 2^-1075) before the row's sum: where every term is that small the row
- * loss carried up to C/2 of its own ULP (65 probability masses of 4.45e-311 and equal logits: 8.2 ULP;
+ * loss carried up to C/2 of its own ULP (65 probability masses of 4.45e-311 and equal logits: 8.5 ULP;
  * smoothing 1.0 over 15 classes weighted 5e-324: 0 for 2.35e-323).  So a float64 row whose loss sum
  * comes out below 2^-969 (or 0) is summed again, serially in class order, from its terms times 2^1200,
  * and scaled back once: one rounding on the subnormal grid instead of one per term.  In such a row, with
