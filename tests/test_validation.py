@@ -428,7 +428,6 @@ class TestGradientBufferApart:
         with raises(ValueError, "out", "target"):
             xf.cross_entropy_with_grad(X, labels, out=buf.reshape(3, 4))
 
-
     @pytest.mark.parametrize("wrap", ["array", "memoryview"])
     def test_out_over_arguments_the_kernels_read_converted(self, wrap):
         # int32 labels, float32 weights and targets, a float16 pos_weight reach the kernels as converted
@@ -457,6 +456,7 @@ class TestGradientBufferApart:
         # a list is converted into fresh memory: nothing to refuse
         loss, grad = xf.cross_entropy_with_grad(X, Y.tolist(), out=np.zeros((3, 4)))
         assert loss == xf.cross_entropy(X, Y)
+
 
 class TestGradientBufferOfItsOwn:
     """A gradient destination whose elements share memory (broadcast, stride 0) would hold, in each

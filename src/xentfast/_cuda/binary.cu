@@ -193,7 +193,6 @@ XF_HD void xf_cu_ce_probs_sum(const Team &team, const T *p, long long C, const T
         team.step([&](int tid) {
             if (tid == 0) { /* class order, as the CPU's chain */
                 for (long long q = 0; q < cn; q++) {
-                    const long long j = c0 + q;
                     xf_acc_add(&sc->acc, &sc->err, sc->term[q]);
                 }
             }

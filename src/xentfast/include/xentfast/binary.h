@@ -847,7 +847,6 @@ XF_HD int xf_bin_ce_tiny_mass(double w, double t)
     return (w != 0.0) & (t != 0.0) & (xf_fabs(w * t) < XF_BIN_TINY_LOSS);
 }
 
-
 /* the row loss from the scaled sum (acc, err), or the first sum where that one is not finite */
 XF_HD double xf_bin_ce_tiny_loss(double acc, double err, double first)
 {
