@@ -470,10 +470,11 @@ def _check_z_loss(z_loss):
     return z
 
 
-def _check_classes(x, axes):
+def _check_classes(x, axis):
+    """`axis` as the caller wrote it: -1 is named -1, not the normalized 1."""
     if x.shape[-1] == 0:
-        raise ValueError(f"logits: the class axis (axis={axes[0] if len(axes) == 1 else axes}) has length 0; "
-                         f"at least one class is needed")
+        named = "every axis" if axis is None else f"axis={axis!r}"
+        raise ValueError(f"logits: the class axis ({named}) has length 0; at least one class is needed")
 
 
 def _nan_where(bad, loss):
@@ -514,7 +515,7 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     y = _broadcast(y, batch, "labels", "the logits' shape without the class axis")
     cls, keep = _masks(where, shape, axes)
     x = _classes_last(x, axes)
-    _check_classes(x, axes)
+    _check_classes(x, axis)
     C = x.shape[-1]
     if cls is not None:
         x = jnp.where(cls, x, jnp.asarray(-jnp.inf, x.dtype))
@@ -586,7 +587,7 @@ def softmax_cross_entropy(logits, labels, axis=-1, where=None, *, z_loss=0.0):
     t = _broadcast(t.astype(x.dtype), shape, "labels", "the logits' shape")
     cls, keep = _masks(where, shape, axes)
     x = _classes_last(x, axes)
-    _check_classes(x, axes)
+    _check_classes(x, axis)
     t = _classes_last(t, axes)
     if cls is not None:
         x = jnp.where(cls, x, jnp.asarray(-jnp.inf, x.dtype))
