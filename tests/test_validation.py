@@ -84,6 +84,13 @@ class TestCrossEntropyArguments:
         with raises(ValueError, "target", "found 9223372036854775809"):
             f(X, y)
 
+    @pytest.mark.parametrize("bad", [2**63, 2**64, -2**63 - 1])
+    def test_python_int_label_beyond_int64_is_named(self, f, bad):
+        # NumPy makes such a list float64 (2**63 beside small ints) or object: the label is the error,
+        # not "floating-point values"
+        with raises(ValueError, "target", "[0, 4)", f"found {bad} at index [1]"):
+            f(X, [0, bad, 1])
+
     @pytest.mark.parametrize("tdtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32])
     def test_first_bad_label_among_ignored_rows(self, f, tdtype):
         # ignored rows before and after it; the labels are checked once, after a cast to int64 that
