@@ -242,6 +242,11 @@ class TestGradArguments:
         with raises(ValueError, "out", "float64", "float32"):
             xf.cross_entropy_with_grad(X, Y, out=np.empty((3, 4), dtype=np.float32))
 
+    def test_out_byte_swapped_names_the_byte_order(self):
+        swapped = ">f8" if np.little_endian else "<f8"
+        with raises(ValueError, "out", "float64 in native byte order", f"dtype {swapped}"):
+            xf.cross_entropy_with_grad(X, Y, out=np.empty((3, 4), dtype=swapped))
+
     def test_out_overlapping_input(self):
         x = X.copy()
         with raises(ValueError, "out", "overlaps input"):

@@ -910,8 +910,10 @@ def _grad_target(problem, out, inplace, grad_output=None):
             raise TypeError(f"out: expected a {backend.array_type.__module__}.{backend.array_type.__name__} "
                             f"(the input's kind), got {type(out).__name__}")
         if out.shape != given.shape or out.dtype != given.dtype:
-            raise ValueError(f"out: expected shape {given.shape} and dtype {given.dtype}; got shape {out.shape}, "
-                             f"dtype {out.dtype}")
+            swapped = not out.dtype.isnative and out.dtype.newbyteorder("=") == given.dtype
+            order = " in native byte order" if swapped else ""
+            raise ValueError(f"out: expected shape {given.shape} and dtype {given.dtype}{order}; got shape "
+                             f"{out.shape}, dtype {out.dtype.str if swapped else out.dtype}")
         if not getattr(out.flags, "writeable", True):
             raise ValueError("out: the array is read-only")
         if backend.overlaps(out, given):
