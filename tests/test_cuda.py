@@ -227,9 +227,11 @@ def _build_model(tmp_path_factory, tree):
     if cxx is None:
         pytest.skip("no C++ compiler: the host model of the CUDA kernels cannot be built")
     out = tmp_path_factory.mktemp("cuda_model") / f"host_model_{'tree' if tree else 'cpu'}.so"
-    # the CPU kernels' arithmetic flags (setup.py): no contraction, no fast math
+    # the CPU kernels' arithmetic flags (setup.py): no contraction, no fast math; the float64 rescue's
+    # lanes one after the other, as the GPU runs them (the CPU runs them side by side: the same bits)
     cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-w",
-           *[f"-I{d}" for d in INCLUDES], f"-DXF_CU_TREE_ORDER={int(tree)}", str(MODEL_SRC), "-o", str(out)]
+           *[f"-I{d}" for d in INCLUDES], f"-DXF_CU_TREE_ORDER={int(tree)}", "-DXF_RESCUE_LANE_MAJOR=1",
+           str(MODEL_SRC), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"host model build failed:\n{' '.join(cmd)}\n{r.stderr}"
     return HostModel(out)
@@ -675,6 +677,18 @@ def _long_row_problems(dtype):
         y = np.array([0, 0], dtype=np.int64)
         probs += [Args(x, y, None, None, -100, 0.0, 0.0, None, 1.0),
                   Args(x, y, None, np.full(9000, 7.0), -100, 0.0, 0.01, None, 1.0)]
+        # rescued rows whose length is no multiple of the rescue's 8 lanes, the argmax in the first, the
+        # last and a middle lane, entries beyond the rescue's reach, a masked one, a weight lifting w_y s
+        C = 4099
+        x = -np.linspace(700.0, 1250.0, 4 * C).reshape(4, C)
+        y = np.array([5, C - 1, 0, 2], dtype=np.int64)
+        x[np.arange(4), y] = 0.0
+        x[2, 7] = -np.inf
+        x[3] = -rng.uniform(740.0, 1120.0, C)
+        x[3, 2] = 0.0
+        w = np.full(C, 1e300)
+        probs += [Args(x, y, None, None, -100, 0.0, 0.0, None, 1.0),
+                  Args(x, y, None, w, -100, 0.0, 0.0, None, 1.0)]
     return probs
 
 

@@ -209,7 +209,7 @@ XF_HD double xf_rowjob_div_S(const xf_rowjob *job, double a)
  * exponentials, each rounded to the fixed subnormal grid, so their absolute errors add up (C/2 ULP of
  * a subnormal loss).  Such rows are re-summed with every term scaled by 2^600 (xf_exp_shifted_pow2) and
  * keep that scaled sum for the loss and the target gradient, which multiply it by weights before the
- * one rounding back.  Rare and per row, so it runs serially and does not slow the common path.
+ * one rounding back.  Per row, so no thread count changes it.
  * s = 0 with every finite logit within XF_RESCUE_SKIP of the max (each term underflowed) is rescued too
  * where the scaled sum settles it: a weight above ~2^53 lifts such a loss back into the normals (w_y =
  * 1e300 at a gap of 760: 8.6e-31, which came out 0).  A scaled term stays normal down to 708.4 + 600
@@ -218,11 +218,32 @@ XF_HD double xf_rowjob_div_S(const xf_rowjob *job, double a)
  * then under 2^-55 of it: [0, -760, -1130], [0, -1121] and [0, -1121, -1190] are rescued, [0, -1159.9] (its one term 30 %
  * off when scaled) is not and stays 0.  Rows with a logit beyond XF_RESCUE_SKIP (finite masks such as -1e9 or
  * the dtype's minimum) are not tried, nor rows whose other logits are all -inf (min_finite = m): their s
- * stays 0 at no cost.  The loop leaves out entries more than XF_RESCUE_SKIP below the max, whose scaled
- * exponential is +0 (adding +0 leaves a normalised double-double as it is): evaluated, each cost a
- * microcode assist (64 rows of 200000 -inf entries and one at -800: 353 ms, now ~56). */
+ * stays 0 at no cost.  Entries more than XF_RESCUE_SKIP below the max add +0 (their scaled exponential
+ * is +0) and are evaluated from m instead: a far argument costs a microcode assist (64 rows of 200000
+ * -inf entries and one at -800: 353 ms, ~56 without).
+ * The sum: class j goes to lane j mod XF_RESCUE_LANES, each lane a TwoSum-compensated sum in class
+ * order, the lanes then added in order as double-doubles (relative error ~C 2^-106 before the one
+ * rounding).  The CPU runs the lanes side by side, as vectors (one serial double-double chain cost ~15 ns
+ * a class: a 1000-class row 15 us, 10x an ordinary one); the GPU's one thread runs them one after the
+ * other (XF_RESCUE_LANE_MAJOR), two doubles of state instead of sixteen.  The same additions in the same
+ * order per lane: the same bits (tests/test_cuda.py builds the host model with the GPU's order). */
 #define XF_TINY_SUM 0x1p-900
 #define XF_RESCUE_SKIP 1200.0
+#define XF_RESCUE_LANES 8
+#ifndef XF_RESCUE_LANE_MAJOR
+#  define XF_RESCUE_LANE_MAJOR XF_CUDA
+#endif
+
+/* the rescue's scaled term of class j (+0 for the argmax and the far entries); *subnormal = 1 where a
+ * term taken is below the normals (its rounding is on the fixed grid) */
+XF_HD double xf_rescue_term(const double *x, long long j, double m, long long argmax, double *subnormal)
+{
+    const int taken = (j != argmax) & (x[j] - m >= -XF_RESCUE_SKIP);
+    const double e = xf_exp_shifted_pow2(taken ? x[j] : m, m);
+    *subnormal = (taken & (e < 0x1p-1022)) ? 1.0 : 0.0;
+    return taken ? e : 0.0;
+}
+
 XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
 {
     const int underflowed = job->s_hi == 0.0;
@@ -230,15 +251,45 @@ XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long 
         (underflowed && !(job->min_finite < job->m && job->m - job->min_finite <= XF_RESCUE_SKIP))) {
         return;
     }
+    const double m = job->m;
+    const long long argmax = job->argmax;
     double hi = 0.0, lo = 0.0, n_subnormal = 0.0;
     long long j;
-    for (j = 0; j < C; j++) {
-        if (j != job->argmax && x[j] - job->m >= -XF_RESCUE_SKIP) {
-            const double e = xf_exp_shifted_pow2(x[j], job->m);
-            xf_dd_add(&hi, &lo, e, 0.0);
-            n_subnormal += (e < 0x1p-1022) ? 1.0 : 0.0;
+    int k;
+#if XF_RESCUE_LANE_MAJOR
+    for (k = 0; k < XF_RESCUE_LANES; k++) {
+        double acc = 0.0, err = 0.0;
+        for (j = k; j < C; j += XF_RESCUE_LANES) {
+            double sub;
+            xf_acc_add_finite(&acc, &err, xf_rescue_term(x, j, m, argmax, &sub));
+            n_subnormal += sub;
+        }
+        xf_dd_add(&hi, &lo, acc, err);
+    }
+#else
+    double acc[XF_RESCUE_LANES], err[XF_RESCUE_LANES], subs[XF_RESCUE_LANES];
+    const long long whole = C / XF_RESCUE_LANES * XF_RESCUE_LANES;
+    for (k = 0; k < XF_RESCUE_LANES; k++) {
+        acc[k] = err[k] = subs[k] = 0.0;
+    }
+    for (j = 0; j < whole; j += XF_RESCUE_LANES) {
+#pragma omp simd
+        for (k = 0; k < XF_RESCUE_LANES; k++) {
+            double sub;
+            xf_acc_add_finite(&acc[k], &err[k], xf_rescue_term(x, j + k, m, argmax, &sub));
+            subs[k] += sub;
         }
     }
+    for (k = 0; k < C - whole; k++) {
+        double sub;
+        xf_acc_add_finite(&acc[k], &err[k], xf_rescue_term(x, whole + k, m, argmax, &sub));
+        subs[k] += sub;
+    }
+    for (k = 0; k < XF_RESCUE_LANES; k++) {
+        xf_dd_add(&hi, &lo, acc[k], err[k]);
+        n_subnormal += subs[k];
+    }
+#endif
     if (underflowed && !(hi >= n_subnormal * 0x1p-1020)) {
         return;
     }
