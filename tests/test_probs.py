@@ -562,11 +562,12 @@ def test_the_reference_clips_at_a_tiny_eps_exactly():
     assert_ulp_close(xf.binary_cross_entropy(p, y, eps=1e-300, reduction="none"), exact, BOUND[np.dtype(np.float64)])
 
 
-@pytest.mark.parametrize("c", [-100.0, -0.5, -1e-17, -36.8, -744.0])
+@pytest.mark.parametrize("c", [-100.0, -0.5, -1e-17, -36.8, -744.0, -1e-80, -1e-300, -5e-324])
 def test_log_clamp_decides_on_the_exact_log(c):
     # the two doubles on either side of e^c (log p against c) and of 1 - e^c (log(1 - p) against c): the
     # rounded log can land on the wrong side of c within an ulp of it, where the derivative jumps from
-    # 1/p to 0 (p = e^-100 less an ulp: -2.7e43 where it is 0)
+    # 1/p to 0 (p = e^-100 less an ulp: -2.7e43 where it is 0).  The reference decides it exactly too:
+    # for c = -1e-300 its log1p(-p) at p = -c, rounded, had equalled c and left the term live
     from xentfast.api_binary import _clamp_thresholds
     lo, hi = _clamp_thresholds(c)
     p = np.array([np.nextafter(lo, 0), lo, np.nextafter(lo, 1), np.nextafter(hi, 0), hi, np.nextafter(hi, 1)])
@@ -578,7 +579,9 @@ def test_log_clamp_decides_on_the_exact_log(c):
         assert_ulp_close(grad, exact, 4.0, scale=scale, inputs={"p": p, "y": y})
     with mpmath.workprec(300):   # the thresholds themselves, against the exact logs
         assert mpmath.log(lo) >= c and (lo == 5e-324 or mpmath.log(np.nextafter(lo, 0)) < c)
-        assert mpmath.log(1 - mpmath.mpf(hi)) >= c and mpmath.log(1 - mpmath.mpf(np.nextafter(hi, 1))) < c
+    with mpmath.workprec(1200):  # log(1 - p) < c iff p > 1 - e^c, which lies c^2/2 below -c (~2^-1075 of it)
+        one_minus = -mpmath.expm1(c)
+        assert mpmath.mpf(hi) <= one_minus < mpmath.mpf(np.nextafter(hi, 1))
 
 
 def test_the_subnormal_factor_lift_stays_exact_where_it_cannot_apply():

@@ -1028,6 +1028,12 @@ class _ProbMode:
             raise ValueError(f"eps must be in [0, 0.5]; got {eps!r}")
         if self.clamp is not None and not (self.clamp <= 0 and mpmath.isfinite(self.clamp)):
             raise ValueError(f"log_clamp must be finite and <= 0; got {log_clamp!r}")
+        if self.clamp is not None:
+            # log p < c iff p < e^c, log(1 - p) < c iff p > 1 - e^c: decided exactly, not on the rounded
+            # logs (log1p(-p) = -p - p^2/2 - ... rounds to c itself for p = -c ~ 1e-300, though it lies
+            # below c: the term is clamped, its derivative 0)
+            self.p_clamped_below = _exp_exact_bound(self.clamp, mpmath.exp)
+            self.p_clamped_above = _exp_exact_bound(self.clamp, lambda v: -mpmath.expm1(v))
 
     def logs(self, p):
         """(log p_c, log(1 - p_c), d log p_c live, d log(1 - p_c) live) for the clipped/clamped p_c."""
@@ -1041,11 +1047,34 @@ class _ProbMode:
         l1p = mpmath.log1p(-p) if p != 1 else _NINF
         live_p = live_1p = True
         if self.clamp is not None:
-            if lp < self.clamp:
+            if p < self.p_clamped_below:
                 lp, live_p = self.clamp, False
-            if l1p < self.clamp:
+            if p > self.p_clamped_above:
                 l1p, live_1p = self.clamp, False
         return lp, l1p, live_p, live_1p
+
+
+def _exp_exact_bound(c, f):
+    """A number that compares with every double p as f(c) does, for f(c) = e^c or 1 - e^c (c <= 0 a double):
+    f(c) itself for c = 0 (1 or 0); otherwise f(c) is irrational (Lindemann), never a double, and is
+    evaluated at rising precision until the doubles nearest it are seen to lie on either side; the bound
+    returned is then halfway between them (an exact comparison with any double gives f(c)'s answer)."""
+    if c == 0:
+        return f(c)
+    prec = 128
+    while True:
+        with mpmath.workprec(prec):
+            r = f(c)
+        # r within 2^(2 - prec) of f(c), relatively: the doubles just below and above r (float() rounds
+        # faithfully) enclose f(c) when neither lies within that distance of r (differences taken exactly)
+        near = float(r)
+        below = near if mpf(near) < r else float(np.nextafter(near, -np.inf))
+        above = near if mpf(near) > r else float(np.nextafter(near, np.inf))
+        tol = mpmath.ldexp(abs(r), 2 - prec)
+        if (mpf(near) != r and mpmath.fsub(r, below, exact=True) > tol and
+                mpmath.fsub(above, r, exact=True) > tol):
+            return mpmath.ldexp(mpmath.fadd(below, above, exact=True), -1)
+        prec *= 2
 
 
 def _bce_prob_elem(p, y, w, mode, want_grad):
