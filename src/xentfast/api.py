@@ -210,11 +210,10 @@ def _index_targets(target, batch_shape, C, ignore_index, backend=_backend.CPU, c
 def _raise_label_beyond_int64(target, batch_shape, C, ignore_index):
     """A Python sequence of ints became float64 (an int from 2**63 to 2**64 beside smaller ones) or object
     (beyond 2**64) in NumPy: name the out-of-range label rather than call the integers floating point."""
-    labels = np.empty(0, dtype=object)
     try:
         labels = np.array(target, dtype=object)
     except ValueError:          # ragged: the general error follows
-        pass
+        return
     if labels.shape != batch_shape or not all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in labels.flat):
         return
@@ -236,7 +235,7 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backen
     """Index targets (int64, flat) or probability targets (rows like x): (y, t, kept) with one of y and t
     None; `kept` as in _index_targets (None for probabilities)."""
     t = backend.xp.asarray(target)
-    if t.dtype.kind in "fO" and not hasattr(target, "dtype"):
+    if t.dtype.kind in "fO" and t.shape == batch_shape and not hasattr(target, "dtype"):
         _raise_label_beyond_int64(target, batch_shape, C, ignore_index)
     if t.dtype.kind in "iu":
         if t.shape == x.shape:
