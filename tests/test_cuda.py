@@ -227,11 +227,9 @@ def _build_model(tmp_path_factory, tree):
     if cxx is None:
         pytest.skip("no C++ compiler: the host model of the CUDA kernels cannot be built")
     out = tmp_path_factory.mktemp("cuda_model") / f"host_model_{'tree' if tree else 'cpu'}.so"
-    # the CPU kernels' arithmetic flags (setup.py): no contraction, no fast math; the float64 rescue's
-    # lanes one after the other, as the GPU runs them (the CPU runs them side by side: the same bits)
+    # the CPU kernels' arithmetic flags (setup.py): no contraction, no fast math
     cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-w",
-           *[f"-I{d}" for d in INCLUDES], f"-DXF_CU_TREE_ORDER={int(tree)}", "-DXF_RESCUE_LANE_MAJOR=1",
-           str(MODEL_SRC), "-o", str(out)]
+           *[f"-I{d}" for d in INCLUDES], f"-DXF_CU_TREE_ORDER={int(tree)}", str(MODEL_SRC), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"host model build failed:\n{' '.join(cmd)}\n{r.stderr}"
     return HostModel(out)

@@ -156,14 +156,7 @@ XF_HD void xf_cu_lane_add(const float *, double *acc, double *cmp, double e)
 }
 XF_HD void xf_cu_lane_add(const double *, double *acc, double *cmp, double e) { xf_acc_add(acc, cmp, e); }
 
-/* the tiny-sum rescue and the scaled gradient exist for float64 only (#if XF_COMPENSATED on the CPU) */
-XF_HD void xf_cu_rescue(xf_rowjob *job, const float *x, long long C)
-{
-    (void)job;
-    (void)x;
-    (void)C;
-}
-XF_HD void xf_cu_rescue(xf_rowjob *job, const double *x, long long C) { xf_rowjob_rescue_tiny_sum(job, x, C); }
+/* the scaled gradient exists for float64 only (#if XF_COMPENSATED on the CPU), as does the rescue below */
 XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const float *) { (void)job; return 0; }
 XF_HD int xf_cu_grad_scaled(const xf_rowjob *job, const double *) { return job->grad_scaled; }
 
@@ -204,6 +197,32 @@ XF_HD xf_cu_scratch xf_cu_scratch_layout(double *smem, xf_rowjob *job, int nt, l
 }
 
 /* ---- the steps of a row -------------------------------------------------------------------------------- */
+
+/* The float64 tiny-sum rescue (softmax_row.h, xf_rowjob_rescue_tiny_sum): a lane per thread into the
+ * scratch's chain storage, free once the sum is set, then one thread adds the lanes in order.  After a
+ * step, so every thread reads the same job and takes the same branch. */
+template <typename Team>
+XF_HD void xf_cu_rescue(const Team &, const xf_cu_scratch &, const float *, long long)
+{
+}
+template <typename Team>
+XF_HD void xf_cu_rescue(const Team &team, const xf_cu_scratch &sc, const double *x, long long C)
+{
+    if (!xf_rowjob_rescue_wanted(sc.job)) {
+        return;
+    }
+    double *acc = sc.chain, *err = sc.chain + XF_RESCUE_LANES, *sub = sc.chain + 2 * XF_RESCUE_LANES;
+    team.step([&](int tid) {
+        for (int k = tid; k < XF_RESCUE_LANES; k += team.nt) {
+            xf_rescue_lane(x, C, sc.job->m, sc.job->argmax, k, &acc[k], &err[k], &sub[k]);
+        }
+    });
+    team.step([&](int tid) {
+        if (tid == 0) {
+            xf_rowjob_rescue_finish(sc.job, acc, err, sub);
+        }
+    });
+}
 
 /* Merge max-tree partials; b covers other indices than a, in any interleaving, so ties go to the
  * smaller index (d). */
@@ -301,9 +320,9 @@ XF_HD void xf_cu_row_stats(const Team &team, const T *x, long long C, const xf_c
     team.step([&](int tid) {
         if (tid == 0) {
             xf_rowjob_set_sum(sc.job, ph[0], pl[0]);
-            xf_cu_rescue(sc.job, x, C);
         }
     });
+    xf_cu_rescue(team, sc, x, C);
 #else
     const long long nb = xf_cu_nblocks(C);
     const long long nch = nb * XF_LANES;
@@ -339,9 +358,9 @@ XF_HD void xf_cu_row_stats(const Team &team, const T *x, long long C, const xf_c
                 xf_dd_add(&hi, &lo, sc.blk[2 * b], sc.blk[2 * b + 1]);
             }
             xf_rowjob_set_sum(sc.job, hi, lo);
-            xf_cu_rescue(sc.job, x, C);
         }
     });
+    xf_cu_rescue(team, sc, x, C);
 #endif
 }
 

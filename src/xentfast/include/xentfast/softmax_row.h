@@ -222,17 +222,22 @@ XF_HD double xf_rowjob_div_S(const xf_rowjob *job, double a)
  * is +0) and are evaluated from m instead: a far argument costs a microcode assist (64 rows of 200000
  * -inf entries and one at -800: 353 ms, ~56 without).
  * The sum: class j goes to lane j mod XF_RESCUE_LANES, each lane a TwoSum-compensated sum in class
- * order, the lanes then added in order as double-doubles (relative error ~C 2^-106 before the one
- * rounding).  The CPU runs the lanes side by side, as vectors (one serial double-double chain cost ~15 ns
- * a class: a 1000-class row 15 us, 10x an ordinary one); the GPU's one thread runs them one after the
- * other (XF_RESCUE_LANE_MAJOR), two doubles of state instead of sixteen.  The same additions in the same
- * order per lane: the same bits (tests/test_cuda.py builds the host model with the GPU's order). */
+ * order (xf_rescue_lane), the lanes then added in order as double-doubles (xf_rowjob_rescue_finish;
+ * relative error ~C 2^-106 before the one rounding).  The CPU runs the lanes side by side, as vectors
+ * (one serial double-double chain had cost ~15 ns a class: a 1000-class row 15 us, 10x an ordinary
+ * one); the GPU runs a lane per thread (kernels.cu, xf_cu_rescue).  The same additions in the same
+ * order per lane: the same bits. */
 #define XF_TINY_SUM 0x1p-900
 #define XF_RESCUE_SKIP 1200.0
 #define XF_RESCUE_LANES 8
-#ifndef XF_RESCUE_LANE_MAJOR
-#  define XF_RESCUE_LANE_MAJOR XF_CUDA
-#endif
+
+/* whether the row's sum is summed again (the conditions above) */
+XF_HD int xf_rowjob_rescue_wanted(const xf_rowjob *job)
+{
+    const int underflowed = job->s_hi == 0.0;
+    return job->status == XF_ROW_OK && job->s_hi < XF_TINY_SUM &&
+           (!underflowed || (job->min_finite < job->m && job->m - job->min_finite <= XF_RESCUE_SKIP));
+}
 
 /* the rescue's scaled term of class j (+0 for the argmax and the far entries); *subnormal = 1 where a
  * term taken is below the normals (its rounding is on the fixed grid) */
@@ -244,31 +249,53 @@ XF_HD double xf_rescue_term(const double *x, long long j, double m, long long ar
     return taken ? e : 0.0;
 }
 
+/* lane k of the rescue's sum, by itself */
+XF_HD void xf_rescue_lane(const double *x, long long C, double m, long long argmax, int k, double *acc,
+                          double *err, double *n_subnormal)
+{
+    double a = 0.0, e = 0.0, n = 0.0;
+    long long j;
+    for (j = k; j < C; j += XF_RESCUE_LANES) {
+        double sub;
+        xf_acc_add_finite(&a, &e, xf_rescue_term(x, j, m, argmax, &sub));
+        n += sub;
+    }
+    *acc = a;
+    *err = e;
+    *n_subnormal = n;
+}
+
+/* the lanes added in order; the row keeps the scaled sum, except an underflowed row whose scaled sum
+ * does not settle it (the n 2^-1020 test above) */
+XF_HD void xf_rowjob_rescue_finish(xf_rowjob *job, const double *acc, const double *err,
+                                   const double *n_subnormal)
+{
+    double hi = 0.0, lo = 0.0, n_sub = 0.0;
+    int k;
+    for (k = 0; k < XF_RESCUE_LANES; k++) {
+        xf_dd_add(&hi, &lo, acc[k], err[k]);
+        n_sub += n_subnormal[k];
+    }
+    if (job->s_hi == 0.0 && !(hi >= n_sub * 0x1p-1020)) {
+        return;
+    }
+    xf_rowjob_set_sum(job, (hi + lo) * XF_POW2_UNSCALE, 0.0);
+    job->rescued = 1;
+    job->s_scaled = hi + lo;
+}
+
+/* the rescue on one CPU thread: xf_rescue_lane's eight lanes side by side, as vectors */
 XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long C)
 {
-    const int underflowed = job->s_hi == 0.0;
-    if (job->status != XF_ROW_OK || !(job->s_hi < XF_TINY_SUM) ||
-        (underflowed && !(job->min_finite < job->m && job->m - job->min_finite <= XF_RESCUE_SKIP))) {
+    if (!xf_rowjob_rescue_wanted(job)) {
         return;
     }
     const double m = job->m;
     const long long argmax = job->argmax;
-    double hi = 0.0, lo = 0.0, n_subnormal = 0.0;
+    const long long whole = C / XF_RESCUE_LANES * XF_RESCUE_LANES;
+    double acc[XF_RESCUE_LANES], err[XF_RESCUE_LANES], subs[XF_RESCUE_LANES];
     long long j;
     int k;
-#if XF_RESCUE_LANE_MAJOR
-    for (k = 0; k < XF_RESCUE_LANES; k++) {
-        double acc = 0.0, err = 0.0;
-        for (j = k; j < C; j += XF_RESCUE_LANES) {
-            double sub;
-            xf_acc_add_finite(&acc, &err, xf_rescue_term(x, j, m, argmax, &sub));
-            n_subnormal += sub;
-        }
-        xf_dd_add(&hi, &lo, acc, err);
-    }
-#else
-    double acc[XF_RESCUE_LANES], err[XF_RESCUE_LANES], subs[XF_RESCUE_LANES];
-    const long long whole = C / XF_RESCUE_LANES * XF_RESCUE_LANES;
     for (k = 0; k < XF_RESCUE_LANES; k++) {
         acc[k] = err[k] = subs[k] = 0.0;
     }
@@ -285,17 +312,7 @@ XF_HD void xf_rowjob_rescue_tiny_sum(xf_rowjob *job, const double *x, long long 
         xf_acc_add_finite(&acc[k], &err[k], xf_rescue_term(x, whole + k, m, argmax, &sub));
         subs[k] += sub;
     }
-    for (k = 0; k < XF_RESCUE_LANES; k++) {
-        xf_dd_add(&hi, &lo, acc[k], err[k]);
-        n_subnormal += subs[k];
-    }
-#endif
-    if (underflowed && !(hi >= n_subnormal * 0x1p-1020)) {
-        return;
-    }
-    xf_rowjob_set_sum(job, (hi + lo) * XF_POW2_UNSCALE, 0.0);
-    job->rescued = 1;
-    job->s_scaled = hi + lo;
+    xf_rowjob_rescue_finish(job, acc, err, subs);
 }
 
 /* w * log S for a row's argmax class (log S = s when rescued: log1p(s) = s below 2^-900). */
