@@ -8,10 +8,11 @@
  * Design
  * (a) One formula.  Every number is computed by the functions the CPU kernels use: the shared header
  *     xentfast/numerics.h (exp, log1p, TwoSum, double-double) and the per-row bookkeeping of
- *     xentfast/softmax_row.h (xf_rowjob_init / set_max / set_sum / rescue_tiny_sum / finish,
- *     xf_row_target_q, xf_target_grad, xf_lanes_to_dd, xf_terms_merge, xf_exp_minus_f32/f64), included
- *     unchanged.  What this file restates are only the loop bodies of softmax_rows.h (which are host
- *     block loops and cannot be called per element); each is marked "as softmax_rows.h: <function>".
+ *     xentfast/softmax_row.h (xf_rowjob_init / set_max / set_sum / rescue_wanted / rescue_finish /
+ *     finish, xf_rescue_lane, xf_row_target_q, xf_target_grad, xf_lanes_to_dd, xf_terms_merge,
+ *     xf_exp_minus_f32/f64), included unchanged.  What this file restates are only the loop bodies of
+ *     softmax_rows.h (which are host block loops and cannot be called per element); each is marked
+ *     "as softmax_rows.h: <function>".
  *     That includes the CPU's softmax output path (its sum pass keeps exp(x_j - m) in the output
  *     buffer, rounded to the storage type): the GPU recomputes the exponential instead of storing it,
  *     and rounds it the same way, so the outputs keep the CPU's bits without the extra traffic.  (The
