@@ -154,52 +154,78 @@ XF_KERNEL long long XF_FN(xf_first_equal)(const XF_T *x, long long n, XF_T m)
 #endif
 }
 
-/* The counting form of pass 1, for blocks that hold a NaN or a -inf (rare: masked classes): max, min
- * over the entries above -inf, NaN and finite counts, lane by lane as xf_max_block. */
-XF_KERNEL void XF_FN(xf_max_block_counted)(const XF_T *x, long long n, XF_T *m_out, XF_T *mn_out, int *n_nan_out,
+/* The counting part of pass 1, for blocks that hold a NaN or a -inf (rare: masked classes): the min over
+ * the entries above -inf and their count, lane by lane as xf_max_block, and the NaN count where its
+ * marker saw one.  The max is xf_max_block's own (NaN-blind either way).  The min is taken over
+ * `v > -inf ? v : +inf`, which does not wait on the running min (a NaN leaves it alone either way: its
+ * compares are false).  This pass had kept a max and a NaN count of its own, with the -inf test inside
+ * the min's select, each step's compare and blend waiting on the last: one 512-bit vector of floats per
+ * ~6 cycles, 18 % of a forward pass over rows with 30 % -inf (benchmarks/README.md, fourteenth round). */
+XF_KERNEL void XF_FN(xf_max_block_counted)(const XF_T *x, long long n, int any_nan, XF_T *mn_out, int *n_nan_out,
                                            int *n_finite_out)
 {
-    const XF_T neg_inf = (XF_T)-XF_INF;
-    XF_T lm[XF_MAX_LANES], lmn[XF_MAX_LANES];
-    int lnan[XF_MAX_LANES], lfin[XF_MAX_LANES];
-    int k;
+    const XF_T neg_inf = (XF_T)-XF_INF, pos_inf = (XF_T)XF_INF;
+    XF_T lmn[XF_MAX_LANES];
+    int lfin[XF_MAX_LANES];
+    int k, n_nan = 0;
     long long j = 0;
     for (k = 0; k < XF_MAX_LANES; k++) {
-        lm[k] = neg_inf;
-        lmn[k] = (XF_T)XF_INF;
-        lnan[k] = 0;
+        lmn[k] = pos_inf;
         lfin[k] = 0;
     }
     for (; j + XF_MAX_LANES <= n; j += XF_MAX_LANES) {
 #pragma omp simd
         for (k = 0; k < XF_MAX_LANES; k++) {
-            XF_T v = x[j + k];
-            lm[k] = (v > lm[k]) ? v : lm[k];
-            lmn[k] = (v < lmn[k] && v > neg_inf) ? v : lmn[k];
-            lnan[k] += (v != v);
+            const XF_T v = x[j + k];
+            const XF_T above = (v > neg_inf) ? v : pos_inf;
+            lmn[k] = (above < lmn[k]) ? above : lmn[k];
             lfin[k] += (v > neg_inf);
         }
     }
     for (k = 0; j + k < n; k++) {
-        XF_T v = x[j + k];
-        lm[k] = (v > lm[k]) ? v : lm[k];
-        lmn[k] = (v < lmn[k] && v > neg_inf) ? v : lmn[k];
-        lnan[k] += (v != v);
+        const XF_T v = x[j + k];
+        const XF_T above = (v > neg_inf) ? v : pos_inf;
+        lmn[k] = (above < lmn[k]) ? above : lmn[k];
         lfin[k] += (v > neg_inf);
     }
-    XF_T m = neg_inf, mn = (XF_T)XF_INF;
-    int n_nan = 0, n_finite = 0;
-    for (k = 0; k < XF_MAX_LANES; k++) {
-        m = (lm[k] > m) ? lm[k] : m;
-        mn = (lmn[k] < mn) ? lmn[k] : mn;
-        n_nan += lnan[k];
-        n_finite += lfin[k];
+    /* the lanes folded in halves, not one after another in a chain */
+    int half;
+    for (half = XF_MAX_LANES / 2; half > 0; half /= 2) {
+#pragma omp simd
+        for (k = 0; k < half; k++) {
+            lmn[k] = (lmn[k + half] < lmn[k]) ? lmn[k + half] : lmn[k];
+            lfin[k] += lfin[k + half];
+        }
     }
-    *m_out = m;
+    const XF_T mn = lmn[0];
+    const int n_finite = lfin[0];
+    if (any_nan) {
+#pragma omp simd reduction(+ : n_nan)
+        for (j = 0; j < n; j++) {
+            n_nan += (x[j] != x[j]);
+        }
+    }
     *mn_out = mn;
     *n_nan_out = n_nan;
     *n_finite_out = n_finite;
 }
+
+#ifndef XF_FLOAT_NEXT_UP_DEFINED
+#define XF_FLOAT_NEXT_UP_DEFINED 1
+/* the least float above f, for f finite or -inf and below FLT_MAX (-inf gives -FLT_MAX): one step of the
+ * magnitude's bits, up for positive f and down for negative */
+static inline float xf_float_next_up(float f)
+{
+    unsigned int bits;
+    if (f == 0.0f) {
+        return 1.40129846e-45f;
+    }
+    memcpy(&bits, &f, sizeof bits);
+    bits = (f > 0.0f) ? bits + 1u : bits - 1u;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+#endif
 
 #if defined(__AVX2__) && !defined(XF_MAX_FOLD_DEFINED)
 #define XF_MAX_FOLD_DEFINED 1
@@ -358,7 +384,7 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
 #endif
     int n_nan = 0, n_finite = (int)n;
     if (any_nan || !(mn > neg_inf)) {
-        XF_FN(xf_max_block_counted)(x, n, &m, &mn, &n_nan, &n_finite);
+        XF_FN(xf_max_block_counted)(x, n, any_nan, &mn, &n_nan, &n_finite);
     }
     long long first = XF_FN(xf_first_equal)(x, n, m);
     out->m = (double)m;
@@ -1231,6 +1257,38 @@ XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n
 #endif
 }
 
+/* xf_row_mask_form's pass: the min over m and the entries at or above far_t, in XF_MAX_LANES lanes (a min
+ * in any order is the same number), folded in halves at the end */
+XF_KERNEL XF_T XF_FN(xf_near_min)(const XF_T *x, long long C, XF_T far_t, XF_T m)
+{
+    XF_T lane_min[XF_MAX_LANES];
+    long long j = 0;
+    int k, half;
+    for (k = 0; k < XF_MAX_LANES; k++) {
+        lane_min[k] = m;
+    }
+    for (; j + XF_MAX_LANES <= C; j += XF_MAX_LANES) {
+#pragma omp simd
+        for (k = 0; k < XF_MAX_LANES; k++) {
+            const XF_T v = x[j + k];
+            const XF_T kept = (v >= far_t) ? v : m;
+            lane_min[k] = (kept < lane_min[k]) ? kept : lane_min[k];
+        }
+    }
+    for (k = 0; j + k < C; k++) {
+        const XF_T v = x[j + k];
+        const XF_T kept = (v >= far_t) ? v : m;
+        lane_min[k] = (kept < lane_min[k]) ? kept : lane_min[k];
+    }
+    for (half = XF_MAX_LANES / 2; half > 0; half /= 2) {
+#pragma omp simd
+        for (k = 0; k < half; k++) {
+            lane_min[k] = (lane_min[k + half] < lane_min[k]) ? lane_min[k + half] : lane_min[k];
+        }
+    }
+    return lane_min[0];
+}
+
 /* A row beyond the normal form's spread (xf_rowjob_set_exp_form gave 0) whose far entries are a finite
  * mask: every finite entry either within XF_NORMAL_SPREAD of the max or below fl(m - XF_MASK_FAR) (none
  * in the band between, where the exponential is subnormal; one exactly 746 below keeps the row on the
@@ -1243,15 +1301,18 @@ XF_HD void XF_FN(xf_row_mask_form)(const XF_T *x, long long C, xf_rowjob *job)
     if (job->status != XF_ROW_OK || job->exp_normal != 0 || !(m - m == 0.0)) {
         return;
     }
+    /* In the storage type, lane by lane: (double)v >= far exactly where v >= far_t, the least XF_T at or
+     * above far (far itself for double; a float a step up where rounding went down, -FLT_MAX where far
+     * lies below every finite float), and m is an XF_T (the max of the entries), so the min is the same
+     * number.  The double form took 8 floats per 512-bit vector, widening each, in one min chain: 18 %
+     * of a float32 forward pass over rows with 30 % of the entries at -1e9 (benchmarks/README.md,
+     * fourteenth round). */
     const double far = m - XF_MASK_FAR;
-    double near_min = m;
-    long long j;
-#pragma omp simd reduction(min : near_min)
-    for (j = 0; j < C; j++) {
-        const double v = (double)x[j];
-        const double kept = (v >= far) ? v : m;
-        near_min = (kept < near_min) ? kept : near_min;
+    XF_T far_t = (XF_T)far;
+    if ((double)far_t < far) {
+        far_t = (XF_T)xf_float_next_up((float)far_t);
     }
+    const double near_min = (double)XF_FN(xf_near_min)(x, C, far_t, (XF_T)m);
     if (m - near_min <= XF_NORMAL_SPREAD) {
         job->exp_normal = 2;
     }
