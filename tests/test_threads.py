@@ -233,6 +233,61 @@ def test_inplace_equals_out_of_place_for_general_rows(dtype, opts):
     assert np.array_equal(grad_in, grad, equal_nan=True)
 
 
+def _far_simple_rows(c, seed):
+    """float64 rows with index targets whose spread lies beyond the stored form's 600: finite masks
+    (the masked normal form), an entry in the subnormal band (the general form), logits 650 to 1300
+    below the max (the tiny-sum rescue), and rows whose probabilities are subnormal."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((10, c)) * 3
+    x[0, rng.random(c) < 0.3] = -1e9
+    x[1, rng.random(c) < 0.3] = np.finfo(np.float64).min
+    x[2, rng.random(c) < 0.3] = -1e9
+    x[2, 11] = x[2].max() - 740.0
+    x[3, 4] = x[3].max() + 650.0
+    x[4, 8] = x[4].max() + 800.0
+    x[5, c - 1] = x[5].max() + 1100.0
+    x[6, 2] = x[6].max() + 1300.0
+    x[7, rng.random(c) < 0.5] -= 720.0
+    x[8, ::7] = -np.inf
+    x[8, 1::7] = -1e9
+    x[9, 5] = 1e300
+    x[9, 6] = 1e300 - 2e284
+    y = rng.integers(0, c, 10)
+    y[3], y[4], y[5], y[6] = 4, 8, c - 1, 3
+    return x, y
+
+
+@pytest.mark.parametrize("c", [1000, 2048 + 5])
+@pytest.mark.parametrize("reduction, factor", [("none", None), ("sum", 1e300), ("mean", 1e-300)])
+def test_inplace_equals_out_of_place_for_far_simple_rows(cpu_path_back, c, reduction, factor):
+    # float64 simple rows beyond the stored form's spread keep the sum pass's exponentials in the
+    # gradient buffer when it is not the logits (softmax_rows.h, xf_xent_row): the gradient pass reads
+    # them, unless the row's probabilities are subnormal under a factor above 1 (grad_scaled), which
+    # evaluates them again from x, scaled.  In place, the buffer is the logits and every row evaluates them
+    # again: the same bits, every path, thread count and (row, block) split.  A grad_scaled row that
+    # read the kept exponentials would differ here (the scaled form is what keeps its subnormal entries
+    # exact under 1e300).
+    x, y = _far_simple_rows(c, seed=c)
+    kw = dict(reduction=reduction, grad_output=factor)
+    want = xf.cross_entropy_with_grad(x, y, n_threads=1, **kw)
+    assert np.count_nonzero(want[1]) > 0
+    for path in _xent.available_cpu_paths():
+        cpu_path_back.set_cpu_path(path)
+        for nt in (1, 2):
+            got = xf.cross_entropy_with_grad(x, y, n_threads=nt, **kw)
+            inplace = x.copy()
+            got_in = xf.cross_entropy_with_grad(inplace, y, n_threads=nt, inplace=True, **kw)
+            assert got_in[1] is inplace
+            for a, what in ((got, "out of place"), (got_in, "in place")):
+                assert np.array_equal(a[0], want[0], equal_nan=True), (path, nt, what)
+                assert np.array_equal(a[1], want[1], equal_nan=True), (path, nt, what)
+    if reduction == "none":
+        split = _row_path_and_split(x, y)
+        for loss, grad in split:
+            assert np.array_equal(loss, want[0], equal_nan=True)
+            assert np.array_equal(grad, want[1], equal_nan=True)
+
+
 @pytest.mark.parametrize("f", [xf.log_softmax, xf.softmax, xf.logsumexp])
 def test_softmax_family_thread_count(f):
     x, _ = _problem(np.float64, 64, 4096, seed=3)

@@ -1520,6 +1520,17 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
         /* this row may keep its exponentials where the pending gradient reads them */
         xf_row_scratch_finish(scratch);
     }
+#if XF_COMPENSATED
+    /* float64 simple rows beyond the stored form's spread (a finite mask such as -1e9, logits far apart)
+     * keep theirs in the gradient buffer too where that buffer is not the logits: the tiny-sum rescue and
+     * the scaled gradient (grad_scaled, checked first in xf_xent_grad_block) read x again, and it is
+     * still there.  Not streamed rows only: the pending writer has no scaled form.  They had evaluated
+     * every exponential a second time (fused 4096x1000 float64 with 30 % of the entries at -1e9, one
+     * thread: benchmarks/README.md, fourteenth round). */
+    if (grad && grad != x && !streamed && !job->stored && job->simple && job->status == XF_ROW_OK) {
+        job->stored = 1;
+    }
+#endif
     /* float64 stored rows not streamed keep their exponentials in the gradient buffer (exact there) */
     XF_T *store = (XF_COMPENSATED && job->stored && !streamed) ? grad : 0;
     XF_FN(xf_row_sum_writing)(x, C, job, store, keep, pending, scratch);

@@ -41,7 +41,8 @@ typedef struct {
     int simple;          /* index target, eps == 0, z == 0: the exact-target-gradient path */
     int needs_terms;     /* loss needs a pass over all classes (probability targets or smoothing) */
     int stored;          /* float64: the sum pass keeps exp(x_j - m) in the gradient buffer, or in a long
-                          * row's scratch row (xf_rowjob_plan; CPU softmax_rows.h, XF_STREAMED_ROWS) */
+                          * row's scratch row (xf_rowjob_plan; CPU softmax_rows.h, XF_STREAMED_ROWS, and
+                          * xf_xent_row: rows beyond the plan's spread, out of place) */
     int has_grad;        /* a gradient follows (xf_rowjob_plan; 1 until planned): finish forms coef_per_S */
     double x_y;          /* target logit, read before any pass may overwrite the logits (inplace) */
     /* set by the max pass */
