@@ -92,6 +92,32 @@ def make_soft_problem(n, c, dtype, seed=0):
     return _kept(("soft", n, c, np.dtype(dtype).name), build)
 
 
+# Inputs that cost xentfast more than ordinary rows (README, Benchmarks, "Inputs that cost more"), as
+# families "<family>[<kind>]" beside the plain ones (ratio_table.py --inputs): make_problem's rows with
+# 30 % of the classes masked (never a row's target) by -inf or by a finite mask, or with each row's
+# target logit raised 800 above the others (float64: every other exponential subnormal, the loss summed
+# a second time 2^600 larger)
+INPUT_KINDS = ("-inf masks", "-1e9 masks", "confident")
+
+
+def make_input_problem(kind):
+    def make(n, c, dtype, seed=0):
+        def build():
+            rng = np.random.default_rng(seed)
+            x = _logits(rng, n, c, dtype)
+            y = rng.integers(0, c, size=n)
+            if kind == "confident":
+                x[np.arange(n), y] += 800
+            else:
+                masked = rng.random((n, c)) < 0.3
+                masked[np.arange(n), y] = False
+                x[masked] = -np.inf if kind == "-inf masks" else -1e9
+            return x, y
+        return _kept((kind, n, c, np.dtype(dtype).name), build)
+    make.__doc__ = f"make_problem's rows, {kind} (see INPUT_KINDS)"
+    return make
+
+
 def drop_problems():
     _DATA.clear()
 
@@ -416,3 +442,8 @@ BYTES = {"fused": fused_bytes, "forward": forward_bytes, "binary": binary_bytes,
          "softmax": family_bytes, "logsumexp": logsumexp_bytes}
 PROBLEMS = {"fused": make_problem, "forward": make_problem, "binary": make_binary_problem}
 PROBLEMS.update({name: make_problem for name in SOFTMAX_FUNCTIONS})
+for _base in ("fused", "forward"):
+    for _kind in INPUT_KINDS:
+        FAMILIES[f"{_base}[{_kind}]"] = FAMILIES[_base]
+        BYTES[f"{_base}[{_kind}]"] = BYTES[_base]
+        PROBLEMS[f"{_base}[{_kind}]"] = make_input_problem(_kind)

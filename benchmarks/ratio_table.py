@@ -11,6 +11,7 @@ problems in microseconds per call against the NumPy expression, and the checklis
     python benchmarks/ratio_table.py --only binary       # rows whose label contains "binary"
     python benchmarks/ratio_table.py --markdown          # tables ready to paste in benchmarks/README.md
     python benchmarks/ratio_table.py --family --only soft logsumexp   # the softmax functions (no targets)
+    python benchmarks/ratio_table.py --inputs --only 4096x1000       # masked and confident rows (no targets)
 """
 import argparse
 import datetime
@@ -44,6 +45,11 @@ ROWS = [
 FAMILY_ROWS = [(name, n, c, "float32") for name in peers.SOFTMAX_FUNCTIONS
                for n, c in ((16384, 100), (8192, 256), (4096, 1000), (1024, 4096))]
 FAMILY_ROWS += [(name, 4096, 1000, "float64") for name in peers.SOFTMAX_FUNCTIONS]
+# The inputs that cost more than ordinary rows (--inputs): no issue target, the README's times for them;
+# beside the plain 4096x1000 rows of ROWS (--inputs --only 4096x1000 shows them side by side)
+INPUT_ROWS = [(f"{family}[{kind}]", 4096, 1000, dtype) for family in ("fused", "forward")
+              for kind in peers.INPUT_KINDS for dtype in ("float32", "float64")
+              if kind != "confident" or dtype == "float64"]
 # N*C <= 10^4: xentfast against the NumPy expression only
 TINY = [(family, n, c, "float32") for family in ("fused", "forward", "binary")
         for n, c in ((8, 100), (32, 300), (100, 100))]
@@ -152,7 +158,7 @@ def measure_row(row, args):
     family, n, c, dtype = row
     a, b = peers.PROBLEMS[family](n, c, dtype)
     factories = peers.FAMILIES[family]
-    out = np.empty_like(a) if family != "forward" else None
+    out = np.empty_like(a) if family.split("[")[0] != "forward" else None
     fns = {"xentfast": factories["xentfast"](a, b, args.threads, out=out)}
     if args.threads > 1:
         fns["xentfast-1t"] = factories["xentfast"](a, b, 1, out=out)
@@ -237,11 +243,14 @@ def main(argv=None):
     ap.add_argument("--family", action="store_true",
                     help="also log_softmax, softmax and logsumexp at 100-4096 classes (not issue targets: "
                     "no checklist entries)")
+    ap.add_argument("--inputs", action="store_true",
+                    help="also the inputs that cost more than ordinary rows: 30 %% of the classes masked (-inf or "
+                    "-1e9), float64 rows with the target 800 above the rest (not issue targets)")
     args = ap.parse_args(argv)
 
     # Before torch or JAX starts a thread: JAX's thread count is the number of CPUs the process may use.
     cpus = peers.limit_cpus(args.threads)
-    rows = [r for r in ROWS + (FAMILY_ROWS if args.family else [])
+    rows = [r for r in ROWS + (FAMILY_ROWS if args.family else []) + (INPUT_ROWS if args.inputs else [])
             if not (args.quick and r[1] * r[2] > QUICK_MAX_ELEMENTS)]
     tiny = list(TINY)
     if args.only:
