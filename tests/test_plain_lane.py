@@ -351,3 +351,26 @@ def test_the_general_paths_rare_cases_are_its_own(dtype):
     for lane, public, args, kw in cases:
         assert lane(*args, **kw) is NotImplemented
         _same_bits(public(*args, **kw), _general(public)(*args, **kw))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_sum_of_zero_losses_is_the_lanes_own(dtype, reduction):
+    """Rows whose other logits lie ~800 below the target's have losses of exactly 0: their sum needs no
+    tiny-terms rerun (the general path sums zeros as they are), so the lanes keep the call, with the
+    general path's bits, instead of running the kernel and then leaving it to the general path, which
+    ran it again.  One row of loss 1e-300 among them gives it back."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((64, 300)) * 3).astype(dtype)
+    y = rng.integers(0, 300, 64)
+    x[np.arange(64), y] += dtype(800)
+    y[3] = -100                         # an ignored row among them
+    loss = xf.cross_entropy(x, y, reduction="none")
+    assert not np.any(loss)
+    _lanes_take_it(LANES[0], LANES[1], (x, y), reduction=reduction)
+    if dtype is np.float64:
+        x[7] = [0.0] + [-690.0] * 299      # loss ~ 299 e^-690: below the tiny-terms line, not 0
+        y[7] = 0
+        assert 0 < xf.cross_entropy(x[7:8], y[7:8], reduction="none")[0] < 2.0**-969
+        assert _xent.plain_cross_entropy(x, y, reduction=reduction) is NotImplemented
+        _same_bits(xf.cross_entropy(x, y, reduction=reduction), _general(xf.cross_entropy)(x, y, reduction=reduction))
