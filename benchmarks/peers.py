@@ -95,8 +95,8 @@ def make_soft_problem(n, c, dtype, seed=0):
 # Inputs that cost xentfast more than ordinary rows (README, Benchmarks, "Inputs that cost more"), as
 # families "<family>[<kind>]" beside the plain ones (ratio_table.py --inputs): make_problem's rows with
 # 30 % of the classes masked (never a row's target) by -inf or by a finite mask, or with each row's
-# target logit raised 800 above the others (float64: every other exponential subnormal, the loss summed
-# a second time 2^600 larger)
+# target logit raised 800 above the others (float64: every other exponential underflows to 0, and the
+# sum is taken a second time 2^600 larger)
 INPUT_KINDS = ("-inf masks", "-1e9 masks", "confident")
 
 

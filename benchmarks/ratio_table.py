@@ -11,7 +11,7 @@ problems in microseconds per call against the NumPy expression, and the checklis
     python benchmarks/ratio_table.py --only binary       # rows whose label contains "binary"
     python benchmarks/ratio_table.py --markdown          # tables ready to paste in benchmarks/README.md
     python benchmarks/ratio_table.py --family --only soft logsumexp   # the softmax functions (no targets)
-    python benchmarks/ratio_table.py --inputs --only 4096x1000       # masked and confident rows (no targets)
+    python benchmarks/ratio_table.py --inputs --only 4096x1000       # masked, confident rows beside plain ones
 """
 import argparse
 import datetime

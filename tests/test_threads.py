@@ -236,24 +236,26 @@ def test_inplace_equals_out_of_place_for_general_rows(dtype, opts):
 def _far_simple_rows(c, seed):
     """float64 rows with index targets whose spread lies beyond the stored form's 600: finite masks
     (the masked normal form), an entry in the subnormal band (the general form), logits 650 to 1300
-    below the max (the tiny-sum rescue), and rows whose probabilities are subnormal."""
+    below the max (the tiny-sum rescue), and rows whose probabilities are subnormal; each after an
+    ordinary row (of the stored form: streamed from 2048 classes on the AVX paths)."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((10, c)) * 3
-    x[0, rng.random(c) < 0.3] = -1e9
-    x[1, rng.random(c) < 0.3] = np.finfo(np.float64).min
-    x[2, rng.random(c) < 0.3] = -1e9
-    x[2, 11] = x[2].max() - 740.0
-    x[3, 4] = x[3].max() + 650.0
-    x[4, 8] = x[4].max() + 800.0
-    x[5, c - 1] = x[5].max() + 1100.0
-    x[6, 2] = x[6].max() + 1300.0
-    x[7, rng.random(c) < 0.5] -= 720.0
-    x[8, ::7] = -np.inf
-    x[8, 1::7] = -1e9
-    x[9, 5] = 1e300
-    x[9, 6] = 1e300 - 2e284
-    y = rng.integers(0, c, 10)
-    y[3], y[4], y[5], y[6] = 4, 8, c - 1, 3
+    x = rng.standard_normal((20, c)) * 3
+    y = rng.integers(0, c, 20)
+    far = x[1::2]                       # a view: the odd rows
+    far[0, rng.random(c) < 0.3] = -1e9
+    far[1, rng.random(c) < 0.3] = np.finfo(np.float64).min
+    far[2, rng.random(c) < 0.3] = -1e9
+    far[2, 11] = far[2].max() - 740.0
+    far[3, 4] = far[3].max() + 650.0
+    far[4, 8] = far[4].max() + 800.0
+    far[5, c - 1] = far[5].max() + 1100.0
+    far[6, 2] = far[6].max() + 1300.0
+    far[7, rng.random(c) < 0.5] -= 720.0
+    far[8, ::7] = -np.inf
+    far[8, 1::7] = -1e9
+    far[9, 5] = 1e300
+    far[9, 6] = 1e300 - 2e284
+    y[7], y[9], y[11], y[13] = 4, 8, c - 1, 3
     return x, y
 
 

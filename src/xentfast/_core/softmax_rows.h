@@ -1524,7 +1524,8 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     /* float64 simple rows beyond the stored form's spread (a finite mask such as -1e9, logits far apart)
      * keep theirs in the gradient buffer too where that buffer is not the logits: the tiny-sum rescue and
      * the scaled gradient (grad_scaled, checked first in xf_xent_grad_block) read x again, and it is
-     * still there.  Not streamed rows only: the pending writer has no scaled form.  They had evaluated
+     * still there.  (Only stored rows stream their gradient, and the pending writer has no scaled form:
+     * `!streamed` keeps it so.)  They had evaluated
      * every exponential a second time (fused 4096x1000 float64 with 30 % of the entries at -1e9, one
      * thread: benchmarks/README.md, fourteenth round). */
     if (grad && grad != x && !streamed && !job->stored && job->simple && job->status == XF_ROW_OK) {
