@@ -2,7 +2,9 @@
 level, which must give the general path's bits for every input, and leave every unusual call (and every
 error) to the general path."""
 import inspect
+import math
 
+import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,8 @@ from hypothesis import strategies as st
 import xentfast as xf
 from xentfast import _threads
 from xentfast._core import _binary, _xent
-from xentfast.testing import binary_logits, binary_targets, index_targets, logits
+from xentfast import reference as ref
+from xentfast.testing import binary_logits, binary_targets, index_targets, logits, max_ulp_error
 
 LANES = [
     (xf.cross_entropy, _xent.plain_cross_entropy),
@@ -334,12 +337,11 @@ def test_errors_still_come_from_the_public_functions():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 def test_the_general_paths_rare_cases_are_its_own(dtype):
-    """A sum small enough for the tiny-terms rerun, nothing to average, a mean beyond DBL_MAX: the lanes
-    return NotImplemented and the public function gives the general path's value."""
+    """Nothing to average, a binary sum of tiny losses (the lane keeps no per-element losses to rerun),
+    a mean beyond DBL_MAX: the lanes return NotImplemented and the public function gives the general
+    path's value."""
     confident = np.array([[0.0, -720.0, -725.0]] * 5, dtype=dtype)
-    y0 = np.zeros(5, dtype=np.int64)
     cases = [
-        (_xent.plain_cross_entropy, xf.cross_entropy, (confident, y0), dict(reduction="sum")),
         (_xent.plain_cross_entropy, xf.cross_entropy, (confident, np.full(5, -100)), dict(reduction="mean")),
         (_binary.plain_binary_cross_entropy_with_logits, xf.binary_cross_entropy_with_logits,
          (np.full((3, 4), 745.0, dtype=dtype), np.ones((3, 4), dtype=dtype)), dict(reduction="mean")),
@@ -353,24 +355,73 @@ def test_the_general_paths_rare_cases_are_its_own(dtype):
         _same_bits(public(*args, **kw), _general(public)(*args, **kw))
 
 
+def _confident_rows(dtype, n_rows=64, n_classes=300, gap=800.0, seed=5):
+    """Rows whose other logits lie ~`gap` below the target's (losses exactly 0 at 800), one ignored."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_rows, n_classes)) * 3).astype(dtype)
+    y = rng.integers(0, n_classes, n_rows)
+    x[np.arange(n_rows), y] += dtype(gap)
+    y[3] = -100
+    return x, y
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_a_sum_of_zero_losses_is_the_lanes_own(dtype, reduction):
     """Rows whose other logits lie ~800 below the target's have losses of exactly 0: their sum needs no
     tiny-terms rerun (the general path sums zeros as they are), so the lanes keep the call, with the
     general path's bits, instead of running the kernel and then leaving it to the general path, which
-    ran it again.  One row of loss 1e-300 among them gives it back."""
-    rng = np.random.default_rng(5)
-    x = (rng.standard_normal((64, 300)) * 3).astype(dtype)
-    y = rng.integers(0, 300, 64)
-    x[np.arange(64), y] += dtype(800)
-    y[3] = -100                         # an ignored row among them
-    loss = xf.cross_entropy(x, y, reduction="none")
-    assert not np.any(loss)
+    ran it again.  The binary lane likewise, for logits ~800 on their targets' side."""
+    x, y = _confident_rows(dtype)
+    assert not np.any(xf.cross_entropy(x, y, reduction="none"))
     _lanes_take_it(LANES[0], LANES[1], (x, y), reduction=reduction)
+    xb = np.where(x > 0, dtype(800), dtype(-800))
+    tb = (xb > 0).astype(dtype)
+    assert not np.any(xf.binary_cross_entropy_with_logits(xb, tb, reduction="none"))
+    _lanes_take_it(LANES[2], LANES[3], (xb, tb), reduction=reduction)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("shape", [(64, 300), (40, 3000)], ids=str)
+def test_tiny_losses_are_rerun_scaled_by_the_lane(dtype, reduction, shape):
+    """Rows whose losses all lie below 2^-969 but are not all 0: the lane takes the losses again 2^600
+    larger, as the general path does (_Problem.reduce), with its bits, instead of leaving the call to
+    the general path (which ran the kernel twice more).  The rerun is what makes the result right: the
+    losses as first rounded, each on the subnormal grid, sum to a value several ULPs off."""
+    x, y = _confident_rows(dtype, *shape, gap=0.0)
+    x[np.arange(shape[0]), y] = 0.0
+    others = np.arange(shape[1]) != y[:, None]
+    x[others] = dtype(-725.0) - np.abs(x[others])       # losses ~ C e^-725: subnormal, rounded
+    rows = xf.cross_entropy(x.astype(np.float64), y, reduction="none")   # float32's round to 0
+    assert np.any(rows) and np.all(rows < 2.0**-969)
+    _lanes_take_it(LANES[0], LANES[1], (x, y), reduction=reduction)
+    got = xf.cross_entropy(x, y, reduction=reduction)
+    want = ref.cross_entropy(x, y, reduction=reduction)
+    assert max_ulp_error(got, want)[0] <= 1
     if dtype is np.float64:
-        x[7] = [0.0] + [-690.0] * 299      # loss ~ 299 e^-690: below the tiny-terms line, not 0
-        y[7] = 0
-        assert 0 < xf.cross_entropy(x[7:8], y[7:8], reduction="none")[0] < 2.0**-969
-        assert _xent.plain_cross_entropy(x, y, reduction=reduction) is NotImplemented
-        _same_bits(xf.cross_entropy(x, y, reduction=reduction), _general(xf.cross_entropy)(x, y, reduction=reduction))
+        # without the rerun: each row loss (times the mean's 2^-k, a power of two >= 1/den) rounded once
+        # onto the subnormal grid, then summed and divided exactly
+        kept = y != -100
+        k = math.frexp(kept.sum())[1] if reduction == "mean" else 0
+        exact_rows = ref.cross_entropy(x, y, reduction="none")[kept]
+        as_rounded = sum(mpmath.mpf(float(mpmath.ldexp(v, -k))) for v in exact_rows)
+        if reduction == "mean":
+            as_rounded = as_rounded * 2**k / kept.sum()
+        assert max_ulp_error(np.float64(as_rounded), want)[0] > 1
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_small_sum_of_losses_not_all_tiny_is_the_lanes_own(reduction):
+    """One row loss above 2^-969 among zeros: a sum small enough for _sum_and_tiny's second look, but not
+    every term tiny, so no rerun; the lane keeps it with the general path's bits (its mean's scaling by
+    2^(k - e) after the division, which rounds once where hi / den alone would underflow)."""
+    x, y = _confident_rows(np.float64, n_rows=3000, n_classes=40)
+    x[7] = -800.0
+    x[7, 0] = 0.0
+    x[7, 1] = -669.0                    # loss e^-669 ~ 2^-965.2
+    y[7] = 0
+    rows = xf.cross_entropy(x, y, reduction="none")
+    assert 2.0**-969 < rows.max() < 2.0**-960 and np.count_nonzero(rows) == 1
+    _lanes_take_it(LANES[0], LANES[1], (x, y), reduction=reduction)
+    assert xf.cross_entropy(x, y, reduction=reduction) == _general(xf.cross_entropy)(x, y, reduction=reduction)

@@ -401,7 +401,8 @@ def _ldexp_inf(v, k):
         return math.copysign(math.inf, v)
 
 
-_TINY_K = 600.0
+_TINY_K = float(_xent.TINY_RERUN_EXP)
+_TINY_TERM = _xent.TINY_TERM
 _SMALLEST_NORMAL = float(np.finfo(np.float64).smallest_normal)
 
 
@@ -442,7 +443,7 @@ def _tiny_terms(biggest):
     Not where every term is 0: terms below half the least subnormal that sum to more stay 0 (a known
     limit, README), because the rerun would cost a pass on every all-ignored batch and its 2^600 times
     a weight beyond 2^424 overflows (inf * 0 = NaN for an exact 0).  `biggest` is max |loss|."""
-    return 0.0 < biggest < 2.0**-969
+    return 0.0 < biggest < _TINY_TERM
 
 
 
@@ -745,7 +746,7 @@ class _Problem:
         loss = self.xp.empty(1, dtype=np.float64)
         self._launch(self._w_or_empty(), None, 1.0, loss, None, sel=self._probe_row())
         v = float(loss[0])
-        return not (v != v or abs(v) >= 2.0**-969)
+        return not (v != v or abs(v) >= _TINY_TERM)
 
     def _probe_row(self):
         """A one-element index array naming a row likely to carry loss: the first kept row whose target

@@ -557,7 +557,7 @@ class _Elementwise:
             return True
         head = self.run(count=min(self.n, _PROBE_ELEMENTS))
         v = float(self.xp.max(self.xp.abs(head)))
-        return not (v != v or v >= 2.0**-969)
+        return not (v != v or v >= _api._TINY_TERM)
 
     def _logits_intact(self):
         if self.input_overwritten:  # pragma: no cover - a broken rerun_possible() would land here

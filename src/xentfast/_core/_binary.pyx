@@ -455,8 +455,11 @@ cdef object _plain_bce_logits(object input, object target, int red, object out, 
             hi = part[0]
             lo = part[1]
             # _Elementwise.reduce's cases for the general path: the tiny-terms rerun, the mean beyond
-            # DBL_MAX
-            ok = not (fabs(hi) <= n * _TINY_SUM) and not (red == 1 and hi == INF)
+            # DBL_MAX.  But a sum of exactly 0 is the lane's: without weights every loss is a sum of two
+            # non-negative terms (binary.h), so each loss is 0, and the general path sums those zeros as
+            # they are after taking them again one by one (two kernel runs; elements with |x| > ~745 on
+            # their target's side, benchmarks/README.md, fifteenth round)
+            ok = (hi == 0.0 or not (fabs(hi) <= n * _TINY_SUM)) and not (red == 1 and hi == INF)
             total = (hi + lo) if red == 2 else (hi / n + lo / n)
             if f32:
                 total32 = <float>total     # rounded inside the subnormal guard

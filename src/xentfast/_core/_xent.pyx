@@ -1006,7 +1006,7 @@ _init_cpu_path()
 # raises the errors; nothing here raises.  tests/test_plain_lane.py holds the two paths to the same bits.
 
 cimport numpy as cnp
-from libc.math cimport frexp, ldexp, fabs
+from libc.math cimport frexp, ldexp, fabs, fmax
 
 from ._plain cimport (PLAIN_MAX_ELEMENTS, PLAIN_MIN_ELEMENTS_PER_THREAD, plain_float_array, plain_n_threads,
                       plain_options, plain_out, plain_reduction, plain_scalar, plain_threads, plain_zero)
@@ -1019,14 +1019,41 @@ TINY_SUM_PER_TERM = 2.0 ** -968
 # xentfast._threads.MIN_ELEMENTS_PER_THREAD as the lane knows it (tests/test_plain_lane.py compares them)
 LANE_MIN_ELEMENTS_PER_THREAD = PLAIN_MIN_ELEMENTS_PER_THREAD
 cdef double _TINY_SUM = TINY_SUM_PER_TERM
+# Every reduced term below 2^-969 (and one not 0): their sum is taken again from the losses 2^600 larger
+# (xentfast.api._tiny_terms, _Problem.reduce; the lane's _tiny_terms below).  The general paths read both here.
+TINY_TERM = 2.0 ** -969
+cdef enum:
+    _TINY_RERUN_EXP = 600
+TINY_RERUN_EXP = _TINY_RERUN_EXP
+cdef double _TINY_TERM = TINY_TERM
 
 
-cdef bint _all_zero(const double *v, Py_ssize_t n) noexcept nogil:
+cdef bint _tiny_terms(const double *v, Py_ssize_t n) noexcept nogil:
+    """xentfast.api._tiny_terms(max |v|): every |v_i| below TINY_TERM and one not 0 (a NaN is neither)."""
     cdef Py_ssize_t i
+    cdef double biggest = 0.0
     for i in range(n):
-        if v[i] != 0.0:
+        if not fabs(v[i]) < _TINY_TERM:
             return False
-    return True
+        biggest = fmax(biggest, fabs(v[i]))
+    return biggest > 0.0
+
+
+cdef void _plain_rows(const void *xp, void *gp, const XentArgs *a, Py_ssize_t N, double *loss, int n_team,
+                      bint f32, bint rows_alone) noexcept nogil:
+    # the general path's rows: short ones side by side (_xent_row_group), the same bits; a small call's
+    # longer rows one by one on the calling thread (_xent_row_groups: no team to start).  gp: the gradient
+    # buffer, or NULL for the losses alone
+    if f32 and rows_alone:
+        _xent_rows(<const float *>xp, <float *>gp, NULL, a, N, loss, n_team,
+                   xf_xent_wants_scratch(gp != NULL, False, True, False, a.C))
+    elif rows_alone:
+        _xent_rows(<const double *>xp, <double *>gp, NULL, a, N, loss, n_team,
+                   xf_xent_wants_scratch(gp != NULL, False, False, False, a.C))
+    elif f32:
+        _xent_row_groups(<const float *>xp, <float *>gp, a, N, loss, n_team)
+    else:
+        _xent_row_groups(<const double *>xp, <double *>gp, a, N, loss, n_team)
 
 
 def lane_threads(n_threads, Py_ssize_t n_elements):
@@ -1051,6 +1078,10 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     cdef xf_fp_state fp_saved
     cdef int n_team = 1
     cdef bint rows_alone = False
+    cdef const void *xp
+    cdef void *gp = NULL
+    cdef int tiny_exp, den_e = 0
+    cdef double den_m
     if not plain_float_array(input) or type(target) is not cnp.ndarray:
         return NotImplemented
     x = <cnp.ndarray>input
@@ -1095,6 +1126,8 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     f32 = cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT32
     if with_grad:
         g = out if out is not None else cnp.PyArray_EMPTY(2, cnp.PyArray_DIMS(x), cnp.PyArray_TYPE(x), 0)
+        gp = cnp.PyArray_DATA(g)
+    xp = cnp.PyArray_DATA(x)
     if red == 0:
         loss_o = cnp.PyArray_EMPTY(1, cnp.PyArray_DIMS(y), cnp.PyArray_TYPE(x), 0)
     loss = <double *>malloc(N * sizeof(double))
@@ -1115,20 +1148,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
     # flush-to-zero would otherwise flush a subnormal result)
     with nogil:
         fp_saved = xf_fp_ieee_enter()
-        # the general path's rows: short ones side by side (_xent_row_group), the same bits; a small call's
-        # longer rows one by one on the calling thread (_xent_row_groups: no team to start)
-        if f32 and rows_alone:
-            _xent_rows(<const float *>cnp.PyArray_DATA(x), <float *>cnp.PyArray_DATA(g) if with_grad else NULL,
-                       NULL, &a, N, loss, n_team, xf_xent_wants_scratch(with_grad, False, True, False, C))
-        elif rows_alone:
-            _xent_rows(<const double *>cnp.PyArray_DATA(x), <double *>cnp.PyArray_DATA(g) if with_grad else NULL,
-                       NULL, &a, N, loss, n_team, xf_xent_wants_scratch(with_grad, False, False, False, C))
-        elif f32:
-            _xent_row_groups(<const float *>cnp.PyArray_DATA(x),
-                             <float *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
-        else:
-            _xent_row_groups(<const double *>cnp.PyArray_DATA(x),
-                             <double *>cnp.PyArray_DATA(g) if with_grad else NULL, &a, N, loss, n_team)
+        _plain_rows(xp, gp, &a, N, loss, n_team, f32, rows_alone)
         if red == 0:
             for i in range(N):
                 if f32:
@@ -1137,16 +1157,26 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
                     (<double *>cnp.PyArray_DATA(loss_o))[i] = loss[i]
         else:
             ok = _dd_sum_into(loss, N, n_team, &hi, &lo)
-            # _sum_and_tiny: a sum this small may need the tiny-terms rerun; the general path decides,
-            # unless every loss is 0, which it sums as they are (as here).  Such calls (float64 rows whose
-            # other logits lie ~745 below the target's) had run the kernel twice, here and there:
-            # benchmarks/README.md, fourteenth round
-            if ok and fabs(hi) <= N * _TINY_SUM:
-                ok = _all_zero(loss, N)
+            # _sum_and_tiny's test (a sum this small may hold losses below 2^-969), then _tiny_terms:
+            # every loss below 2^-969 and one not 0.  The general path then takes the losses again,
+            # 2^600 larger (_Problem.reduce); so does the lane, with the same launch and the same sum.
+            # Handing such calls to the general path had run the kernel three times in all: here, there,
+            # and there again scaled (float64 rows whose other logits lie 620-745 below the target's;
+            # benchmarks/README.md, fifteenth round).  A sum of zeros is taken as it is, as there.
+            if ok and fabs(hi) <= N * _TINY_SUM and _tiny_terms(loss, N):
+                tiny_exp = min(_TINY_RERUN_EXP - k, 1023)
+                a.scale = 1.0                                   # no gradient: the launch's factor
+                a.loss_scale = ldexp(1.0, tiny_exp)
+                _plain_rows(xp, NULL, &a, N, loss, n_team, f32, rows_alone)
+                ok = _dd_sum_into(loss, N, n_team, &hi, &lo)
+                k = -tiny_exp
             if red == 2:
                 total = (hi + lo) * ldexp(1.0, k)
             else:
-                total = (hi / den + lo / den) * ldexp(1.0, k)
+                # den = m 2^e: the general path's division by m and one scaling by 2^(k - e) (k = e but
+                # after the rerun, where it is the one rounding onto the subnormal grid)
+                den_m = frexp(den, &den_e)
+                total = ldexp(hi / den_m + lo / den_m, k - den_e)
             if f32:
                 total32 = <float>total
         xf_fp_ieee_leave(fp_saved)
