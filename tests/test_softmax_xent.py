@@ -325,6 +325,30 @@ def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_sm
         assert_ulp_close(computed, exact, BOUND[np.dtype(dtype)] + 1, scale=scale if label_smoothing else None)
 
 
+@pytest.mark.parametrize("weight, target, logits, smoothing", [
+    ([5e-324, 1.0], 0, [0.0, 0.0], 0.1),              # found by Hypothesis: exact +-5.06e321, so +-inf
+    ([1.0, 1e-320], 1, [116.07, -65.64], 1e-5),       # exact +-6.1e235 (README, known limits)
+    ([1e-320, 1.0, 1.0], 0, [0.0, 3.0, -2.0], 0.5),
+])
+def test_smoothing_under_a_subnormal_target_weight_gives_no_nan(cpu_path_back, weight, target, logits, smoothing):
+    """mean with smoothing: 1/sum(w_y) folded into the weights leaves an upstream factor so large that both
+    terms of an entry, p_j coef and scale q_j, overflow where the entry does not, or overflows to one
+    sign; inf - inf had given NaN (xf_general_grad_entry).  Checked on every CPU path."""
+    y = np.array([target])
+    kw = dict(weight=np.array(weight), label_smoothing=smoothing)
+    for dtype in DTYPES:
+        x = np.array([logits], dtype=dtype)
+        exact, scale = ref.cross_entropy_grad(x, y, return_scale=True, **kw)
+        bound = BOUND[np.dtype(dtype)] + 1
+        for path in cpu_path_back.available_cpu_paths():
+            cpu_path_back.set_cpu_path(path)
+            loss, grad = xf.cross_entropy_with_grad(x, y, **kw)
+            assert not np.isnan(grad).any()
+            assert_ulp_close(grad, exact, bound, scale=scale)
+            assert_ulp_close(np.asarray(loss), ref.cross_entropy(x, y, **kw), REDUCED_BOUND, dtype=dtype)
+            assert_ulp_close(xf.cross_entropy_backward(np.asarray(1.0, dtype), x, y, **kw), exact, bound, scale=scale)
+
+
 def test_an_exact_zero_loss_under_a_huge_weight_stays_zero():
     # a rescaled rerun of all-zero losses would multiply the weight 2^424 by 2^600: inf * 0 = NaN
     assert xf.cross_entropy(np.array([[1.0]]), np.array([0]), np.array([2.0**424]), reduction="sum") == 0
@@ -561,7 +585,7 @@ def test_grad_output_per_row(dtype, data):
 
 def test_subnormal_target_mass_times_weight_and_grad_output():
     # found by the search above: (1 - eps) t_j of a subnormal t_j rounded on the subnormal grid, and the
-    # weight and grad_output magnified that error to 6 ULP; xf_row_target_grad_q rounds there once
+    # weight and grad_output magnified that error to 6 ULP; xf_target_grad_q_from rounds there once
     x = np.array([[0.0, 0.0], [0.0, -np.inf]])
     t = np.array([[1.0, 0.0], [1.0, float.fromhex("0x0.0000a7c5ac472p-1022")]])
     kw = dict(weight=np.array([5.0, 5.0]), label_smoothing=0.1, reduction="none")

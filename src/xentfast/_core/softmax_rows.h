@@ -1028,25 +1028,27 @@ XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long 
 }
 
 /* Pass 4's general form (probability targets, smoothing, z-loss), one loop per combination of targets and
- * weights so that it vectorizes: the loads are unconditional and xf_row_target_grad_q's branch becomes a
+ * weights so that it vectorizes: the loads are unconditional and xf_target_grad_q_from's branch becomes a
  * select, the same operations as the scalar loop it replaces.  The loop sees the row without its index
  * target (a 64-bit compare per element kept gcc from vectorizing float32 rows); that entry is evaluated
  * before the loop, from x still unchanged (inplace), and stored after it. */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)(
     const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
-    const int has_t, const int has_w, const double *keep)
+    const int has_t, const int has_w, const double *keep, const int apart)
 {
     const double m = job->m, coef_per_S = job->coef_per_S, mult = job->coef_mult;
     const long long y = job->y - offset;
     const int has_y = (y >= 0 && y < n);
+    const double eps = job->eps, epc = job->eps_per_class, scale = job->scale;
     double g_y = 0.0;
     if (has_y) {
         double xv = (double)x[y];
-        g_y = (XF_EXP_MINUS(x[y], m) * coef_per_S) * mult -
-              xf_row_target_grad_q(job, job->y, has_w ? w[y] : 1.0, (xv > -XF_INF) ? 1.0 : 0.0,
-                                   has_t ? (double)t[y] : 0.0);
+        double w_y = has_w ? w[y] : 1.0, fin_y = (xv > -XF_INF) ? 1.0 : 0.0, t_y = has_t ? (double)t[y] : 0.0;
+        double q_y = xf_row_target_q(job, job->y, w_y, fin_y, t_y);
+        g_y = xf_general_grad_entry(XF_EXP_MINUS(x[y], m) * coef_per_S, mult,
+                                    xf_target_grad_q_from(has_t, eps, epc, scale, q_y, w_y, fin_y, t_y), q_y, scale,
+                                    mult);
     }
-    const double eps = job->eps, epc = job->eps_per_class, scale = job->scale;
     long long j;
 #pragma omp simd
     for (j = 0; j < n; j++) {
@@ -1056,9 +1058,11 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
         double wc = has_w ? w[j] : 1.0;
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double tj = has_t ? (double)t[j] : 0.0;
-        double sq = xf_target_grad_q_from(has_t, eps, epc, scale, xf_target_q_other(has_t, eps, epc, wc, fin, tj), wc,
-                                          fin, tj);
-        out[j] = (XF_T)((e * coef_per_S) * mult - sq);
+        double q = xf_target_q_other(has_t, eps, epc, wc, fin, tj);
+        double sq = xf_target_grad_q_from(has_t, eps, epc, scale, q, wc, fin, tj);
+        /* apart (a literal): xf_general_grad_entry's second form, for rows whose coef overflowed */
+        out[j] = (XF_T)(apart ? xf_general_grad_entry(e * coef_per_S, mult, sq, q, scale, mult)
+                              : (e * coef_per_S) * mult - sq);
     }
     if (has_y) {
         out[y] = (XF_T)g_y;
@@ -1071,17 +1075,21 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_
     const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
     const double *keep)
 {
-    if (w) {
+    if (job->coef_mult != 1.0) {
+        /* rare (coef overflowed, xf_rowjob_finish): entries whose two terms may both overflow, in one
+         * loop whatever the targets and weights */
+        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, job->prob, w != 0, keep, 1);
+    } else if (w) {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep, 0);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep, 0);
         }
     } else {
         if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep, 0);
         } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep);
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep, 0);
         }
     }
 }
@@ -1140,13 +1148,15 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
             int tiny = (xv - m < -700.0);
             double e = tiny ? xf_exp_shifted_pow2(xv, m) : xf_exp_shifted(xv, m);
             double unscale = tiny ? mult * XF_POW2_UNSCALE : mult;
-            double sq = 0.0;
+            double sq = 0.0, q = 0.0;
             if (!job->simple) {
                 double wc = w ? w[j] : 1.0;
                 double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-                sq = xf_row_target_grad_q(job, offset + j, wc, fin, t ? (double)t[j] : 0.0);
+                double tj = t ? (double)t[j] : 0.0;
+                q = xf_row_target_q(job, offset + j, wc, fin, tj);
+                sq = xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin, tj);
             }
-            out[j] = (XF_T)((e * coef_per_S) * unscale - sq);
+            out[j] = (XF_T)xf_general_grad_entry(e * coef_per_S, unscale, sq, q, job->scale, mult);
         }
         if (job->simple && y >= 0 && y < n) {
             out[y] = (XF_T)g_y;

@@ -410,13 +410,15 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
         int tiny = (xv - m < -700.0);
         double e = tiny ? xf_exp_shifted_pow2(xv, m) : xf_exp_shifted(xv, m);
         double unscale = tiny ? mult * XF_POW2_UNSCALE : mult;
-        double sq = 0.0;
+        double sq = 0.0, q = 0.0;
         if (!job->simple) {
             double wc = w ? w[j] : 1.0;
             double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-            sq = xf_row_target_grad_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
+            double tj = t ? xf_cu_load(t[j]) : 0.0;
+            q = xf_row_target_q(job, j, wc, fin, tj);
+            sq = xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin, tj);
         }
-        return (e * coef_per_S) * unscale - sq;
+        return xf_general_grad_entry(e * coef_per_S, unscale, sq, q, job->scale, mult);
     }
     double e = xf_cu_exp_minus(xj, m);
     /* the CPU keeps exp(x_j - m) as this very double (float64 stored rows, every float32 row): the simple rows' bits */
@@ -425,7 +427,12 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
     }
     double wc = w ? w[j] : 1.0;
     double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-    return (e * coef_per_S) * mult - xf_row_target_grad_q(job, j, wc, fin, t ? xf_cu_load(t[j]) : 0.0);
+    double tj = t ? xf_cu_load(t[j]) : 0.0;
+    double q = xf_row_target_q(job, j, wc, fin, tj);
+    return xf_general_grad_entry(e * coef_per_S, mult,
+                                 xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin,
+                                                       tj),
+                                 q, job->scale, mult);
 }
 
 /* One row of cross-entropy: loss[row] and, when a.grad, the gradient row (as _xent.pyx

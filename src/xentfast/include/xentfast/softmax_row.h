@@ -370,10 +370,20 @@ XF_HD double xf_target_grad_q_from(int prob, double eps, double eps_per_class, d
     return sq;
 }
 
-XF_HD double xf_row_target_grad_q(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
+/* A gradient entry of the general path, p_j coef - scale q_j, from its two terms formed apart: e_cps =
+ * e_j coef_per_S, `unscale` the power of two it still carries (coef_mult, times 2^-600 where e_j was
+ * taken 2^600 larger), sq = scale q_j (xf_target_grad_q_from), q = q_j.  Where coef overflowed
+ * (coef_mult = 2^1000, the only way the first term reaches inf) scale q_j can overflow too, while the
+ * entry is finite or overflows to one sign, and inf - inf gave NaN: a mean with label smoothing under a
+ * subnormal target weight beside ordinary ones, whose fold of 1 / sum(w_y) into the weights leaves a
+ * factor beyond DBL_MAX / q_j (weights [5e-324, 1], logits [0, 0]: NaN for -5.06e321, that is -inf).
+ * There both terms are formed 2^-1000 smaller, exactly (scale q_j overflowed, so scale > 1), and the
+ * difference is scaled back once.  Every other entry keeps its bits; a NaN input stays NaN. */
+XF_HD double xf_general_grad_entry(double e_cps, double unscale, double sq, double q, double scale, double mult)
 {
-    return xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale,
-                                 xf_row_target_q(job, j, w_j, finite, t_j), w_j, finite, t_j);
+    double g = e_cps * unscale - sq;
+    double apart = (e_cps * (unscale / mult) - (scale / mult) * q) * mult;
+    return (g == g) ? g : apart;
 }
 
 /* "a, b and c all > 0" as min(a, b, c) > 0: one comparison per element for the vectorized loops (gcc 12
