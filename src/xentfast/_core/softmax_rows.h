@@ -925,6 +925,28 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_xent_terms_chunk)(
     const double m = job->m, log_s = job->log_s, ls = job->loss_scale, eps = job->eps, epc = job->eps_per_class;
     int slow = 0;
     long long i;
+    if (!has_t) {
+        /* index targets (smoothing): the same test in doubles, a third of the pass in integer masks before.
+         * With w_j >= 0 (validated) q_j != 0 implies mass, and mass a finite x_j: a rare element is a
+         * q_j with mass below 2^-969 (qmin) or a finite x_j whose m - x_j is not (mark turns NaN). */
+        double qmin = XF_INF, mark = 0.0;
+#pragma omp simd reduction(min : qmin) reduction(+ : mark)
+        for (i = 0; i < len; i++) {
+            double xv = (double)x[i];
+            double fin = (xv > -XF_INF) ? 1.0 : 0.0;
+            double wc = has_w ? w[i] : 1.0;
+            double q = xf_target_q_other(0, eps, epc, wc, fin, 0.0);
+            double nlp = xf_neg_log_prob(xv, m, log_s);
+            int has_mass = xf_target_has_mass_from(0, eps, epc, 0, 0.0, wc, fin, 0.0);
+            tb[i] = has_mass ? (q * ls) * nlp : 0.0;
+            qb[i] = q;
+            double q_mass = has_mass ? q : XF_INF;
+            qmin = (q_mass < qmin) ? q_mass : qmin;
+            double v = (xv > -XF_INF) ? nlp : 0.0;
+            mark += v - v;
+        }
+        return (qmin < 0x1p-969) | !(mark == 0.0);
+    }
 #pragma omp simd reduction(| : slow)
     for (i = 0; i < len; i++) {
         double xv = (double)x[i];
@@ -952,8 +974,8 @@ XF_KERNEL inline void XF_FN(xf_xent_term_into)(const XF_T *x, const XF_T *t, con
 }
 
 /* Pass 3 of a block (soft targets, label smoothing): sum_c q_c * (-log p_c) and A = sum_c q_c, both as
- * double-doubles (out[0..1], out[2..3]).  q_c follows xf_row_target_q.  These sums are compensated for
- * both storage types: their terms come in with mixed magnitudes (weights, probabilities).
+ * double-doubles (out[0..1], out[2..3]).  q_c follows xf_row_target_q.  The lanes are compensated but
+ * for float32 rows of index targets (xf_terms_plain).
  * Element j goes to lane j % XF_LANES, in order.  The terms of a chunk come from the vectorized
  * xf_xent_terms_chunk; a chunk that holds a rare element is redone by xf_xent_term, element by element,
  * and so is the argmax: the same numbers either way (one form per element, equal where both apply).
@@ -966,6 +988,8 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_terms_block_f
 {
     double acc[XF_LANES], cmp[XF_LANES], qacc[XF_LANES], qcmp[XF_LANES];
     double tb[XF_CHUNK], qb[XF_CHUNK];
+    /* a literal in each expansion: float32 rows of index targets (xf_terms_plain) */
+    const int plain = xf_terms_plain(!XF_COMPENSATED, has_t);
     const long long amax = job->argmax - offset, y = job->y - offset;
     int k;
     long long j, i;
@@ -996,13 +1020,13 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_terms_block_f
         for (i = 0; i + XF_LANES <= len; i += XF_LANES) {
 #pragma omp simd
             for (k = 0; k < XF_LANES; k++) {
-                xf_acc_add(&acc[k], &cmp[k], tb[i + k]);
-                xf_acc_add(&qacc[k], &qcmp[k], qb[i + k]);
+                xf_terms_lane_add(&acc[k], &cmp[k], tb[i + k], plain);
+                xf_terms_lane_add(&qacc[k], &qcmp[k], qb[i + k], plain);
             }
         }
         for (k = 0; i + k < len; k++) {
-            xf_acc_add(&acc[k], &cmp[k], tb[i + k]);
-            xf_acc_add(&qacc[k], &qcmp[k], qb[i + k]);
+            xf_terms_lane_add(&acc[k], &cmp[k], tb[i + k], plain);
+            xf_terms_lane_add(&qacc[k], &qcmp[k], qb[i + k], plain);
         }
     }
     xf_lanes_to_dd(acc, cmp, &out[0], &out[1]);

@@ -489,13 +489,14 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
         double *T4 = sc.chain; /* 4 doubles per thread: (term hi, lo, q hi, lo) */
         team.step([&](int tid) {
             const xf_rowjob *job = sc.job;
+            const int plain = xf_terms_plain(sizeof(T) == sizeof(float), job->prob);
             double s = 0.0, se = 0.0, q = 0.0, qe = 0.0;
             for (long long j = tid; j < C; j += nt) {
                 double qj;
                 double term = xf_xent_term(job, j, xf_cu_load(x[j]), w ? w[j] : 1.0,
                                            t ? xf_cu_load(t[j]) : 0.0, &qj);
-                xf_acc_add(&s, &se, term);
-                xf_acc_add(&q, &qe, qj);
+                xf_terms_lane_add(&s, &se, term, plain);
+                xf_terms_lane_add(&q, &qe, qj, plain);
             }
             T4[4 * tid] = s;
             T4[4 * tid + 1] = se;
@@ -517,6 +518,7 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
         /* as softmax_rows.h: xf_xent_terms_block, one (block, lane) chain per thread at a time */
         team.step([&](int tid) {
             const xf_rowjob *job = sc.job;
+            const int plain = xf_terms_plain(sizeof(T) == sizeof(float), job->prob);
             for (long long c = tid; c < nch; c += nt) {
                 const long long b0 = (c / XF_LANES) * XF_BLOCK;
                 const long long end = (C - b0 < XF_BLOCK) ? C : b0 + XF_BLOCK;
@@ -525,8 +527,8 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
                     double qj;
                     double term = xf_xent_term(job, j, xf_cu_load(x[j]), w ? w[j] : 1.0,
                                                t ? xf_cu_load(t[j]) : 0.0, &qj);
-                    xf_acc_add(&s, &se, term);
-                    xf_acc_add(&q, &qe, qj);
+                    xf_terms_lane_add(&s, &se, term, plain);
+                    xf_terms_lane_add(&q, &qe, qj, plain);
                 }
                 ta[c] = s;
                 tc[c] = se;
