@@ -985,7 +985,7 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours():
     calm = [xf.binary_cross_entropy_with_logits_with_grad(x, y, weight=wt, reduction="none", grad_output=gt)
             for wt, gt in ((None, None), (w, g))]
     odd = x.copy()
-    odd[5::64] = np.float32(1000.0)          # one element per chunk outside |x| <= 80
+    odd[5::64] = np.float32(1000.0)          # one element per chunk outside |x| <= 550
     keep = np.ones(4096, dtype=bool)
     keep[5::64] = False
     for (loss0, grad0), (wt, gt) in zip(calm, ((None, None), (w, g))):
@@ -1004,8 +1004,8 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours():
     assert total[0].tobytes() == total[1].tobytes()
 
 
-@pytest.mark.parametrize("v", [80.0, -80.0, np.nextafter(np.float32(80), np.float32(100)),
-                               -np.nextafter(np.float32(80), np.float32(100)), 1000.0, np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("v", [80.0, -80.0, 550.0, -550.0, np.nextafter(np.float32(550), np.float32(600)),
+                               -np.nextafter(np.float32(550), np.float32(600)), 1000.0, np.inf, -np.inf, np.nan])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.25])
 def test_bce_chunk_decision_follows_the_per_element_rule(v, y):
     """A chunk runs the plain-double form only when the per-element rule picks it for every element (the
@@ -1020,7 +1020,7 @@ def test_bce_chunk_decision_follows_the_per_element_rule(v, y):
     t = np.full(256, y, dtype=np.float32)
     alone = x.copy()
     mixed = x.copy()
-    mixed[6] = np.float32(1000.0)         # outside |x| <= 80: the chunk selects per element
+    mixed[6] = np.float32(1000.0)         # outside |x| <= 550: the chunk selects per element
     losses = [_Elementwise(_binary.OP_BCE_LOGITS, a, t, reduction="sum").run(summed=False)[5]
               for a in (alone, mixed)]
     assert losses[0].tobytes() == losses[1].tobytes(), (v, y, losses)
@@ -1028,14 +1028,16 @@ def test_bce_chunk_decision_follows_the_per_element_rule(v, y):
     assert grads[0].tobytes() == grads[1].tobytes()
 
 
-@pytest.mark.parametrize("x", [80.0, -80.0, np.nextafter(np.float32(80), np.float32(100)), 79.99, 0.0, -0.0,
-                               1e-30, -17.5])
+@pytest.mark.parametrize("x", [550.0, -550.0, np.nextafter(np.float32(550), np.float32(600)), 549.99, 120.0, -300.0,
+                               80.0, 0.0, -0.0, 1e-30, -17.5])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
 @pytest.mark.parametrize("w, q, g", [(1.0, 1.0, 1.0), (2.0**-60, 0.0, -(2.0**60)), (2.0**60, 2.0**-60, 2.0**-60),
                                      (2.0**-61, 1.0, 1.0), (1.0, 2.0**61, -1.0), (3.0, 0.25, 0.0)])
 def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
-    """Elements at and just beyond each limit of the plain-double form (|x| = 80, y in {0, 1}, weights
-    and upstream factors at 2^+-60, a zero pos_weight or upstream factor): both forms meet the bound."""
+    """Elements at and just beyond each limit of the plain-double form (|x| = 550, y in {0, 1} and a
+    float32 subnormal, weights and upstream factors at 2^+-60, a zero pos_weight or upstream factor), and
+    far inside it (|x| = 120, 300: exp(-|x|) far below float32's range): both forms meet the bound, and
+    a zero keeps the exact value's sign."""
     xs = np.full(3, x, dtype=np.float32)
     ys = np.full(3, y, dtype=np.float32)
     kw = dict(weight=np.full(3, w), pos_weight=np.full(3, q))
@@ -1047,6 +1049,9 @@ def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
     exact, scale = ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none", return_scale=True,
                                                              grad_output=np.full(3, g), **kw)
     assert_ulp_close(grad, exact, 2.0, scale=scale, inputs=inputs)
+    for got, want in zip(grad, exact):
+        if got == 0 and want != 0:
+            assert np.signbit(got) == (want < 0), (got, want)
 
 
 def test_bce_loss_bits_do_not_depend_on_the_upstream_factor():

@@ -298,7 +298,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
             if (fast_mode == 1) {
                 int fast = xf_bin_bce_fast_ok(xv, y, wj, qj, loss_k);
                 int fast_g = xf_bin_bce_fast_grad_ok(fast, sj);
-                /* evaluated on every element of the chunk, also outside the form's domain (|x| > 80,
+                /* evaluated on every element of the chunk, also outside the form's domain (|x| > 550,
                  * inf, NaN), where its values are garbage and may differ between paths (the emulated
                  * fma's domain ends there too): the selects below discard them, so no output does */
                 xf_bin_fast_logit f = xf_bin_fast_pieces(xv);
@@ -359,7 +359,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
             }
             long long j_first = 0;
 #if defined(__AVX512F__) && XF_BIN_FAST
-            /* exp(-|x|) <= 1 with |x| <= 80 (the fast form's condition): a normal number, where the
+            /* exp(-|x|) <= 1 with |x| <= 550 (the fast form's condition): a normal number, where the
              * exponential's scale is one instruction (xf_exp_lite_normal_pd512), the same bits.  Only
              * float32 blocks take the fast form (XF_BIN_FAST). */
             for (; j_first + 8 <= len; j_first += 8) {
@@ -454,8 +454,8 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
     const double scale = a->scale, loss_k = a->loss_k;
     const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
     /* no weights and no per-element upstream factor (the ones in b.g): the predicates reduce to
-     * |x| <= 80 and 0 <= y <= 1 per element, and the rest is the same for every element.  Those two tests
-     * give the same answer in the storage type (80, 0 and 1 are exact floats, and the conversion to double
+     * |x| <= 550 and 0 <= y <= 1 per element, and the rest is the same for every element.  Those two tests
+     * give the same answer in the storage type (550, 0 and 1 are exact floats, and the conversion to double
      * is exact and monotone), where one vector holds 8 floats instead of 4 doubles and no conversion or
      * mask packing is needed (the double form was ~7 % of a float32 call). */
     const XF_T max_abs = (XF_T)XF_BIN_FAST_MAX_ABS_X, zero = (XF_T)0.0, one = (XF_T)1.0;
@@ -580,7 +580,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     if (plain) {
         const int all_fast = XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, XF_BIN_PLAIN, loss_d, loss_o, grad);
         /* every target of a fast chunk lies in [0, 1] (its test includes that), so only a block with a
-         * slow chunk (|x| > 80, a bad target, an extreme scale) reads its targets once more: the caller's
+         * slow chunk (|x| > 550, a bad target, an extreme scale) reads its targets once more: the caller's
          * target check at no cost on ordinary blocks, where a pass of its own over the targets took ~10 %
          * of a float32 call (benchmarks/README.md, 2026-12-05, third round) */
         if (!all_fast && a->unit_fail && XF_BIN_FN(xf_bin_targets_outside_unit)(t + off, n)) {

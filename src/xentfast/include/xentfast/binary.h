@@ -369,20 +369,27 @@ XF_HD double xf_bin_bce_logits_grad_inf(xf_bin_logit p, double y, double w, doub
  * results near the edges of double's range and for the float64 bound.  A float32 result only needs its
  * double value to within a small fraction of a float32 ULP, and for an ordinary element plain double
  * arithmetic gives that:
- *   - |x| <= 80: e = exp(-|x|) >= 1.8e-35, every quantity below is a normal double; exp to 2^-32
- *     (xf_exp_lite_normal), log1p to 2^-37.6 (xf_bin_log1p_unit), 1/(1 + e), products and sums each
- *     2^-53;
+ *   - |x| <= 550: e = exp(-|x|) >= 2^-793.5, inside the domains of the exponential ([-708, 0], to
+ *     2^-32: xf_exp_lite_normal) and of log1p (e >= 2^-1000, to 2^-37.6: xf_bin_log1p_unit); 1/(1 + e),
+ *     products and sums each 2^-53;
  *   - 0 <= y <= 1, w and q in [2^-60, 2^60] (q may be 0), |upstream| in [2^-60, 2^60], no loss scaling:
- *     no product leaves the normal range, and the loss is a sum of non-negative terms (no cancellation).
+ *     the loss is a sum of non-negative terms (no cancellation), and every quantity is a normal double
+ *     (the least, q y e / (1 + e) with y a float32 subnormal: 2^-1003.5) but the gradient's last product
+ *     (upstream w) times its bracket, which may round to a subnormal or to a zero of its sign: its
+ *     float32 rounding is a zero of that sign either way.
  * So the loss and a hard-target gradient carry < 2^-30 relative error before the one rounding to float32
  * (<= 0.5 + 2^-6 ULP), and a soft-target gradient < 2^-30 of |(1-y) s(x)| + |q y s(-x)| (the unit the
- * bound uses where the two terms cancel).  Zeros: a zero mass gives +0 as the general path does, and a
+ * bound uses where the two terms cancel).  The multiply-adds stay inside xf_fma_emulated's exact domain
+ * (each product is 0, at least 2^-210, or below 2^-60 of its addend), so the baseline path gives the
+ * same bits.  The limit was |x| <= 80 (e >= 1.8e-35) until 2026-12-06: one float32 logit in a hundred at
+ * +-100 had made a fused call 5x slower, every chunk holding one taking the general form
+ * (benchmarks/README.md, fifteenth round).  Zeros: a zero mass gives +0 as the general path does, and a
  * gradient whose bracket is exactly 0 returns +0 whatever the upstream sign, as big - tail does there.
  * Both the CPU loops and the CUDA twin pick the form per element and per output (xf_bin_bce_fast_ok for
  * the loss, xf_bin_bce_fast_grad_ok for the gradient), so they keep giving the same bits.  The two forms
  * differ from each other by a float32 ULP where the exact value lies within ~2^-32 (relative) of a
  * float32 rounding boundary, a few elements in 10^5. */
-#define XF_BIN_FAST_MAX_ABS_X 80.0
+#define XF_BIN_FAST_MAX_ABS_X 550.0
 #define XF_BIN_FAST_LO 0x1p-60
 #define XF_BIN_FAST_HI 0x1p60
 

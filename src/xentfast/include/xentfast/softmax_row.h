@@ -618,11 +618,13 @@ XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, doub
  * block) adds plainly instead of compensated: for float32 storage with index targets (label smoothing).
  * Every term is then >= 0 (q_j = (1 - eps) w_y [j = y] + eps / C_eff w_j [x_j > -inf], weights >= 0, and
  * -log p_j >= 0), so a lane's sum of at most XF_BLOCK / XF_LANES = 512 terms is within 511 u = 2^-44
- * of its exact value, relatively; the lanes and blocks are merged as double-doubles as before.  A
- * float32 result's one rounding (2^-24) leaves the 2 ULP bound unchanged, and so does the gradient's
- * p_j A - q_j, bounded in ULPs of |p_j A| + |q_j|.  float64 results and probability targets (which may
- * be negative, so may cancel) keep the compensated lanes.  Measured: fused 4096x1000 float32 with
- * smoothing 0.1, one thread, 9.4 -> 7.4 ms (benchmarks/README.md, fifteenth round). */
+ * of its exact value, relatively; the lanes and blocks are merged as double-doubles as before (the CUDA
+ * twin's tree order, XF_CU_TREE_ORDER, chains C / threads terms, 32 threads or more: within 2^-27 up
+ * to 2^31 classes).  A float32 result's one rounding (2^-24) leaves the 2 ULP bound unchanged, and so
+ * does the gradient's p_j A - q_j, bounded in ULPs of |p_j A| + |q_j|.  float64 results and probability
+ * targets (which may be negative, so may cancel) keep the compensated lanes.  Measured: fused 4096x1000
+ * float32 with smoothing 0.1, one thread, 9.4 -> 7.4 ms by this alone (benchmarks/README.md, fifteenth
+ * round). */
 XF_HD int xf_terms_plain(int storage_is_float, int prob)
 {
     return storage_is_float && !prob;
