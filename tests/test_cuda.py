@@ -661,11 +661,14 @@ def _long_row_problems(dtype):
         y[5] = -100
         t = rng.random((6, C)).astype(dtype)
         t /= t.sum(axis=1, keepdims=True)
+        t_neg = t.copy()
+        t_neg[::2, C // 2] = -0.25             # a negative target: those rows' terms add compensated
         w = rng.uniform(0, 2, C)
         probs += [
             Args(x, y, None, None, -100, 0.0, 0.0, None, 1.0),
             Args(x, y, None, w, -100, 0.1, 1e-2, rng.uniform(-1, 1, 6), 0.5),
             Args(x, None, t, w, -100, 0.2, 1e-4, None, 1.0 / 3.0),
+            Args(x, None, t_neg, None, -100, 0.0, 0.0, None, 1.0),
         ]
     if np.dtype(dtype) == np.float64:
         # the rare float64 paths: a tiny-sum rescue over a multi-block row, scaled gradients

@@ -85,11 +85,15 @@ def _row_path_and_split(x, y=None, t=None, w=None, eps=0.0, z=0.0, scale=1.0):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("prob", [False, True])
+@pytest.mark.parametrize("prob", [False, True, "negative"])
 def test_phased_split_equals_row_path(dtype, prob):
-    # the (row, block) task split must merge blocks in the same order as a thread walking the row
+    # the (row, block) task split must merge blocks in the same order as a thread walking the row, and
+    # decide as the row path whether a row's loss terms add plainly (float32 probability targets all
+    # >= 0, xf_terms_plain): "negative" puts one negative target in the second block of some rows
     n, c = 6, 2 * _xent.BLOCK + 333
-    x, t = _problem(dtype, n, c, seed=7, prob=prob)
+    x, t = _problem(dtype, n, c, seed=7, prob=bool(prob))
+    if prob == "negative":
+        t[::2, _xent.BLOCK + 5] = -0.25
     w = np.linspace(0.1, 3.0, c)
     outs = _row_path_and_split(x, None if prob else t, t if prob else None, w, eps=0.1, z=1e-3, scale=0.5)
     assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True)

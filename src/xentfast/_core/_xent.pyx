@@ -51,6 +51,8 @@ cdef extern from "xent_kernels.h" nogil:
         int status
         int has_nan
         int needs_terms
+        int targets_nonneg
+        int prob
         int stored
         long long y
         long long argmax
@@ -401,6 +403,15 @@ cdef void _phased_row_sum(const floating *x, const double *bsum, Py_ssize_t i, P
         xf_rowjob_rescue_tiny_sum(job, x + i * C, C)
 
 
+cdef bint _targets_nonneg(const float *t, Py_ssize_t C) noexcept nogil:
+    # softmax_rows.h xf_targets_nonneg: every target probability >= 0 (a NaN is not)
+    cdef Py_ssize_t j
+    for j in range(C):
+        if not t[j] >= 0:
+            return False
+    return True
+
+
 cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                        Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
     # Few rows, long rows: the (row, block) pairs are the parallel tasks of each pass; per-row merges
@@ -440,6 +451,10 @@ cdef bint _xent_phased(const floating *x, floating *grad, const floating *t, con
     # pass 3: loss terms (probability targets, smoothing), where a row needs them (no team otherwise)
     for i in range(N):
         any_terms = any_terms or (not _row_ignored(a, i) and jobs[i].status == XF_ROW_OK and jobs[i].needs_terms)
+        if (floating is float and not _row_ignored(a, i) and jobs[i].status == XF_ROW_OK and jobs[i].prob
+                and jobs[i].needs_terms):
+            # the row's, before its blocks: xf_xent_row's test (xf_terms_plain)
+            jobs[i].targets_nonneg = _targets_nonneg(t + i * C, C)
     if any_terms:
         with parallel(num_threads=n_threads):
             fp_thread = xf_fp_ieee_enter()

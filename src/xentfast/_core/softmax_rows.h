@@ -973,9 +973,42 @@ XF_KERNEL inline void XF_FN(xf_xent_term_into)(const XF_T *x, const XF_T *t, con
     *term = xf_xent_term(job, offset + c, (double)x[c], w ? w[c] : 1.0, t ? (double)t[c] : 0.0, q);
 }
 
+/* A chunk's terms and masses (tb, qb) into the lanes, element i to lane i % XF_LANES, plainly or
+ * compensated (`plain`, a literal: xf_terms_plain) */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_terms_lanes_add)(
+    double *acc, double *cmp, double *qacc, double *qcmp, const double *tb, const double *qb, long long len,
+    const int plain)
+{
+    long long i;
+    int k;
+    for (i = 0; i + XF_LANES <= len; i += XF_LANES) {
+#pragma omp simd
+        for (k = 0; k < XF_LANES; k++) {
+            xf_terms_lane_add(&acc[k], &cmp[k], tb[i + k], plain);
+            xf_terms_lane_add(&qacc[k], &qcmp[k], qb[i + k], plain);
+        }
+    }
+    for (k = 0; i + k < len; k++) {
+        xf_terms_lane_add(&acc[k], &cmp[k], tb[i + k], plain);
+        xf_terms_lane_add(&qacc[k], &qcmp[k], qb[i + k], plain);
+    }
+}
+
+/* Whether every target probability of a row is >= 0 (a NaN is not): xf_rowjob's targets_nonneg */
+XF_KERNEL inline int XF_FN(xf_targets_nonneg)(const XF_T *t, long long C)
+{
+    int ok = 1;
+    long long j;
+#pragma omp simd reduction(& : ok)
+    for (j = 0; j < C; j++) {
+        ok &= (t[j] >= (XF_T)0);
+    }
+    return ok;
+}
+
 /* Pass 3 of a block (soft targets, label smoothing): sum_c q_c * (-log p_c) and A = sum_c q_c, both as
  * double-doubles (out[0..1], out[2..3]).  q_c follows xf_row_target_q.  The lanes are compensated but
- * for float32 rows of index targets (xf_terms_plain).
+ * for float32 rows of index targets or of probability targets all >= 0 (xf_terms_plain).
  * Element j goes to lane j % XF_LANES, in order.  The terms of a chunk come from the vectorized
  * xf_xent_terms_chunk; a chunk that holds a rare element is redone by xf_xent_term, element by element,
  * and so is the argmax: the same numbers either way (one form per element, equal where both apply).
@@ -988,8 +1021,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_terms_block_f
 {
     double acc[XF_LANES], cmp[XF_LANES], qacc[XF_LANES], qcmp[XF_LANES];
     double tb[XF_CHUNK], qb[XF_CHUNK];
-    /* a literal in each expansion: float32 rows of index targets (xf_terms_plain) */
-    const int plain = xf_terms_plain(!XF_COMPENSATED, has_t);
+    /* float32 rows of index targets (a literal in their expansions), or of probability targets all >= 0
+     * (xf_terms_plain) */
+    const int plain = xf_terms_plain(!XF_COMPENSATED, has_t, job->targets_nonneg);
     const long long amax = job->argmax - offset, y = job->y - offset;
     int k;
     long long j, i;
@@ -1017,16 +1051,10 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_terms_block_f
                 XF_FN(xf_xent_term_into)(x, t, w, y, offset, job, &tb[y - j], &qb[y - j]);
             }
         }
-        for (i = 0; i + XF_LANES <= len; i += XF_LANES) {
-#pragma omp simd
-            for (k = 0; k < XF_LANES; k++) {
-                xf_terms_lane_add(&acc[k], &cmp[k], tb[i + k], plain);
-                xf_terms_lane_add(&qacc[k], &qcmp[k], qb[i + k], plain);
-            }
-        }
-        for (k = 0; i + k < len; k++) {
-            xf_terms_lane_add(&acc[k], &cmp[k], tb[i + k], plain);
-            xf_terms_lane_add(&qacc[k], &qcmp[k], qb[i + k], plain);
+        if (plain) {
+            XF_FN(xf_terms_lanes_add)(acc, cmp, qacc, qcmp, tb, qb, len, 1);
+        } else {
+            XF_FN(xf_terms_lanes_add)(acc, cmp, qacc, qcmp, tb, qb, len, 0);
         }
     }
     xf_lanes_to_dd(acc, cmp, &out[0], &out[1]);
@@ -1571,6 +1599,9 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     XF_FN(xf_row_sum_writing)(x, C, job, store, keep, pending, scratch);
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
+        if (!XF_COMPENSATED && job->prob) {
+            job->targets_nonneg = XF_FN(xf_targets_nonneg)(t, C);
+        }
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
     }
 #if XF_COMPENSATED

@@ -484,12 +484,34 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
     const int ok = (sc.job->status == XF_ROW_OK);
     const long long nb = xf_cu_nblocks(C);
     (void)nb;
+    if (ok && sc.job->needs_terms && sc.job->prob && sizeof(T) == sizeof(float)) {
+        /* as softmax_rows.h: xf_xent_row's xf_targets_nonneg, before the terms pass (xf_terms_plain): a
+         * flag per thread in the max tree's storage (dead since the row statistics; the chains reuse it
+         * only in the terms step), then their and */
+        int *flag = (int *)sc.part;
+        team.step([&](int tid) {
+            int nonneg = 1;
+            for (long long j = tid; j < C; j += nt) {
+                nonneg &= (xf_cu_load(t[j]) >= 0.0);
+            }
+            flag[tid] = nonneg;
+        });
+        team.step([&](int tid) {
+            if (tid == 0) {
+                int all = 1;
+                for (int k = 0; k < nt; k++) {
+                    all &= flag[k];
+                }
+                sc.job->targets_nonneg = all;
+            }
+        });
+    }
 #if XF_CU_TREE_ORDER
     if (ok && sc.job->needs_terms) {
         double *T4 = sc.chain; /* 4 doubles per thread: (term hi, lo, q hi, lo) */
         team.step([&](int tid) {
             const xf_rowjob *job = sc.job;
-            const int plain = xf_terms_plain(sizeof(T) == sizeof(float), job->prob);
+            const int plain = xf_terms_plain(sizeof(T) == sizeof(float), job->prob, job->targets_nonneg);
             double s = 0.0, se = 0.0, q = 0.0, qe = 0.0;
             for (long long j = tid; j < C; j += nt) {
                 double qj;
@@ -518,7 +540,7 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
         /* as softmax_rows.h: xf_xent_terms_block, one (block, lane) chain per thread at a time */
         team.step([&](int tid) {
             const xf_rowjob *job = sc.job;
-            const int plain = xf_terms_plain(sizeof(T) == sizeof(float), job->prob);
+            const int plain = xf_terms_plain(sizeof(T) == sizeof(float), job->prob, job->targets_nonneg);
             for (long long c = tid; c < nch; c += nt) {
                 const long long b0 = (c / XF_LANES) * XF_BLOCK;
                 const long long end = (C - b0 < XF_BLOCK) ? C : b0 + XF_BLOCK;

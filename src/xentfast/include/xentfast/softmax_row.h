@@ -40,6 +40,8 @@ typedef struct {
     int prob;            /* probability targets */
     int simple;          /* index target, eps == 0, z == 0: the exact-target-gradient path */
     int needs_terms;     /* loss needs a pass over all classes (probability targets or smoothing) */
+    int targets_nonneg;  /* probability targets all >= 0 (xf_terms_plain); set by the row drivers before
+                            pass 3, float32 rows only; 0 until then */
     int stored;          /* float64: the sum pass keeps exp(x_j - m) in the gradient buffer, or in a long
                           * row's scratch row (xf_rowjob_plan; CPU softmax_rows.h, XF_STREAMED_ROWS, and
                           * xf_xent_row: rows beyond the plan's spread, out of place) */
@@ -105,6 +107,7 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->prob = prob;
     job->simple = (!prob && eps == 0.0 && z == 0.0);
     job->needs_terms = (prob || eps != 0.0);
+    job->targets_nonneg = 0;
     job->stored = 0;
     job->has_grad = 1;
     job->x_y = 0.0;
@@ -615,19 +618,22 @@ XF_HD void xf_lanes_to_dd(const double *acc, const double *cmp, double *hi, doub
 }
 
 /* Whether the loss-terms pass (pass 3: sum_c q_c (-log p_c) and A = sum_c q_c, lane j % XF_LANES of each
- * block) adds plainly instead of compensated: for float32 storage with index targets (label smoothing).
- * Every term is then >= 0 (q_j = (1 - eps) w_y [j = y] + eps / C_eff w_j [x_j > -inf], weights >= 0, and
- * -log p_j >= 0), so a lane's sum of at most XF_BLOCK / XF_LANES = 512 terms is within 511 u = 2^-44
- * of its exact value, relatively; the lanes and blocks are merged as double-doubles as before (the CUDA
- * twin's tree order, XF_CU_TREE_ORDER, chains C / threads terms, 32 threads or more: within 2^-27 up
- * to 2^31 classes).  A float32 result's one rounding (2^-24) leaves the 2 ULP bound unchanged, and so
- * does the gradient's p_j A - q_j, bounded in ULPs of |p_j A| + |q_j|.  float64 results and probability
- * targets (which may be negative, so may cancel) keep the compensated lanes.  Measured: fused 4096x1000
- * float32 with smoothing 0.1, one thread, 9.4 -> 7.4 ms by this alone (benchmarks/README.md, fifteenth
- * round). */
-XF_HD int xf_terms_plain(int storage_is_float, int prob)
+ * block) adds plainly instead of compensated: for float32 storage with index targets (label smoothing),
+ * or with probability targets that are all >= 0 in the row (`targets_nonneg`, which the row drivers
+ * find before the pass: a row, not a block, since blocks of both signs would cancel in the row's merge).
+ * Every term is then >= 0 (q_j = (1 - eps) w_y [j = y] + eps / C_eff w_j [x_j > -inf], or
+ * w_j ((1 - eps) t_j + eps / C_eff [x_j > -inf]), weights >= 0, and -log p_j >= 0), so a lane's sum of
+ * at most XF_BLOCK / XF_LANES = 512 terms is within 511 u = 2^-44 of its exact value, relatively; the
+ * lanes and blocks are merged as double-doubles as before (the CUDA twin's tree order,
+ * XF_CU_TREE_ORDER, chains C / threads terms, 32 threads or more: within 2^-27 up to 2^31 classes).  A
+ * float32 result's one rounding (2^-24) leaves the 2 ULP bound unchanged, and so does the gradient's
+ * p_j A - q_j, bounded in ULPs of |p_j A| + |q_j|.  float64 results and rows with a negative (or NaN)
+ * target probability keep the compensated lanes.  Measured: fused 4096x1000 float32, one thread, with
+ * smoothing 0.1 9.4 -> 7.4 ms by this alone, with probability targets 11.1 -> 10.0 (benchmarks/README.md,
+ * fifteenth round). */
+XF_HD int xf_terms_plain(int storage_is_float, int prob, int targets_nonneg)
 {
-    return storage_is_float && !prob;
+    return storage_is_float && (!prob || targets_nonneg);
 }
 
 XF_HD void xf_terms_lane_add(double *acc, double *err, double v, int plain)
