@@ -928,7 +928,9 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_xent_terms_chunk)(
     if (!has_t) {
         /* index targets (smoothing): the same test in doubles, a third of the pass in integer masks before.
          * With w_j >= 0 (validated) q_j != 0 implies mass, and mass a finite x_j: a rare element is a
-         * q_j with mass below 2^-969 (qmin) or a finite x_j whose m - x_j is not (mark turns NaN). */
+         * q_j with mass below 2^-969 (qmin) or a finite x_j whose m - x_j is not (mark turns NaN).
+         * Probability targets keep the loop below: the same test in doubles measured slower there
+         * (11.0 -> 11.2 ms, benchmarks/README.md, fifteenth round), hence two loops, not one. */
         double qmin = XF_INF, mark = 0.0;
 #pragma omp simd reduction(min : qmin) reduction(+ : mark)
         for (i = 0; i < len; i++) {
