@@ -969,34 +969,38 @@ def test_pinned_reductions_of_subnormal_terms(which, reduction):
     assert_ulp_close(np.asarray(got), want, 1.0, dtype=np.float64)
 
 
-# ---- float32 BCE with logits: the plain-double form of ordinary elements (binary.h) --------------------
+# ---- BCE with logits: the fast forms of ordinary elements (binary.h; float32 plain double, float64
+# double-double) ------------------------------------------------------------------------------------------
+
+_UINT = {np.float32: np.uint32, np.float64: np.uint64}
 
 
-def test_bce_fast_form_does_not_depend_on_the_neighbours():
-    """The CPU runs a 64-element chunk in the plain-double form only when every element qualifies, and
-    selects per element otherwise; the CUDA twin decides per element.  So an element's bits must not
-    depend on whether an extraordinary neighbour shares its chunk."""
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_bce_fast_form_does_not_depend_on_the_neighbours(dtype):
+    """The CPU runs a 64-element chunk in the fast form only when every element qualifies, and selects
+    per element otherwise; the CUDA twin decides per element.  So an element's bits must not depend on
+    whether an extraordinary neighbour shares its chunk."""
     rng = np.random.default_rng(7)
-    x = (rng.standard_normal(4096) * 6).astype(np.float32)
-    y = rng.random(4096).astype(np.float32)
+    x = (rng.standard_normal(4096) * 6).astype(dtype)
+    y = rng.random(4096).astype(dtype)
     y[::3] = np.round(y[::3])
     w = np.exp2(rng.uniform(-70, 70, 4096))
     g = rng.standard_normal(4096) * np.exp2(rng.uniform(-70, 70, 4096))
     calm = [xf.binary_cross_entropy_with_logits_with_grad(x, y, weight=wt, reduction="none", grad_output=gt)
             for wt, gt in ((None, None), (w, g))]
     odd = x.copy()
-    odd[5::64] = np.float32(1000.0)          # one element per chunk outside |x| <= 550
+    odd[5::64] = 1000.0                      # one element per chunk outside either form's |x| limit
     keep = np.ones(4096, dtype=bool)
     keep[5::64] = False
     for (loss0, grad0), (wt, gt) in zip(calm, ((None, None), (w, g))):
         loss1, grad1 = xf.binary_cross_entropy_with_logits_with_grad(odd, y, weight=wt, reduction="none",
                                                                      grad_output=gt)
-        assert np.array_equal(loss0[keep].view(np.uint32), loss1[keep].view(np.uint32))
-        assert np.array_equal(grad0[keep].view(np.uint32), grad1[keep].view(np.uint32))
-    # float32 outputs of the two forms differ only where the exact value lies within ~2^-32 of a float32
-    # rounding boundary (a few in 10^5); the double losses a `sum` adds up differ in their low bits
-    # whenever the forms differ.  The odd elements are ignored (their
-    # loss is 0 either way), so the sums must agree to the bit.
+        assert np.array_equal(loss0[keep].view(_UINT[dtype]), loss1[keep].view(_UINT[dtype]))
+        assert np.array_equal(grad0[keep].view(_UINT[dtype]), grad1[keep].view(_UINT[dtype]))
+    # the forms differ in their last bits (float32 outputs only where the exact value lies within ~2^-32
+    # of a float32 rounding boundary, a few in 10^5; the double losses a `sum` adds up whenever the forms
+    # differ).  The odd elements are ignored (their loss is 0 either way), so the sums must agree to the
+    # bit.
     ys = y.copy()
     ys[5::64] = 0.5
     total = [xf.binary_cross_entropy_with_logits(v, ys, reduction="sum", ignore_index=0.5)
@@ -1004,23 +1008,30 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours():
     assert total[0].tobytes() == total[1].tobytes()
 
 
-@pytest.mark.parametrize("v", [80.0, -80.0, 550.0, -550.0, np.nextafter(np.float32(550), np.float32(600)),
-                               -np.nextafter(np.float32(550), np.float32(600)), 1000.0, np.inf, -np.inf, np.nan])
-@pytest.mark.parametrize("y", [0.0, 1.0, 0.25])
-def test_bce_chunk_decision_follows_the_per_element_rule(v, y):
-    """A chunk runs the plain-double form only when the per-element rule picks it for every element (the
-    unweighted test makes that decision on the float32 values themselves).  So an element at an edge of
-    the rule gets the same double loss alone in its chunk as beside an element that forces the per-element
-    selection (the forms' double losses differ in their low bits, which float32 outputs would hide)."""
+_EDGE_X = {np.float32: [80.0, 550.0, float(np.nextafter(np.float32(550), np.float32(600)))],
+           np.float64: [80.0, 500.0, float(np.nextafter(500.0, 600.0))]}
+_EDGE_Y = {np.float32: [0.0, 1.0, 0.25],
+           np.float64: [0.0, 1.0, 0.25, 2.0**-60, float(np.nextafter(2.0**-60, 0.0))]}
+
+
+@pytest.mark.parametrize("dtype, v, y", [(dt, s * v, y) for dt in DTYPES for v in _EDGE_X[dt] + [1000.0]
+                                         for s in (1.0, -1.0) for y in _EDGE_Y[dt]]
+                         + [(dt, v, 0.25) for dt in DTYPES for v in (np.inf, -np.inf, np.nan)])
+def test_bce_chunk_decision_follows_the_per_element_rule(dtype, v, y):
+    """A chunk runs the fast form only when the per-element rule picks it for every element (the
+    unweighted test makes that decision on the stored values themselves).  So an element at an edge of
+    the rule (|x| at the limit, for float64 also a target at and below 2^-60) gets the same double loss
+    alone in its chunk as beside an element that forces the per-element selection (the forms' double
+    losses differ in their low bits, which float32 outputs would hide)."""
     from xentfast._core import _binary
     from xentfast.api_binary import _Elementwise
 
-    x = np.zeros(256, dtype=np.float32)
+    x = np.zeros(256, dtype=dtype)
     x[5] = v
-    t = np.full(256, y, dtype=np.float32)
+    t = np.full(256, y, dtype=dtype)
     alone = x.copy()
     mixed = x.copy()
-    mixed[6] = np.float32(1000.0)         # outside |x| <= 550: the chunk selects per element
+    mixed[6] = 1000.0                     # outside either form's |x| limit: the chunk selects per element
     losses = [_Elementwise(_binary.OP_BCE_LOGITS, a, t, reduction="sum").run(summed=False)[5]
               for a in (alone, mixed)]
     assert losses[0].tobytes() == losses[1].tobytes(), (v, y, losses)
@@ -1052,6 +1063,64 @@ def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
     for got, want in zip(grad, exact):
         if got == 0 and want != 0:
             assert np.signbit(got) == (want < 0), (got, want)
+
+
+@pytest.mark.parametrize("x", [500.0, -500.0, float(np.nextafter(500.0, 600.0)), 499.99, 354.0, -120.0, 37.0, 0.5,
+                               0.0, -0.0, 1e-300, -17.5])
+@pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-60, float(np.nextafter(2.0**-60, 0.0)), 1.0 - 2.0**-53])
+@pytest.mark.parametrize("w, q, g", [(1.0, 1.0, 1.0), (2.0**-60, 0.0, -(2.0**60)), (2.0**60, 2.0**-60, 2.0**-60),
+                                     (2.0**-61, 1.0, 1.0), (1.0, 2.0**61, -1.0), (3.0, 0.25, 0.0)])
+def test_bce_float64_fast_form_edges_within_bound(x, y, w, q, g):
+    """float64 elements at and just beyond each limit of the double-double form (|x| = 500, a target at and
+    below 2^-60 or next to 1, weights and upstream factors at 2^+-60, a zero pos_weight or upstream
+    factor), inside it where exp(-|x|)^2 would underflow (|x| = 354, 499.99): both forms meet the
+    4 ULP contract, and a zero keeps the exact value's sign."""
+    xs = np.full(3, x)
+    ys = np.full(3, y)
+    kw = dict(weight=np.full(3, w), pos_weight=np.full(3, q))
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(xs, ys, reduction="none",
+                                                               grad_output=np.full(3, g), **kw)
+    inputs = {"x": xs, "target": ys}
+    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(xs, ys, reduction="none", **kw), 4.0,
+                     inputs=inputs)
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none", return_scale=True,
+                                                             grad_output=np.full(3, g), **kw)
+    assert_ulp_close(grad, exact, 4.0, scale=scale, inputs=inputs)
+    for got, want in zip(grad, exact):
+        if got == 0 and want != 0:
+            assert np.signbit(got) == (want < 0), (got, want)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("targets", ["hard", "soft", "near one"])
+def test_bce_float64_fast_form_rounds_about_once(weighted, targets):
+    """Inside its domain the float64 form carries every piece as a double-double, so its loss and
+    gradient stay within 1 ULP (a soft target's gradient: 1 ulp of the sum of its two terms' magnitudes)
+    where the general form reaches 2.2 and 2.5 ULP; a form that rounded each product on its own (the
+    float32 form's formulas on float64 pieces) reached 2.9 over these draws."""
+    rng = np.random.default_rng(11 + 2 * weighted + 7 * len(targets))
+    n = 3000
+    x = rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(1e-6), np.log(500.0), n))
+    if targets == "hard":
+        y = rng.integers(0, 2, n).astype(np.float64)
+    elif targets == "soft":
+        y = rng.random(n)
+        y[::4] = np.exp2(rng.uniform(-60, -1, n)[::4])
+    else:
+        y = 1.0 - np.exp2(-rng.integers(1, 54, n).astype(np.float64))
+    kw, g = {}, np.ones(n)
+    if weighted:
+        def factor():
+            return np.minimum(np.exp2(rng.uniform(-60, 59, n)) * rng.uniform(1, 2, n), 2.0**60)
+        kw = dict(weight=factor(), pos_weight=factor())
+        g = rng.choice([-1.0, 1.0], n) * factor()
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(x, y, reduction="none", grad_output=g, **kw)
+    inputs = {"x": x, "target": y}
+    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(x, y, reduction="none", **kw), 1.0,
+                     inputs=inputs)
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(x, y, reduction="none", return_scale=True,
+                                                             grad_output=g, **kw)
+    assert_ulp_close(grad, exact, 1.0, scale=scale, inputs=inputs)
 
 
 def test_bce_loss_bits_do_not_depend_on_the_upstream_factor():

@@ -253,10 +253,38 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 
 /* ---- BCE with logits ---------------------------------------------------------------------------------- */
 
-/* fast_mode: 0 the general form only (float64 storage), 2 the plain-double form of binary.h only (a
- * chunk whose every element qualifies), 1 both with a per-element select (a mixed chunk): each element
- * and each output gets the form binary.h's predicates pick for it (the loss's never depends on the
- * upstream factor), as on the GPU. */
+/* The fast form of the storage type (binary.h): XF_BIN_FAST 1 float32's plain-double form, 2 float64's
+ * double-double form; each its own predicate, pieces and formulas, the same chunk decision and loops. */
+#undef XF_BIN_FAST_OK
+#undef XF_BIN_FAST_LOGIT
+#undef XF_BIN_FAST_PIECES
+#undef XF_BIN_FAST_LOSS
+#undef XF_BIN_FAST_GRAD
+#undef XF_BIN_FAST_X_MAX
+#undef XF_BIN_FAST_Y_OK
+#if XF_BIN_FAST == 2
+#define XF_BIN_FAST_OK xf_bin_bce_fast64_ok
+#define XF_BIN_FAST_LOGIT xf_bin_fast64_logit
+#define XF_BIN_FAST_PIECES xf_bin_fast64_pieces
+#define XF_BIN_FAST_LOSS xf_bin_bce_fast64_loss
+#define XF_BIN_FAST_GRAD xf_bin_bce_fast64_grad
+#define XF_BIN_FAST_X_MAX XF_BIN_FAST64_MAX_ABS_X
+/* a target in [0, 1], also 0 or at least 2^-60 (exact in double) */
+#define XF_BIN_FAST_Y_OK(yv) (((yv) == (XF_T)0.0) | ((yv) >= (XF_T)XF_BIN_FAST_LO))
+#else
+#define XF_BIN_FAST_OK xf_bin_bce_fast_ok
+#define XF_BIN_FAST_LOGIT xf_bin_fast_logit
+#define XF_BIN_FAST_PIECES xf_bin_fast_pieces
+#define XF_BIN_FAST_LOSS xf_bin_bce_fast_loss
+#define XF_BIN_FAST_GRAD xf_bin_bce_fast_grad
+#define XF_BIN_FAST_X_MAX XF_BIN_FAST_MAX_ABS_X
+#define XF_BIN_FAST_Y_OK(yv) 1
+#endif
+
+/* fast_mode: 0 the general form only, 2 the fast form of binary.h only (a chunk whose every element
+ * qualifies), 1 both with a per-element select (a mixed chunk): each element and each output gets the
+ * form binary.h's predicates pick for it (the loss's never depends on the upstream factor), as on the
+ * GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                           const int unweighted, const int fast_mode, const double *ebuf,
                                           const double *rdbuf, const double *lbuf, const int want_d,
@@ -280,7 +308,12 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
          * condition would stop the vectorizer) */
         double v = 0.0, gv = 0.0;
         if (fast_mode == 2) {
-#if XF_BIN_DIVISIONS_APART
+#if XF_BIN_FAST == 2
+            XF_BIN_FAST_LOGIT f = XF_BIN_FAST_PIECES(xv);
+            (void)ebuf;
+            (void)rdbuf;
+            (void)lbuf;
+#elif XF_BIN_DIVISIONS_APART
             xf_bin_fast_logit f = rdbuf ? xf_bin_fast_from_parts(xv, ebuf[j], rdbuf[j], lbuf[j])
                                   : ebuf  ? xf_bin_fast_from_exp(xv, ebuf[j])
                                           : xf_bin_fast_pieces(xv);
@@ -289,21 +322,22 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
             (void)rdbuf;
             (void)lbuf;
 #endif
-            v = (want_d | want_o) ? xf_bin_bce_fast_loss(f, y, wj, qj) : 0.0;
-            gv = want_g ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : 0.0;
+            v = (want_d | want_o) ? XF_BIN_FAST_LOSS(f, y, wj, qj) : 0.0;
+            gv = want_g ? XF_BIN_FAST_GRAD(f, y, wj, qj, sj) : 0.0;
         } else {
             xf_bin_logit p = xf_bin_logit_pieces(xv);
             v = (want_d | want_o) ? xf_bin_bce_logits_loss(p, y, wj, qj, loss_k) : 0.0;
             gv = want_g ? xf_bin_bce_logits_grad(p, y, wj, qj, sj) : 0.0;
             if (fast_mode == 1) {
-                int fast = xf_bin_bce_fast_ok(xv, y, wj, qj, loss_k);
+                int fast = XF_BIN_FAST_OK(xv, y, wj, qj, loss_k);
                 int fast_g = xf_bin_bce_fast_grad_ok(fast, sj);
-                /* evaluated on every element of the chunk, also outside the form's domain (|x| > 550,
-                 * inf, NaN), where its values are garbage and may differ between paths (the emulated
-                 * fma's domain ends there too): the selects below discard them, so no output does */
-                xf_bin_fast_logit f = xf_bin_fast_pieces(xv);
-                v = (fast & (want_d | want_o)) ? xf_bin_bce_fast_loss(f, y, wj, qj) : v;
-                gv = (fast_g & want_g) ? xf_bin_bce_fast_grad(f, y, wj, qj, sj) : gv;
+                /* evaluated on every element of the chunk, also outside the form's domain (|x| beyond
+                 * the limit, inf, NaN), where its values are garbage and may differ between paths (the
+                 * emulated fma's domain ends there too): the selects below discard them, so no output
+                 * does */
+                XF_BIN_FAST_LOGIT f = XF_BIN_FAST_PIECES(xv);
+                v = (fast & (want_d | want_o)) ? XF_BIN_FAST_LOSS(f, y, wj, qj) : v;
+                gv = (fast_g & want_g) ? XF_BIN_FAST_GRAD(f, y, wj, qj, sj) : gv;
             }
         }
         if (want_d | want_o) {
@@ -330,7 +364,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                                            XF_T *loss_o, XF_T *grad)
 {
     /* the block converts loss_d into loss_o once, after all its chunks (XF_BIN_CONVERT_LOSS) */
-#if !XF_CUDA
+#if !XF_CUDA && XF_BIN_FAST == 1
     if (fast_mode == 2) {
         /* the exponentials of XF_BIN_STAGE elements first, in a loop of their own, then the rest of each
          * element from them: the same operations, but the element's chain (exponential, division,
@@ -361,7 +395,8 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
 #if defined(__AVX512F__) && XF_BIN_FAST
             /* exp(-|x|) <= 1 with |x| <= 550 (the fast form's condition): a normal number, where the
              * exponential's scale is one instruction (xf_exp_lite_normal_pd512), the same bits.  Only
-             * float32 blocks take the fast form (XF_BIN_FAST). */
+             * float32 blocks come here (XF_BIN_FAST 1; float64's form evaluates its pieces in the
+             * element loop). */
             for (; j_first + 8 <= len; j_first += 8) {
                 const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)c.x + j_first));
                 /* -|x|: the sign bit set, as -xf_fabs(x) */
@@ -454,11 +489,12 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
     const double scale = a->scale, loss_k = a->loss_k;
     const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
     /* no weights and no per-element upstream factor (the ones in b.g): the predicates reduce to
-     * |x| <= 550 and 0 <= y <= 1 per element, and the rest is the same for every element.  Those two tests
-     * give the same answer in the storage type (550, 0 and 1 are exact floats, and the conversion to double
-     * is exact and monotone), where one vector holds 8 floats instead of 4 doubles and no conversion or
-     * mask packing is needed (the double form was ~7 % of a float32 call). */
-    const XF_T max_abs = (XF_T)XF_BIN_FAST_MAX_ABS_X, zero = (XF_T)0.0, one = (XF_T)1.0;
+     * |x| <= 550 and 0 <= y <= 1 per element (float64: |x| <= 500, y = 0 or 2^-60 <= y <= 1), and the rest
+     * is the same for every element.  Those tests give the same answer in the storage type (550, 0 and 1
+     * are exact floats, and the conversion to double is exact and monotone), where one vector holds 8
+     * floats instead of 4 doubles and no conversion or mask packing is needed (the double form was ~7 %
+     * of a float32 call). */
+    const XF_T max_abs = (XF_T)XF_BIN_FAST_X_MAX, zero = (XF_T)0.0, one = (XF_T)1.0;
     int all_ok = 1;
     long long j;
     if (unweighted && a->g == 0 && a->g_f32 == 0) {
@@ -466,7 +502,7 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
             const XF_T xv = c.x[j], yv = c.t[j];
-            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one);
+            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one) & XF_BIN_FAST_Y_OK(yv);
         }
     } else if (grad && unweighted && c.g32 && scale == 1.0 && loss_k == 0.0) {
         /* float32 upstream factors under a scale of 1 (reduction="none"): s = g exactly, and 2^-60 and
@@ -477,21 +513,21 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
         for (j = 0; j < len; j++) {
             const XF_T xv = c.x[j], yv = c.t[j];
             const float gv = c.g32[j];
-            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one) &
+            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one) & XF_BIN_FAST_Y_OK(yv) &
                       (((gv >= g_lo) & (gv <= g_hi)) | ((gv <= -g_lo) & (gv >= -g_hi)));
         }
     } else if (grad) {
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
             all_ok &= xf_bin_bce_fast_grad_ok(
-                xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                XF_BIN_FAST_OK((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
                                    unweighted ? 1.0 : c.q[j], loss_k),
                 scale * c.g[j]);
         }
     } else {
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
-            all_ok &= xf_bin_bce_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+            all_ok &= XF_BIN_FAST_OK((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
                                          unweighted ? 1.0 : c.q[j], loss_k);
         }
     }

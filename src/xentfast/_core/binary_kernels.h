@@ -173,7 +173,7 @@ typedef struct {
 #undef XF_BIN_FAST
 #define XF_T double
 #define XF_SFX XF_SFX_F64
-#define XF_BIN_FAST 0
+#define XF_BIN_FAST 2
 #include "binary_blocks.h"
 #undef XF_T
 #undef XF_SFX

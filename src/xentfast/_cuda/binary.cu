@@ -85,26 +85,36 @@ XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args
         const double w = xf_cu_bin_weight(a->w, a->w_div, a->w_mod, a->w_full, i);
         const double q = xf_cu_bin_weight(a->pw, a->pw_div, a->pw_mod, a->pw_full, i);
         const double s = grad ? xf_cu_bin_upstream(a, i) : 1.0;
-        /* float32 storage: the plain-double form for each output that qualifies, as the CPU picks it */
-        const int fast = sizeof(T) == sizeof(float) && xf_bin_bce_fast_ok(xv, y, w, q, a->loss_k);
+        /* the storage type's fast form (binary.h) for each output that qualifies, as the CPU picks it */
+        const int f32 = sizeof(T) == sizeof(float);
+        const int fast = f32 ? xf_bin_bce_fast_ok(xv, y, w, q, a->loss_k)
+                             : xf_bin_bce_fast64_ok(xv, y, w, q, a->loss_k);
         const int fast_g = xf_bin_bce_fast_grad_ok(fast, s);
         xf_bin_fast_logit f;
+        xf_bin_fast64_logit f64;
         xf_bin_logit p;
         if (fast) {
-            f = xf_bin_fast_pieces(xv);
+            if (f32) {
+                f = xf_bin_fast_pieces(xv);
+            } else {
+                f64 = xf_bin_fast64_pieces(xv);
+            }
         }
         if (!fast || (grad && !fast_g)) {
             p = xf_bin_logit_pieces(xv);
         }
         if (loss_d || loss_o) {
-            double v = fast ? xf_bin_bce_fast_loss(f, y, w, q) : xf_bin_bce_logits_loss(p, y, w, q, a->loss_k);
+            double v = !fast ? xf_bin_bce_logits_loss(p, y, w, q, a->loss_k)
+                       : f32 ? xf_bin_bce_fast_loss(f, y, w, q)
+                             : xf_bin_bce_fast64_loss(f64, y, w, q);
             xf_cu_bin_store(v, ign, i, loss_d, loss_o);
         }
         if (grad) {
             /* an infinite upstream factor is never fast_g (|s| lies within [2^-60, 2^60] there) */
             double g = xf_bin_upstream_is_inf(s) ? xf_bin_bce_logits_grad_inf(p, y, w, q, s)
-                       : fast_g                   ? xf_bin_bce_fast_grad(f, y, w, q, s)
-                                                  : xf_bin_bce_logits_grad(p, y, w, q, s);
+                       : !fast_g ? xf_bin_bce_logits_grad(p, y, w, q, s)
+                       : f32     ? xf_bin_bce_fast_grad(f, y, w, q, s)
+                                 : xf_bin_bce_fast64_grad(f64, y, w, q, s);
             grad[i] = (T)(ign ? 0.0 : g);
         }
     } else if (OP == XF_CU_OP_FOCAL) {
