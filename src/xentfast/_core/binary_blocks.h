@@ -287,7 +287,8 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
  * GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                           const int unweighted, const int fast_mode, const double *ebuf,
-                                          const double *rdbuf, const double *lbuf, const int want_d,
+                                          const double *elbuf, const double *rdbuf, const double *lbuf,
+                                          const int want_d,
                                           const int want_o, const int want_g)
 {
     const XF_T *x = b.x, *t = b.t;
@@ -309,16 +310,17 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
         double v = 0.0, gv = 0.0;
         if (fast_mode == 2) {
 #if XF_BIN_FAST == 2
-            XF_BIN_FAST_LOGIT f = XF_BIN_FAST_PIECES(xv);
-            (void)ebuf;
+            XF_BIN_FAST_LOGIT f = ebuf ? xf_bin_fast64_from_exp(xv, ebuf[j], elbuf[j]) : XF_BIN_FAST_PIECES(xv);
             (void)rdbuf;
             (void)lbuf;
 #elif XF_BIN_DIVISIONS_APART
             xf_bin_fast_logit f = rdbuf ? xf_bin_fast_from_parts(xv, ebuf[j], rdbuf[j], lbuf[j])
                                   : ebuf  ? xf_bin_fast_from_exp(xv, ebuf[j])
                                           : xf_bin_fast_pieces(xv);
+            (void)elbuf;
 #else
             xf_bin_fast_logit f = ebuf ? xf_bin_fast_from_exp(xv, ebuf[j]) : xf_bin_fast_pieces(xv);
+            (void)elbuf;
             (void)rdbuf;
             (void)lbuf;
 #endif
@@ -364,14 +366,17 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                                            XF_T *loss_o, XF_T *grad)
 {
     /* the block converts loss_d into loss_o once, after all its chunks (XF_BIN_CONVERT_LOSS) */
-#if !XF_CUDA && XF_BIN_FAST == 1
+#if !XF_CUDA
     if (fast_mode == 2) {
         /* the exponentials of XF_BIN_STAGE elements first, in a loop of their own, then the rest of each
          * element from them: the same operations, but the element's chain (exponential, division,
          * polynomial, loss) is cut in two, and each loop's iterations are short enough for the core to
-         * overlap several of them (see benchmarks/README.md, ninth round) */
+         * overlap several of them (see benchmarks/README.md, ninth round; float64's double-double form:
+         * sixteenth round, 4096x1000 one thread 30.2 -> 26.7 ms avx512, 42.9 -> 36.7 avx2) */
         double ebuf[XF_BIN_STAGE];
-#if XF_BIN_DIVISIONS_APART
+#if XF_BIN_FAST == 2
+        double elbuf[XF_BIN_STAGE]; /* the low parts of float64's double-double exponentials */
+#elif XF_BIN_DIVISIONS_APART
         double rdbuf[XF_BIN_STAGE], lbuf[XF_BIN_STAGE];
 #endif
         long long s0, j;
@@ -383,7 +388,8 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                  * arithmetic runs: the next block's fast-form decision reads them first and otherwise
                  * waits on memory (a hint: no result depends on it, and a prefetch never faults, even past
                  * the arrays).  BCE 65536x256 float32, one thread: 47.6-51.2 -> 43.8-44.3 ms (avx512
-                 * path), 66-67 -> 62-63 ms (avx2; benchmarks/README.md, 2026-12-04, late) */
+                 * path), 66-67 -> 62-63 ms (avx2; benchmarks/README.md, 2026-12-04, late); float64
+                 * 4096x1000: 26.7 -> 24.4 ms (avx512), 36.7 -> 35.1 (avx2; sixteenth round) */
                 const char *px = (const char *)(c.x + XF_BIN_BLOCK), *pt = (const char *)(c.t + XF_BIN_BLOCK);
                 long long i;
                 for (i = 0; i < len * (long long)sizeof(XF_T); i += 64) {
@@ -391,12 +397,17 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                     __builtin_prefetch(pt + i, 0, 3);
                 }
             }
+#if XF_BIN_FAST == 2
+#pragma omp simd
+            for (j = 0; j < len; j++) {
+                ebuf[j] = xf_bin_fast64_exp((double)c.x[j], &elbuf[j]);
+            }
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, elbuf, 0, 0);
+#else
             long long j_first = 0;
-#if defined(__AVX512F__) && XF_BIN_FAST
+#if defined(__AVX512F__)
             /* exp(-|x|) <= 1 with |x| <= 550 (the fast form's condition): a normal number, where the
-             * exponential's scale is one instruction (xf_exp_lite_normal_pd512), the same bits.  Only
-             * float32 blocks come here (XF_BIN_FAST 1; float64's form evaluates its pieces in the
-             * element loop). */
+             * exponential's scale is one instruction (xf_exp_lite_normal_pd512), the same bits. */
             for (; j_first + 8 <= len; j_first += 8) {
                 const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)c.x + j_first));
                 /* -|x|: the sign bit set, as -xf_fabs(x) */
@@ -418,15 +429,16 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                 rdbuf[j] = 1.0 / (1.0 + ebuf[j]);
                 lbuf[j] = xf_bin_log1p_unit(ebuf[j]);
             }
-            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, rdbuf, lbuf);
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, rdbuf, lbuf);
 #else
-            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, 0);
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, 0, 0);
+#endif
 #endif
         }
         return;
     }
 #endif
-    XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode, 0, 0, 0);
+    XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode, 0, 0, 0, 0);
 }
 
 #if XF_BIN_FAST
@@ -632,9 +644,9 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     double rescued[XF_BIN_BLOCK];
     const int stored_before = XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, 0, rescued);
     if (unweighted) {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0, 0, 0, 0);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0, 0, 0, 0, 0);
     } else {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0, 0, 0, 0);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0, 0, 0, 0, 0);
     }
     XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, 0, stored_before, rescued);
 #endif

@@ -527,15 +527,20 @@ typedef struct {
     int pos;            /* x >= 0 (true for -0) */
 } xf_bin_fast64_logit;
 
-XF_HD xf_bin_fast64_logit xf_bin_fast64_pieces(double x)
+/* exp(-|x|) = e + *e_lo */
+XF_HD double xf_bin_fast64_exp(double x, double *e_lo)
+{
+    double t, m_lo;
+    /* exp(-a) = 2^n (m + m_lo): both scaled by 2^n exactly (n >= -722, every result normal) */
+    double m = xf_exp_reduced(-xf_fabs(x), 0.0, &t, &m_lo);
+    *e_lo = m_lo * xf_pow2_from_low_bits(xf_bits_from_double(t) + 1023ULL);
+    return xf_exp_scale_normal(m, t);
+}
+
+XF_HD xf_bin_fast64_logit xf_bin_fast64_from_exp(double x, double e, double e_lo)
 {
     xf_bin_fast64_logit r;
     double a = xf_fabs(x);
-    double t, m_lo;
-    /* exp(-a) = 2^n (m + m_lo): both scaled by 2^n exactly (n >= -722, every result normal) */
-    double m = xf_exp_reduced(-a, 0.0, &t, &m_lo);
-    double e = xf_exp_scale_normal(m, t);
-    double e_lo = m_lo * xf_pow2_from_low_bits(xf_bits_from_double(t) + 1023ULL);
     double dh = 1.0 + e;
     double dl = ((1.0 - dh) + e) + e_lo; /* Fast2Sum: 1 >= e */
     double rd = 1.0 / dh;
@@ -558,6 +563,13 @@ XF_HD xf_bin_fast64_logit xf_bin_fast64_pieces(double x)
     r.l_lo = tiny ? e_lo : l_lo;
     r.pos = (x >= 0.0);
     return r;
+}
+
+XF_HD xf_bin_fast64_logit xf_bin_fast64_pieces(double x)
+{
+    double e_lo;
+    double e = xf_bin_fast64_exp(x, &e_lo);
+    return xf_bin_fast64_from_exp(x, e, e_lo);
 }
 
 /* own (1 - y for x >= 0, q y below), other (the other one) and, for the loss, own + other, each as a
