@@ -1123,6 +1123,107 @@ def test_bce_float64_fast_form_rounds_about_once(weighted, targets):
     assert_ulp_close(grad, exact, 1.0, scale=scale, inputs=inputs)
 
 
+# ---- float32 sigmoid focal loss: the plain-double form of ordinary elements (binary.h) ---------------------
+
+_F32_ABOVE_550 = float(np.nextafter(np.float32(550), np.float32(600)))
+_GAMMA_ABOVE_20 = float(np.nextafter(20.0, 21.0))
+
+
+@pytest.mark.parametrize("v", [550.0, -550.0, _F32_ABOVE_550, 1000.0, np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("y", [0.0, 1.0, 0.25])
+@pytest.mark.parametrize("gamma", [2.0, 20.0, _GAMMA_ABOVE_20])
+def test_focal_chunk_decision_follows_the_per_element_rule(v, y, gamma):
+    """As for BCE: a chunk runs the float32 focal loss's plain-double form only when every element
+    qualifies (|x| <= 550 and 0 <= y <= 1 on the stored floats, gamma <= 20), so an element at an edge gets
+    the same double loss and gradient alone in its chunk as beside one that forces the per-element
+    selection."""
+    from xentfast._core import _binary
+    from xentfast.api_binary import _Elementwise
+
+    x = np.linspace(-3, 3, 256).astype(np.float32)
+    x[5] = v
+    t = np.full(256, y, dtype=np.float32)
+    mixed = x.copy()
+    mixed[6] = np.float32(1000.0)
+    losses = [_Elementwise(_binary.OP_FOCAL, a, t, reduction="sum", alpha=0.25, gamma=gamma).run(summed=False)
+              for a in (x, mixed)]
+    assert losses[0][5].tobytes() == losses[1][5].tobytes(), (v, y, losses[0][5], losses[1][5])
+    keep = np.arange(256) != 6
+    assert losses[0][keep].tobytes() == losses[1][keep].tobytes()
+    grads = [xf.sigmoid_focal_loss_with_grad(a, t, gamma=gamma, reduction="none")[1] for a in (x, mixed)]
+    assert grads[0][keep].tobytes() == grads[1][keep].tobytes()
+
+
+def test_focal_odd_elements_redone_before_an_in_place_gradient():
+    """A chunk with elements outside the fast form's domain runs the fast loop over all of them and redoes
+    those in the general form; they are evaluated before the loop, which may write the gradient over x.
+    In place or not, the same bits, and each odd element its general-form values (as alone in a call
+    of odd elements only, where no chunk is fast)."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(1000) * 4).astype(np.float32)
+    x[::37] = np.float32(1000.0)
+    x[5] = np.nan
+    x[6] = -np.inf
+    y = rng.random(1000).astype(np.float32)
+    g = rng.standard_normal(1000)
+    g[::41] = 2.0**-70                      # outside [2^-60, 2^60]: the gradient alone redone
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, y, reduction="none", grad_output=g)
+    xi = x.copy()
+    loss_i, grad_i = xf.sigmoid_focal_loss_with_grad(xi, y, reduction="none", grad_output=g, inplace=True)
+    assert np.shares_memory(grad_i, xi)
+    assert loss.tobytes() == loss_i.tobytes() and grad.tobytes() == grad_i.tobytes()
+    odd = ~np.isfinite(x) | (np.abs(x) > 550)
+    alone = xf.sigmoid_focal_loss_with_grad(x[odd], y[odd], reduction="none", grad_output=g[odd])
+    assert loss[odd].tobytes() == alone[0].tobytes() and grad[odd].tobytes() == alone[1].tobytes()
+    exact, scale = ref.sigmoid_focal_loss_grad(x[::41], y[::41], reduction="none", return_scale=True,
+                                               grad_output=g[::41])
+    assert_ulp_close(grad[::41], exact, 2.0, scale=scale)
+
+
+@pytest.mark.parametrize("x", [550.0, -550.0, _F32_ABOVE_550, 549.99, 120.0, -300.0, 36.0, 0.0, -0.0, 1e-30,
+                               -17.5])
+@pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
+@pytest.mark.parametrize("alpha, gamma", [(0.25, 2.0), (-1.0, 0.0), (1.0, 20.0), (0.6, 0.5), (0.0, 12.0),
+                                          (0.25, _GAMMA_ABOVE_20)])
+def test_focal_fast_form_edges_within_bound(x, y, alpha, gamma):
+    """float32 elements at and just beyond each limit of the focal loss's plain-double form (|x| = 550,
+    gamma = 20, upstream factors at 2^+-60 and just below, a zero one, alpha_t = 0) and far inside it
+    where u^gamma underflows double (x = 120, -300): both forms meet the bound, and a zero keeps the exact
+    value's sign."""
+    g = np.array([1.0, -(2.0**60), 2.0**-61, 0.0, 2.0**-60])
+    xs = np.full(5, x, dtype=np.float32)
+    ys = np.full(5, y, dtype=np.float32)
+    kw = dict(alpha=alpha, gamma=gamma)
+    loss, grad = xf.sigmoid_focal_loss_with_grad(xs, ys, reduction="none", grad_output=g, **kw)
+    inputs = {"x": xs, "target": ys}
+    assert_ulp_close(loss, ref.sigmoid_focal_loss(xs, ys, reduction="none", **kw), 2.0, inputs=inputs)
+    exact, scale = ref.sigmoid_focal_loss_grad(xs, ys, reduction="none", return_scale=True, grad_output=g, **kw)
+    assert_ulp_close(grad, exact, 2.0, scale=scale, inputs=inputs)
+    for got, want in zip(grad, exact):
+        if got == 0 and want != 0:
+            assert np.signbit(got) == (want < 0), (got, want)
+
+
+@pytest.mark.parametrize("alpha", [0.25, -1.0])
+@pytest.mark.parametrize("gamma", [0.5, 2.0, 20.0])
+@pytest.mark.parametrize("targets", ["hard", "soft"])
+def test_focal_fast_form_within_its_argument(alpha, gamma, targets):
+    """binary.h bounds the float32 form's double result within 2^-27.3 (relative; of the bound's unit for a
+    soft target's gradient) before its one rounding: within 0.5 + 2^-3.3 = 0.602 ULP.  Elements over
+    the whole domain, upstream factors over [2^-60, 2^59]."""
+    rng = np.random.default_rng(int(gamma * 10) + (alpha > 0) + 3 * len(targets))
+    n = 3000
+    x = (rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(1e-6), np.log(550.0), n))).astype(np.float32)
+    y = (rng.integers(0, 2, n) if targets == "hard" else rng.random(n)).astype(np.float32)
+    g = rng.choice([-1.0, 1.0], n) * np.exp2(rng.uniform(-60, 59, n))
+    kw = dict(alpha=alpha, gamma=gamma)
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, y, reduction="none", grad_output=g, **kw)
+    inputs = {"x": x, "target": y}
+    assert_ulp_close(loss, ref.sigmoid_focal_loss(x, y, reduction="none", **kw), 0.602, inputs=inputs)
+    exact, scale = ref.sigmoid_focal_loss_grad(x, y, reduction="none", return_scale=True, grad_output=g, **kw)
+    assert_ulp_close(grad, exact, 0.602, scale=scale, inputs=inputs)
+
+
 def test_bce_loss_bits_do_not_depend_on_the_upstream_factor():
     """The loss's form is chosen without the upstream factor: a fused call with any grad_output (0 for
     masking, tiny, huge) returns the forward call's loss bits, per element and reduced."""

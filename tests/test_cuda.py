@@ -407,7 +407,9 @@ def test_nvcc_binary_and_reduce_cubin_sm90_no_spills(nvcc_runs):
     assert len([k for k in usage if "xf_bin_elementwise" in k]) == 6, usage
     assert len([k for k in usage if "xf_ce_probs" in k]) == 2, usage
     assert len([k for k in usage if "xf_ddsum" in k or "xf_target_weight_sum" in k]) == 3, usage
-    assert all(u[0] is not None for u in usage.values()), log
+    # every kernel's registers were read (the float focal loss's out-of-line general form, a device function,
+    # has none of its own)
+    assert all(u[0] is not None for k, u in usage.items() if "kernel" in k), log
     spilling = {k: u for k, u in usage.items() if u[1] or u[2]}
     assert not spilling, f"register spills: {spilling}"
     # no 8 KiB gather buffer of the CPU block functions reached a kernel (binary.cu (b))
@@ -487,9 +489,10 @@ def test_nvrtc_registers_and_spills(dtype, source, shipped_options):
             usage)
     kernels = set(res.lowered.values())
     assert kernels <= set(usage)
-    # besides the kernels only the out-of-line rare paths (kernels.cu) may appear: the exact logsumexp,
-    # the z-loss's exact rows and the float64 rows whose loss is tiny
-    rare = ("xf_lse_cancelling", "xf_cu_z_exact", "xf_cu_tiny_loss")
+    # besides the kernels only the out-of-line rare paths may appear: the exact logsumexp, the z-loss's
+    # exact rows and the float64 rows whose loss is tiny (kernels.cu), the float32 focal loss's general
+    # form (binary.cu)
+    rare = ("xf_lse_cancelling", "xf_cu_z_exact", "xf_cu_tiny_loss", "xf_cu_focal_general_apart")
     assert all(any(r in k for r in rare) for k in set(usage) - kernels), usage
     # xf_xent_z_exact_kernel redoes rare rows (a few dozen bytes of spills)
     over = _over_budget(usage, [k for k in kernels if "z_exact" not in k])

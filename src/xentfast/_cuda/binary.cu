@@ -73,6 +73,31 @@ XF_HD double xf_cu_bin_weight(const double *w, long long div, long long mod, int
 XF_HD double xf_cu_bin_upstream(const xf_bin_args *a, long long i) { return a->g ? a->scale * a->g[i] : a->scale; }
 
 /* Element i of op OP: the loss into loss_d / loss_o and the gradient into grad, each when not NULL. */
+/* The focal loss's general form for one element. */
+template <typename T>
+XF_HD void xf_cu_focal_general(double xv, double y, int ign, long long i, const xf_bin_args *a, double s,
+                               double *loss_d, T *loss_o, T *grad)
+{
+    const xf_bin_logit p = xf_bin_logit_pieces(xv);
+    const xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, a->alpha, a->gamma);
+    if (loss_d || loss_o) {
+        xf_cu_bin_store(xf_bin_focal_loss(p, f, a->gamma, a->loss_k), ign, i, loss_d, loss_o);
+    }
+    if (grad) {
+        grad[i] = (T)(ign ? 0.0 : xf_bin_focal_grad(p, f, y, a->gamma, s));
+    }
+}
+
+/* The same out of line, for the float kernel, where it runs beside the fast form: inlined there, the two
+ * forms' values shared the kernel's registers and spilled at its 128 (the double kernel, general form
+ * only, keeps it inline). */
+template <typename T>
+XF_HD_COLD void xf_cu_focal_general_apart(double xv, double y, int ign, long long i, const xf_bin_args *a,
+                                          double s, double *loss_d, T *loss_o, T *grad)
+{
+    xf_cu_focal_general(xv, y, ign, i, a, s, loss_d, loss_o, grad);
+}
+
 template <typename T, int OP>
 XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args *a, double *loss_d, T *loss_o,
                           T *grad)
@@ -118,15 +143,27 @@ XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args
             grad[i] = (T)(ign ? 0.0 : g);
         }
     } else if (OP == XF_CU_OP_FOCAL) {
-        /* as binary_blocks.h: xf_focal_block */
-        xf_bin_logit p = xf_bin_logit_pieces(xv);
-        xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, a->alpha, a->gamma);
-        if (loss_d || loss_o) {
-            xf_cu_bin_store(xf_bin_focal_loss(p, f, a->gamma, a->loss_k), ign, i, loss_d, loss_o);
+        /* as binary_blocks.h: xf_focal_block (float32 storage: the plain-double form where it qualifies;
+         * the general form out of line there, see xf_cu_focal_general_apart) */
+        const double s = grad ? xf_cu_bin_upstream(a, i) : 1.0;
+        const int fast = sizeof(T) == sizeof(float) && xf_bin_focal_fast_ok(xv, y, a->gamma, a->loss_k);
+        const int fast_g = xf_bin_bce_fast_grad_ok(fast, s);
+        if (fast) {
+            const xf_bin_fast_logit fp = xf_bin_fast_pieces(xv);
+            const xf_bin_focal_fast_parts r = xf_bin_focal_fast_prepare(fp, y, a->alpha, a->gamma);
+            if (loss_d || loss_o) {
+                xf_cu_bin_store(xf_bin_focal_fast_loss(r), ign, i, loss_d, loss_o);
+            }
+            if (grad && fast_g) {
+                grad[i] = (T)(ign ? 0.0 : xf_bin_focal_fast_grad(fp, r, y, a->gamma, s));
+            }
         }
-        if (grad) {
-            double g = xf_bin_focal_grad(p, f, y, a->gamma, xf_cu_bin_upstream(a, i));
-            grad[i] = (T)(ign ? 0.0 : g);
+        if (!fast || (grad && !fast_g)) {
+            if (sizeof(T) == sizeof(float)) {
+                xf_cu_focal_general_apart(xv, y, ign, i, a, s, fast ? 0 : loss_d, fast ? 0 : loss_o, grad);
+            } else {
+                xf_cu_focal_general(xv, y, ign, i, a, s, loss_d, loss_o, grad);
+            }
         }
     } else {
         /* as binary_blocks.h: xf_bce_prob_block (xv is the probability) */

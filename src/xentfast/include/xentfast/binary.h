@@ -871,6 +871,70 @@ XF_HD double xf_bin_focal_grad(xf_bin_logit p, xf_bin_focal_parts f, double y, d
     return p.nan ? p.a : r;
 }
 
+/* ---- sigmoid focal loss for float32 storage: the ordinary element in plain double -----------------------
+ * As for BCE (the float32 form above): a float32 result needs its double value to a small fraction of a
+ * float32 ULP, and for an ordinary element plain double arithmetic on BCE's float32 pieces (e = exp(-|x|)
+ * to 2^-32, l = log1p(e) to 2^-37.6, rd = 1/(1 + e)) gives that, with the general form's formulas:
+ *     N = c_b + c_t e,  u = N rd,  log u = log N - l  (log N = -|x| exactly on the confident side, c_b = 0)
+ *     U = u^g = exp(g log u),  ce = c_b |x| + l,  loss = alpha_t ce U
+ *     d/dx = alpha_t U rd [sign(x) (c_b - c_t e) + g ce (e/N) (1 - 2y)]
+ * Domain: |x| <= 550 (e >= 2^-793.5, inside the exponential's and log1p's domains), 0 <= y <= 1, g <= 20
+ * (the documented bound's range), no loss scale, for the gradient |s| in [2^-60, 2^60].  Errors, relative,
+ * before the one rounding to float32: alpha_t, ce, N, rd, e/N, 1 - 2y and the products 2^-50 or less each
+ * beside e's 2^-32 (N and the bracket's c_t e carry it, relative to N: the bound's unit for the bracket is
+ * alpha_t U rd (N + g ce (e/N) |1 - 2y|)); log u to 2^-32 absolute (e's error in log N, l's 2^-37.6 times
+ * l <= ln 2), so U to g 2^-32 + 2^-32 (the exponential) <= 2^-27.5 for g <= 20: the loss and the gradient
+ * within 2^-27.3 relative (of that unit for a soft target's bracket), <= 0.5 + 2^-3.3 ULP after rounding.
+ * Every intermediate is a normal double (the least, c_t e with y a float32 subnormal, 2^-943) but U, which
+ * underflows where u^g < 2^-1022: the loss and gradient then lie below 2^-1000 (ce <= 551, |s| <= 2^60,
+ * g ce <= 2^14) and round to float32 zeros of their signs either way.  No multiply-add of its own: the
+ * exponentials' and log1p's stay in their exact domains (binary.h, xf_math.h), so every path gives the same
+ * bits.  The CPU loops and the CUDA twin pick the form per element and output as for BCE. */
+#define XF_BIN_FOCAL_FAST_MAX_GAMMA 20.0
+
+XF_HD int xf_bin_focal_fast_ok(double x, double y, double gamma, double loss_k)
+{
+    return (xf_fabs(x) <= XF_BIN_FAST_MAX_ABS_X) & (y >= 0.0) & (y <= 1.0) &
+           (gamma <= XF_BIN_FOCAL_FAST_MAX_GAMMA) & (loss_k == 0.0);
+}
+
+typedef struct {
+    double alpha_t; /* alpha y + (1 - alpha)(1 - y), or 1 */
+    double cb, ct;  /* the target masses on x's own side and on the other */
+    double ce;      /* BCE(x, y) */
+    double U;       /* u^g */
+    double R;       /* e / N */
+} xf_bin_focal_fast_parts;
+
+XF_HD xf_bin_focal_fast_parts xf_bin_focal_fast_prepare(xf_bin_fast_logit f, double y, double alpha,
+                                                        double gamma)
+{
+    xf_bin_focal_fast_parts r;
+    double omy = 1.0 - y;
+    r.alpha_t = (alpha < 0.0) ? 1.0 : alpha * y + (1.0 - alpha) * omy;
+    r.cb = f.pos ? omy : y;
+    r.ct = f.pos ? y : omy;
+    double n = r.cb + r.ct * f.e;
+    r.ce = r.cb * f.a + f.l;
+    double log_n = (r.cb == 0.0) ? -f.a : xf_log(n);
+    r.U = xf_exp_lite(gamma * (log_n - f.l)); /* g = 0: exp(0) = 1 */
+    r.R = f.e / n;
+    return r;
+}
+
+XF_HD double xf_bin_focal_fast_loss(xf_bin_focal_fast_parts r)
+{
+    return (r.alpha_t * r.ce) * r.U;
+}
+
+XF_HD double xf_bin_focal_fast_grad(xf_bin_fast_logit f, xf_bin_focal_fast_parts r, double y, double gamma,
+                                    double s)
+{
+    double own = r.cb - r.ct * f.e;
+    double bracket = (f.pos ? own : -own) + (gamma * r.ce) * (r.R * (1.0 - 2.0 * y));
+    return ((s * r.alpha_t) * (r.U * f.rd)) * bracket;
+}
+
 /* ---- probabilities ------------------------------------------------------------------------------------
  * The log-probabilities of BCE from p, in one place for all three modes:
  *   exact         log p, log(1-p) = log1p(-p)                         (log 0 = -inf)
