@@ -1039,56 +1039,51 @@ def test_bce_chunk_decision_follows_the_per_element_rule(dtype, v, y):
     assert grads[0].tobytes() == grads[1].tobytes()
 
 
+def _assert_bce_edge_elements(x, y, w, q, g, dtype, bound):
+    """Three copies of one element under the weight w, pos_weight q and upstream factor g: loss and
+    gradient within `bound`, and a zero gradient with the exact value's sign."""
+    xs = np.full(3, x, dtype=dtype)
+    ys = np.full(3, y, dtype=dtype)
+    kw = dict(weight=np.full(3, w), pos_weight=np.full(3, q))
+    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(xs, ys, reduction="none",
+                                                               grad_output=np.full(3, g), **kw)
+    inputs = {"x": xs, "target": ys}
+    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(xs, ys, reduction="none", **kw), bound,
+                     inputs=inputs)
+    exact, scale = ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none", return_scale=True,
+                                                             grad_output=np.full(3, g), **kw)
+    assert_ulp_close(grad, exact, bound, scale=scale, inputs=inputs)
+    for got, want in zip(grad, exact):
+        if got == 0 and want != 0:
+            assert np.signbit(got) == (want < 0), (got, want)
+
+
+_EDGE_WQG = [(1.0, 1.0, 1.0), (2.0**-60, 0.0, -(2.0**60)), (2.0**60, 2.0**-60, 2.0**-60), (2.0**-61, 1.0, 1.0),
+             (1.0, 2.0**61, -1.0), (3.0, 0.25, 0.0)]
+
+
 @pytest.mark.parametrize("x", [550.0, -550.0, np.nextafter(np.float32(550), np.float32(600)), 549.99, 120.0, -300.0,
                                80.0, 0.0, -0.0, 1e-30, -17.5])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
-@pytest.mark.parametrize("w, q, g", [(1.0, 1.0, 1.0), (2.0**-60, 0.0, -(2.0**60)), (2.0**60, 2.0**-60, 2.0**-60),
-                                     (2.0**-61, 1.0, 1.0), (1.0, 2.0**61, -1.0), (3.0, 0.25, 0.0)])
+@pytest.mark.parametrize("w, q, g", _EDGE_WQG)
 def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
     """Elements at and just beyond each limit of the plain-double form (|x| = 550, y in {0, 1} and a
     float32 subnormal, weights and upstream factors at 2^+-60, a zero pos_weight or upstream factor), and
     far inside it (|x| = 120, 300: exp(-|x|) far below float32's range): both forms meet the bound, and
     a zero keeps the exact value's sign."""
-    xs = np.full(3, x, dtype=np.float32)
-    ys = np.full(3, y, dtype=np.float32)
-    kw = dict(weight=np.full(3, w), pos_weight=np.full(3, q))
-    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(xs, ys, reduction="none",
-                                                               grad_output=np.full(3, g), **kw)
-    inputs = {"x": xs, "target": ys}
-    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(xs, ys, reduction="none", **kw), 2.0,
-                     inputs=inputs)
-    exact, scale = ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none", return_scale=True,
-                                                             grad_output=np.full(3, g), **kw)
-    assert_ulp_close(grad, exact, 2.0, scale=scale, inputs=inputs)
-    for got, want in zip(grad, exact):
-        if got == 0 and want != 0:
-            assert np.signbit(got) == (want < 0), (got, want)
+    _assert_bce_edge_elements(x, y, w, q, g, np.float32, 2.0)
 
 
 @pytest.mark.parametrize("x", [500.0, -500.0, float(np.nextafter(500.0, 600.0)), 499.99, 354.0, -120.0, 37.0, 0.5,
                                0.0, -0.0, 1e-300, -17.5])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-60, float(np.nextafter(2.0**-60, 0.0)), 1.0 - 2.0**-53])
-@pytest.mark.parametrize("w, q, g", [(1.0, 1.0, 1.0), (2.0**-60, 0.0, -(2.0**60)), (2.0**60, 2.0**-60, 2.0**-60),
-                                     (2.0**-61, 1.0, 1.0), (1.0, 2.0**61, -1.0), (3.0, 0.25, 0.0)])
+@pytest.mark.parametrize("w, q, g", _EDGE_WQG)
 def test_bce_float64_fast_form_edges_within_bound(x, y, w, q, g):
     """float64 elements at and just beyond each limit of the double-double form (|x| = 500, a target at and
     below 2^-60 or next to 1, weights and upstream factors at 2^+-60, a zero pos_weight or upstream
     factor), inside it where exp(-|x|)^2 would underflow (|x| = 354, 499.99): both forms meet the
     4 ULP contract, and a zero keeps the exact value's sign."""
-    xs = np.full(3, x)
-    ys = np.full(3, y)
-    kw = dict(weight=np.full(3, w), pos_weight=np.full(3, q))
-    loss, grad = xf.binary_cross_entropy_with_logits_with_grad(xs, ys, reduction="none",
-                                                               grad_output=np.full(3, g), **kw)
-    inputs = {"x": xs, "target": ys}
-    assert_ulp_close(loss, ref.binary_cross_entropy_with_logits(xs, ys, reduction="none", **kw), 4.0,
-                     inputs=inputs)
-    exact, scale = ref.binary_cross_entropy_with_logits_grad(xs, ys, reduction="none", return_scale=True,
-                                                             grad_output=np.full(3, g), **kw)
-    assert_ulp_close(grad, exact, 4.0, scale=scale, inputs=inputs)
-    for got, want in zip(grad, exact):
-        if got == 0 and want != 0:
-            assert np.signbit(got) == (want < 0), (got, want)
+    _assert_bce_edge_elements(x, y, w, q, g, np.float64, 4.0)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -1180,6 +1175,17 @@ def test_focal_odd_elements_redone_before_an_in_place_gradient():
     assert_ulp_close(grad[::41], exact, 2.0, scale=scale)
 
 
+def _assert_focal_within(x, y, g, kw, bound):
+    """The focal loss and its gradient under the upstream factors g within `bound`; returns the gradient
+    and its exact value."""
+    loss, grad = xf.sigmoid_focal_loss_with_grad(x, y, reduction="none", grad_output=g, **kw)
+    inputs = {"x": x, "target": y}
+    assert_ulp_close(loss, ref.sigmoid_focal_loss(x, y, reduction="none", **kw), bound, inputs=inputs)
+    exact, scale = ref.sigmoid_focal_loss_grad(x, y, reduction="none", return_scale=True, grad_output=g, **kw)
+    assert_ulp_close(grad, exact, bound, scale=scale, inputs=inputs)
+    return grad, exact
+
+
 @pytest.mark.parametrize("x", [550.0, -550.0, _F32_ABOVE_550, 549.99, 120.0, -300.0, 36.0, 0.0, -0.0, 1e-30,
                                -17.5])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
@@ -1191,14 +1197,8 @@ def test_focal_fast_form_edges_within_bound(x, y, alpha, gamma):
     where u^gamma underflows double (x = 120, -300): both forms meet the bound, and a zero keeps the exact
     value's sign."""
     g = np.array([1.0, -(2.0**60), 2.0**-61, 0.0, 2.0**-60])
-    xs = np.full(5, x, dtype=np.float32)
-    ys = np.full(5, y, dtype=np.float32)
-    kw = dict(alpha=alpha, gamma=gamma)
-    loss, grad = xf.sigmoid_focal_loss_with_grad(xs, ys, reduction="none", grad_output=g, **kw)
-    inputs = {"x": xs, "target": ys}
-    assert_ulp_close(loss, ref.sigmoid_focal_loss(xs, ys, reduction="none", **kw), 2.0, inputs=inputs)
-    exact, scale = ref.sigmoid_focal_loss_grad(xs, ys, reduction="none", return_scale=True, grad_output=g, **kw)
-    assert_ulp_close(grad, exact, 2.0, scale=scale, inputs=inputs)
+    grad, exact = _assert_focal_within(np.full(5, x, dtype=np.float32), np.full(5, y, dtype=np.float32), g,
+                                       dict(alpha=alpha, gamma=gamma), 2.0)
     for got, want in zip(grad, exact):
         if got == 0 and want != 0:
             assert np.signbit(got) == (want < 0), (got, want)
@@ -1216,12 +1216,7 @@ def test_focal_fast_form_within_its_argument(alpha, gamma, targets):
     x = (rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(1e-6), np.log(550.0), n))).astype(np.float32)
     y = (rng.integers(0, 2, n) if targets == "hard" else rng.random(n)).astype(np.float32)
     g = rng.choice([-1.0, 1.0], n) * np.exp2(rng.uniform(-60, 59, n))
-    kw = dict(alpha=alpha, gamma=gamma)
-    loss, grad = xf.sigmoid_focal_loss_with_grad(x, y, reduction="none", grad_output=g, **kw)
-    inputs = {"x": x, "target": y}
-    assert_ulp_close(loss, ref.sigmoid_focal_loss(x, y, reduction="none", **kw), 0.602, inputs=inputs)
-    exact, scale = ref.sigmoid_focal_loss_grad(x, y, reduction="none", return_scale=True, grad_output=g, **kw)
-    assert_ulp_close(grad, exact, 0.602, scale=scale, inputs=inputs)
+    _assert_focal_within(x, y, g, dict(alpha=alpha, gamma=gamma), 0.602)
 
 
 def test_bce_loss_bits_do_not_depend_on_the_upstream_factor():
