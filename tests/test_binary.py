@@ -1149,14 +1149,16 @@ def test_focal_chunk_decision_follows_the_per_element_rule(v, y, gamma):
     assert grads[0][keep].tobytes() == grads[1][keep].tobytes()
 
 
-def test_focal_odd_elements_redone_before_an_in_place_gradient():
-    """A chunk with elements outside the fast form's domain runs the fast loop over all of them and redoes
-    those in the general form; they are evaluated before the loop, which may write the gradient over x.
-    In place or not, the same bits, and each odd element its general-form values (as alone in a call
-    of odd elements only, where no chunk is fast)."""
+@pytest.mark.parametrize("every", [37, 3])
+def test_focal_odd_elements_redone_before_an_in_place_gradient(every):
+    """A chunk with a few elements outside the fast form's domain runs the fast loop over all of them and
+    redoes those in the general form; they are evaluated before the loop, which may write the gradient
+    over x.  A chunk with many (every third) runs both forms on each element and selects.  In place or
+    not, the same bits, and each odd element its general-form values (as alone in a call of odd elements
+    only, where no chunk is fast)."""
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(1000) * 4).astype(np.float32)
-    x[::37] = np.float32(1000.0)
+    x[::every] = np.float32(1000.0)
     x[5] = np.nan
     x[6] = -np.inf
     y = rng.random(1000).astype(np.float32)

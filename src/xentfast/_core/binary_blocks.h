@@ -655,8 +655,8 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
 
 /* ---- sigmoid focal loss ------------------------------------------------------------------------------- */
 
-/* fast_mode: 0 the general form only, 2 the float32 plain-double form only (binary.h; see xf_focal_block
- * for how the elements it does not serve are redone) */
+/* fast_mode: 0 the general form only, 2 the float32 plain-double form only (binary.h), 1 both with a
+ * per-element select (chunks with many elements the fast form does not serve, xf_focal_mixed) */
 XF_HD void XF_BIN_FN(xf_focal_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                      const int fast_mode, const int want_d, const int want_o, const int want_g)
 {
@@ -685,6 +685,15 @@ XF_HD void XF_BIN_FN(xf_focal_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const 
             xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, alpha, gamma);
             v = (want_d | want_o) ? xf_bin_focal_loss(p, f, gamma, loss_k) : 0.0;
             gv = want_g ? xf_bin_focal_grad(p, f, y, gamma, sj) : 0.0;
+            if (fast_mode == 1) {
+                /* garbage outside the fast form's domain, discarded by the selects (see BCE's body) */
+                int fast = xf_bin_focal_fast_ok(xv, y, gamma, loss_k);
+                int fast_g = xf_bin_bce_fast_grad_ok(fast, sj);
+                xf_bin_fast_logit fp = xf_bin_fast_pieces(xv);
+                xf_bin_focal_fast_parts r = xf_bin_focal_fast_prepare(fp, y, alpha, gamma);
+                v = (fast & (want_d | want_o)) ? xf_bin_focal_fast_loss(r) : v;
+                gv = (fast_g & want_g) ? xf_bin_focal_fast_grad(fp, r, y, gamma, sj) : gv;
+            }
         }
         if (want_d | want_o) {
             v = ign ? 0.0 : v;
@@ -783,11 +792,37 @@ XF_HD_COLD void XF_BIN_FN(xf_focal_redo_after)(XF_BIN_FN(xf_bin_blk) b, long lon
     }
 }
 
+/* Up to this many odd elements a chunk is redone element by element; with more, both forms run on the
+ * whole chunk and each element selects (fast_mode 1): the general form element by element costs about
+ * twice the fast loop over the chunk, both forms on all 64 about seven times (float32, 4096x1000, one
+ * thread: every logit at +-800 took 7.6x the general form alone redone one by one). */
+#define XF_BIN_FOCAL_REDO_MAX 3
+
 XF_BIN_OWN_CODE void XF_BIN_FN(xf_focal_mixed)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                               double *loss_d, XF_T *loss_o, XF_T *grad)
 {
     double loss_general[XF_BIN_FAST_CHUNK], grad_general[XF_BIN_FAST_CHUNK];
     int redo[XF_BIN_FAST_CHUNK];
+    const double scale = a->scale, gamma = a->gamma, loss_k = a->loss_k;
+    const int want_loss = (loss_d || loss_o), want_grad = (grad != 0);
+    int odd = 0;
+    long long j;
+    if (want_grad) {
+#pragma omp simd reduction(+ : odd)
+        for (j = 0; j < n; j++) {
+            const int fast = xf_bin_focal_fast_ok((double)b.x[j], (double)b.t[j], gamma, loss_k);
+            odd += (want_loss & !fast) | !xf_bin_bce_fast_grad_ok(fast, scale * b.g[j]);
+        }
+    } else {
+#pragma omp simd reduction(+ : odd)
+        for (j = 0; j < n; j++) {
+            odd += !xf_bin_focal_fast_ok((double)b.x[j], (double)b.t[j], gamma, loss_k);
+        }
+    }
+    if (odd > XF_BIN_FOCAL_REDO_MAX) {
+        XF_BIN_OUTPUTS(XF_BIN_FN(xf_focal_body), b, n, a, 1);
+        return;
+    }
     XF_BIN_FN(xf_focal_redo_before)(b, n, a, loss_d || loss_o, grad != 0, redo, loss_general, grad_general);
     XF_BIN_OUTPUTS(XF_BIN_FN(xf_focal_body), b, n, a, 2);
     XF_BIN_FN(xf_focal_redo_after)(b, n, redo, loss_general, grad_general);
