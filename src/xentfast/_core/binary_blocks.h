@@ -254,7 +254,8 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 /* ---- BCE with logits ---------------------------------------------------------------------------------- */
 
 /* The fast form of the storage type (binary.h): XF_BIN_FAST 1 float32's plain-double form, 2 float64's
- * double-double form; each its own predicate, pieces and formulas, the same chunk decision and loops. */
+ * double-double form; each its own predicate, pieces and formulas, the same chunk decision and loops.
+ * Every storage type has one (binary_kernels.h), so BCE's block has no general-only variant. */
 #undef XF_BIN_FAST_OK
 #undef XF_BIN_FAST_LOGIT
 #undef XF_BIN_FAST_PIECES
@@ -441,7 +442,6 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
     XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), b, n, a, unweighted, fast_mode, 0, 0, 0, 0);
 }
 
-#if XF_BIN_FAST
 /* One out-of-line function per form, each with a literal mode: inlined side by side under a data-
  * dependent test, gcc merged the two loops back into one that computes every form (measured: 2-3x
  * slower). */
@@ -602,7 +602,6 @@ XF_HD int XF_BIN_FN(xf_bin_targets_outside_unit)(const XF_T *t, long long n)
     }
     return bad;
 }
-#endif
 
 /* BCE with logits over elements [off, off + n) */
 XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long long off, long long n,
@@ -613,18 +612,13 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     XF_BIN_FN(xf_bin_blk) b = XF_BIN_FN(xf_bin_blk_make)(x, t, off, a, loss_d, loss_o, grad, sum_scratch);
     loss_d = b.ld; /* from here on only tested for presence: which outputs the instances write */
     const int unweighted = (a->w == 0 && a->pw == 0);
-#if XF_BIN_FAST
     /* no upstream array and no ignore value either: the instances read no g and test no target */
     const int plain = unweighted && a->g == 0 && a->g_f32 == 0 && !a->has_ignore;
-#else
-    const int plain = 0;
-#endif
     /* the unweighted instances never read weights (they use the constant 1): no block of ones to fill
      * (two 8 KiB stores per block, ~5 % of a float32 element's time) */
     b.w = unweighted ? wbuf : xf_bin_gather(a->w, a->w_div, a->w_mod, a->w_full, off, n, wbuf);
     b.q = unweighted ? pwbuf : xf_bin_gather(a->pw, a->pw_div, a->pw_mod, a->pw_full, off, n, pwbuf);
     b.g = (grad && !plain) ? XF_BIN_FN(xf_bin_upstream_block)(a, off, n, gbuf) : 0;
-#if XF_BIN_FAST
     if (plain) {
         const int all_fast = XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, XF_BIN_PLAIN, loss_d, loss_o, grad);
         /* every target of a fast chunk lies in [0, 1] (its test includes that), so only a block with a
@@ -640,16 +634,6 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
         XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, 0, loss_d, loss_o, grad);
     }
     XF_BIN_CONVERT_LOSS();
-#else
-    double rescued[XF_BIN_BLOCK];
-    const int stored_before = XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, 0, rescued);
-    if (unweighted) {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 1, 0, 0, 0, 0, 0);
-    } else {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_logits_body), b, n, a, 0, 0, 0, 0, 0, 0);
-    }
-    XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, 0, stored_before, rescued);
-#endif
     XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
 }
 
@@ -823,7 +807,7 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_focal_mixed)(XF_BIN_FN(xf_bin_blk) b, long lon
         XF_BIN_OUTPUTS(XF_BIN_FN(xf_focal_body), b, n, a, 1);
         return;
     }
-    XF_BIN_FN(xf_focal_redo_before)(b, n, a, loss_d || loss_o, grad != 0, redo, loss_general, grad_general);
+    XF_BIN_FN(xf_focal_redo_before)(b, n, a, want_loss, want_grad, redo, loss_general, grad_general);
     XF_BIN_OUTPUTS(XF_BIN_FN(xf_focal_body), b, n, a, 2);
     XF_BIN_FN(xf_focal_redo_after)(b, n, redo, loss_general, grad_general);
 }

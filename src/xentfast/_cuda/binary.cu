@@ -72,7 +72,6 @@ XF_HD double xf_cu_bin_weight(const double *w, long long div, long long mod, int
 /* the upstream factor of element i (binary_blocks.h: XF_BIN_UPSTREAM) */
 XF_HD double xf_cu_bin_upstream(const xf_bin_args *a, long long i) { return a->g ? a->scale * a->g[i] : a->scale; }
 
-/* Element i of op OP: the loss into loss_d / loss_o and the gradient into grad, each when not NULL. */
 /* The focal loss's general form for one element. */
 template <typename T>
 XF_HD void xf_cu_focal_general(double xv, double y, int ign, long long i, const xf_bin_args *a, double s,
@@ -98,6 +97,7 @@ XF_HD_COLD void xf_cu_focal_general_apart(double xv, double y, int ign, long lon
     xf_cu_focal_general(xv, y, ign, i, a, s, loss_d, loss_o, grad);
 }
 
+/* Element i of op OP: the loss into loss_d / loss_o and the gradient into grad, each when not NULL. */
 template <typename T, int OP>
 XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args *a, double *loss_d, T *loss_o,
                           T *grad)
