@@ -1075,14 +1075,15 @@ def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
 
 
 @pytest.mark.parametrize("x", [500.0, -500.0, float(np.nextafter(500.0, 600.0)), 499.99, 354.0, -120.0, 37.0, 0.5,
-                               0.0, -0.0, 1e-300, -17.5])
+                               0.0, -0.0, 1e-300, -17.5, 800.0, -1200.0, 1e4, -1e300])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-60, float(np.nextafter(2.0**-60, 0.0)), 1.0 - 2.0**-53])
 @pytest.mark.parametrize("w, q, g", _EDGE_WQG)
 def test_bce_float64_fast_form_edges_within_bound(x, y, w, q, g):
     """float64 elements at and just beyond each limit of the double-double form (|x| = 500, a target at and
     below 2^-60 or next to 1, weights and upstream factors at 2^+-60, a zero pos_weight or upstream
-    factor), inside it where exp(-|x|)^2 would underflow (|x| = 354, 499.99): both forms meet the
-    4 ULP contract, and a zero keeps the exact value's sign."""
+    factor), inside it where exp(-|x|)^2 would underflow (|x| = 354, 499.99), and beyond it in the general
+    form, where a hard target's gradient rounds to zero (|x| > ~745; its scaled tail itself underflows
+    beyond ~1160): both forms meet the 4 ULP contract, and a zero keeps the exact value's sign."""
     _assert_bce_edge_elements(x, y, w, q, g, np.float64, 4.0)
 
 

@@ -313,9 +313,20 @@ XF_HD double xf_bin_bce_logits_loss(xf_bin_logit p, double y, double w, double q
     return p.nan ? p.a : r;
 }
 
+/* +-1 for a nonzero v of that sign, v itself for a zero (or NaN) */
+XF_HD double xf_bin_unit(double v)
+{
+    return (v > 0.0) ? 1.0 : (v < 0.0) ? -1.0 : v;
+}
+
 /* d/dx of (s * loss) = s w [(1-y) s(x) - q y s(-x)]: the upstream factor s, w and q stay separate factors
  * of the normalised product, the tail sigmoid enters scaled (b).  For y in {0, 1} one term is 0 and the
- * result is that of a chain of products (relative bound); for soft y the two terms may cancel. */
+ * result is that of a chain of products (relative bound); for soft y the two terms may cancel.
+ * Zeros: where both terms round to zero (the tail beyond |x| ~ 745 of a hard target, tiny factors) and
+ * only one of them is nonzero exactly, the gradient is a zero of that term's sign, the product of its
+ * factors' signs (a difference of two zeros is +0 whatever their signs, and a term whose scaled tail
+ * underflowed, |x| > ~1160, is +0 itself); where neither is (a zero weight, factor or mass, the tail of
+ * x = +-inf) +0. */
 XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q, double s)
 {
     double omy_h, omy_l;
@@ -325,6 +336,19 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
     double big = xf_bin_term_div(s, w, p.pos ? 1.0 : q, 1.0, mbh, mbl, 0.0, p.d);
     double tail = xf_bin_term_div(s, w, p.pos ? q : 1.0, p.e_s, mth, mtl, -XF_BIN_SCALE_K, p.d);
     double r = p.pos ? big - tail : tail - big;
+    /* mbh = 0 implies mbl = 0 (Fast2Sum of 1 and -y, or y itself), the same for the tail's mass */
+    const int factors = (s != 0.0) & (w != 0.0);
+    const int big_exists = factors & ((p.pos ? 1.0 : q) != 0.0) & (mbh != 0.0);
+    const int tail_exists = factors & ((p.pos ? q : 1.0) != 0.0) & (mth != 0.0) & (p.a != XF_INF);
+    /* the sign bits of the factors, XORed, and the term's own sign in the difference */
+    const unsigned long long sign_bit = 0x8000000000000000ULL;
+    const unsigned long long sw = xf_bits_from_double(s) ^ xf_bits_from_double(w);
+    const unsigned long long big_bits =
+        sw ^ xf_bits_from_double(p.pos ? 1.0 : q) ^ xf_bits_from_double(mbh) ^ (p.pos ? 0ULL : sign_bit);
+    const unsigned long long tail_bits =
+        sw ^ xf_bits_from_double(p.pos ? q : 1.0) ^ xf_bits_from_double(mth) ^ (p.pos ? sign_bit : 0ULL);
+    const double lone = xf_double_from_bits((big_exists ? big_bits : tail_bits) & sign_bit);
+    r = ((big == 0.0) & (tail == 0.0) & (big_exists != tail_exists)) ? lone : r;
     return p.nan ? p.a : r;
 }
 
@@ -337,11 +361,6 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
  * signed infinity, the exact value's limit; NaN where the one term is the tail of x = +-inf, exactly 0
  * (inf * 0); 0 with none (a zero weight or mass: the zero-mass terms of the special values, README).
  * Every device calls it for the elements that xf_bin_upstream_is_inf picks, so they give the same bits. */
-XF_HD double xf_bin_unit(double v)
-{
-    return (v > 0.0) ? 1.0 : (v < 0.0) ? -1.0 : v;
-}
-
 XF_HD int xf_bin_upstream_is_inf(double s)
 {
     return xf_fabs(s) == XF_INF;
