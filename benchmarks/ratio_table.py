@@ -11,7 +11,7 @@ problems in microseconds per call against the NumPy expression, and the checklis
     python benchmarks/ratio_table.py --only binary       # rows whose label contains "binary"
     python benchmarks/ratio_table.py --markdown          # tables ready to paste in benchmarks/README.md
     python benchmarks/ratio_table.py --family --only soft logsumexp   # the softmax functions (no targets)
-    python benchmarks/ratio_table.py --inputs --only 4096x1000       # masked, confident rows beside plain ones
+    python benchmarks/ratio_table.py --inputs --only 4096x1000       # masked, confident, padded rows beside plain ones
 """
 import argparse
 import datetime
@@ -50,6 +50,8 @@ FAMILY_ROWS += [(name, 4096, 1000, "float64") for name in peers.SOFTMAX_FUNCTION
 INPUT_ROWS = [(f"{family}[{kind}]", 4096, 1000, dtype) for family in ("fused", "forward")
               for kind in peers.INPUT_KINDS for dtype in ("float32", "float64")
               if kind != "confident" or dtype == "float64"]
+INPUT_ROWS += [(f"binary[{kind}]", 4096, 1000, dtype) for kind in peers.BINARY_INPUT_KINDS
+               for dtype in ("float32", "float64")]
 # N*C <= 10^4: xentfast against the NumPy expression only
 TINY = [(family, n, c, "float32") for family in ("fused", "forward", "binary")
         for n, c in ((8, 100), (32, 300), (100, 100))]
@@ -245,7 +247,8 @@ def main(argv=None):
                     "no checklist entries)")
     ap.add_argument("--inputs", action="store_true",
                     help="also the inputs that cost more than ordinary rows: 30 %% of the classes masked (-inf or "
-                    "-1e9), float64 rows with the target 800 above the rest (not issue targets)")
+                    "-1e9), float64 rows with the target 800 above the rest, binary elements padded by -1e4 or -inf "
+                    "(not issue targets)")
     args = ap.parse_args(argv)
 
     # Before torch or JAX starts a thread: JAX's thread count is the number of CPUs the process may use.

@@ -975,11 +975,13 @@ def test_pinned_reductions_of_subnormal_terms(which, reduction):
 _UINT = {np.float32: np.uint32, np.float64: np.uint64}
 
 
+@pytest.mark.parametrize("spacing", [64, 8], ids=["redone", "selected"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
-def test_bce_fast_form_does_not_depend_on_the_neighbours(dtype):
-    """The CPU runs a 64-element chunk in the fast form only when every element qualifies, and selects
-    per element otherwise; the CUDA twin decides per element.  So an element's bits must not depend on
-    whether an extraordinary neighbour shares its chunk."""
+def test_bce_fast_form_does_not_depend_on_the_neighbours(dtype, spacing):
+    """The CPU runs a 64-element chunk in the fast form when every element qualifies; with a few odd
+    elements (one a chunk) it runs the fast form over the chunk and redoes those in the general form, with
+    more (eight a chunk) it selects per element; the CUDA twin decides per element.  So an element's bits
+    must not depend on whether extraordinary neighbours share its chunk."""
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(4096) * 6).astype(dtype)
     y = rng.random(4096).astype(dtype)
@@ -989,9 +991,9 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours(dtype):
     calm = [xf.binary_cross_entropy_with_logits_with_grad(x, y, weight=wt, reduction="none", grad_output=gt)
             for wt, gt in ((None, None), (w, g))]
     odd = x.copy()
-    odd[5::64] = 1000.0                      # one element per chunk outside either form's |x| limit
+    odd[5::spacing] = np.inf                 # outside either form's domain
     keep = np.ones(4096, dtype=bool)
-    keep[5::64] = False
+    keep[5::spacing] = False
     for (loss0, grad0), (wt, gt) in zip(calm, ((None, None), (w, g))):
         loss1, grad1 = xf.binary_cross_entropy_with_logits_with_grad(odd, y, weight=wt, reduction="none",
                                                                      grad_output=gt)
@@ -1002,27 +1004,31 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours(dtype):
     # differ).  The odd elements are ignored (their loss is 0 either way), so the sums must agree to the
     # bit.
     ys = y.copy()
-    ys[5::64] = 0.5
+    ys[5::spacing] = 0.5
     total = [xf.binary_cross_entropy_with_logits(v, ys, reduction="sum", ignore_index=0.5)
              for v in (x, odd)]
     assert total[0].tobytes() == total[1].tobytes()
 
 
-_EDGE_X = {np.float32: [80.0, 550.0, float(np.nextafter(np.float32(550), np.float32(600)))],
-           np.float64: [80.0, 500.0, float(np.nextafter(500.0, 600.0))]}
+_F32_MAX = float(np.finfo(np.float32).max)
+_EDGE_X = {np.float32: [80.0, 550.0, float(np.nextafter(np.float32(550), np.float32(600))), 1000.0, _F32_MAX],
+           np.float64: [80.0, 500.0, float(np.nextafter(500.0, 600.0)), 1000.0]}
 _EDGE_Y = {np.float32: [0.0, 1.0, 0.25],
            np.float64: [0.0, 1.0, 0.25, 2.0**-60, float(np.nextafter(2.0**-60, 0.0))]}
 
 
-@pytest.mark.parametrize("dtype, v, y", [(dt, s * v, y) for dt in DTYPES for v in _EDGE_X[dt] + [1000.0]
+@pytest.mark.parametrize("n_odd", [1, 8], ids=["redone", "selected"])
+@pytest.mark.parametrize("dtype, v, y", [(dt, s * v, y) for dt in DTYPES for v in _EDGE_X[dt]
                                          for s in (1.0, -1.0) for y in _EDGE_Y[dt]]
                          + [(dt, v, 0.25) for dt in DTYPES for v in (np.inf, -np.inf, np.nan)])
-def test_bce_chunk_decision_follows_the_per_element_rule(dtype, v, y):
+def test_bce_chunk_decision_follows_the_per_element_rule(dtype, v, y, n_odd):
     """A chunk runs the fast form only when the per-element rule picks it for every element (the
-    unweighted test makes that decision on the stored values themselves).  So an element at an edge of
-    the rule (|x| at the limit, for float64 also a target at and below 2^-60) gets the same double loss
-    alone in its chunk as beside an element that forces the per-element selection (the forms' double
-    losses differ in their low bits, which float32 outputs would hide)."""
+    unweighted test makes that decision on the stored values themselves), and in a chunk with odd
+    elements each element still gets the form the rule picks for it.  So an element at an edge of the
+    rule (float32: a finite |x| at and beyond 550, where exp(-|x|) stands in at 550, and FLT_MAX; float64:
+    |x| at 500, a target at and below 2^-60) gets the same double loss alone in its chunk as beside one
+    infinite logit (the chunk redoes that element) or eight (the chunk selects per element); the forms'
+    double losses differ in their low bits, which float32 outputs would hide."""
     from xentfast._core import _binary
     from xentfast.api_binary import _Elementwise
 
@@ -1031,7 +1037,7 @@ def test_bce_chunk_decision_follows_the_per_element_rule(dtype, v, y):
     t = np.full(256, y, dtype=dtype)
     alone = x.copy()
     mixed = x.copy()
-    mixed[6] = 1000.0                     # outside either form's |x| limit: the chunk selects per element
+    mixed[6:6 + n_odd] = np.inf           # outside either form's domain
     losses = [_Elementwise(_binary.OP_BCE_LOGITS, a, t, reduction="sum").run(summed=False)[5]
               for a in (alone, mixed)]
     assert losses[0].tobytes() == losses[1].tobytes(), (v, y, losses)
@@ -1063,14 +1069,15 @@ _EDGE_WQG = [(1.0, 1.0, 1.0), (2.0**-60, 0.0, -(2.0**60)), (2.0**60, 2.0**-60, 2
 
 
 @pytest.mark.parametrize("x", [550.0, -550.0, np.nextafter(np.float32(550), np.float32(600)), 549.99, 120.0, -300.0,
-                               80.0, 0.0, -0.0, 1e-30, -17.5])
+                               80.0, 0.0, -0.0, 1e-30, -17.5, -600.0, 1e4, -3e20, _F32_MAX, -_F32_MAX])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
 @pytest.mark.parametrize("w, q, g", _EDGE_WQG)
 def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
-    """Elements at and just beyond each limit of the plain-double form (|x| = 550, y in {0, 1} and a
-    float32 subnormal, weights and upstream factors at 2^+-60, a zero pos_weight or upstream factor), and
-    far inside it (|x| = 120, 300: exp(-|x|) far below float32's range): both forms meet the bound, and
-    a zero keeps the exact value's sign."""
+    """Elements at and just beyond each limit of the plain-double form (y in {0, 1} and a float32
+    subnormal, weights and upstream factors at 2^+-60, a zero pos_weight or upstream factor), far inside
+    it (|x| = 120, 300: exp(-|x|) far below float32's range), and beyond |x| = 550, where exp(-550) stands
+    in for exp(-|x|), up to FLT_MAX (a loss of w |x| that may overflow, a confident gradient's zero): both
+    forms meet the bound, and a zero keeps the exact value's sign."""
     _assert_bce_edge_elements(x, y, w, q, g, np.float32, 2.0)
 
 
@@ -1150,32 +1157,45 @@ def test_focal_chunk_decision_follows_the_per_element_rule(v, y, gamma):
     assert grads[0][keep].tobytes() == grads[1][keep].tobytes()
 
 
+# per loss: the function with a gradient, its reference gradient, the dtype, a finite logit outside its
+# fast form (float32 BCE has none: every finite logit qualifies), which elements are odd, the bound in ULP
+_ODD_CASES = {
+    "focal float32": (xf.sigmoid_focal_loss_with_grad, ref.sigmoid_focal_loss_grad, np.float32, 1000.0,
+                      lambda x: ~np.isfinite(x) | (np.abs(x) > 550), 2.0),
+    "bce float32": (xf.binary_cross_entropy_with_logits_with_grad, ref.binary_cross_entropy_with_logits_grad,
+                    np.float32, np.inf, lambda x: ~np.isfinite(x), 2.0),
+    "bce float64": (xf.binary_cross_entropy_with_logits_with_grad, ref.binary_cross_entropy_with_logits_grad,
+                    np.float64, 1000.0, lambda x: ~np.isfinite(x) | (np.abs(x) > 500), 4.0),
+}
+
+
+@pytest.mark.parametrize("which", list(_ODD_CASES))
 @pytest.mark.parametrize("every", [37, 3])
-def test_focal_odd_elements_redone_before_an_in_place_gradient(every):
+def test_odd_elements_redone_before_an_in_place_gradient(which, every):
     """A chunk with a few elements outside the fast form's domain runs the fast loop over all of them and
     redoes those in the general form; they are evaluated before the loop, which may write the gradient
     over x.  A chunk with many (every third) runs both forms on each element and selects.  In place or
     not, the same bits, and each odd element its general-form values (as alone in a call of odd elements
     only, where no chunk is fast)."""
+    fn, ref_grad, dtype, far, is_odd, bound = _ODD_CASES[which]
     rng = np.random.default_rng(1)
-    x = (rng.standard_normal(1000) * 4).astype(np.float32)
-    x[::every] = np.float32(1000.0)
+    x = (rng.standard_normal(1000) * 4).astype(dtype)
+    x[::every] = far
     x[5] = np.nan
     x[6] = -np.inf
-    y = rng.random(1000).astype(np.float32)
+    y = rng.random(1000).astype(dtype)
     g = rng.standard_normal(1000)
     g[::41] = 2.0**-70                      # outside [2^-60, 2^60]: the gradient alone redone
-    loss, grad = xf.sigmoid_focal_loss_with_grad(x, y, reduction="none", grad_output=g)
+    loss, grad = fn(x, y, reduction="none", grad_output=g)
     xi = x.copy()
-    loss_i, grad_i = xf.sigmoid_focal_loss_with_grad(xi, y, reduction="none", grad_output=g, inplace=True)
+    loss_i, grad_i = fn(xi, y, reduction="none", grad_output=g, inplace=True)
     assert np.shares_memory(grad_i, xi)
     assert loss.tobytes() == loss_i.tobytes() and grad.tobytes() == grad_i.tobytes()
-    odd = ~np.isfinite(x) | (np.abs(x) > 550)
-    alone = xf.sigmoid_focal_loss_with_grad(x[odd], y[odd], reduction="none", grad_output=g[odd])
+    odd = is_odd(x)
+    alone = fn(x[odd], y[odd], reduction="none", grad_output=g[odd])
     assert loss[odd].tobytes() == alone[0].tobytes() and grad[odd].tobytes() == alone[1].tobytes()
-    exact, scale = ref.sigmoid_focal_loss_grad(x[::41], y[::41], reduction="none", return_scale=True,
-                                               grad_output=g[::41])
-    assert_ulp_close(grad[::41], exact, 2.0, scale=scale)
+    exact, scale = ref_grad(x[::41], y[::41], reduction="none", return_scale=True, grad_output=g[::41])
+    assert_ulp_close(grad[::41], exact, bound, scale=scale)
 
 
 def _assert_focal_within(x, y, g, kw, bound):

@@ -282,6 +282,75 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #define XF_BIN_FAST_Y_OK(yv) 1
 #endif
 
+/* ---- a chunk's few odd elements, redone one by one ------------------------------------------------------ */
+
+/* The losses with a fast form, as _binary.pyx's OP_* */
+#define XF_BIN_OP_BCE_LOGITS 0
+#define XF_BIN_OP_FOCAL 1
+
+/* A chunk whose elements the fast form serves but for a few (an infinite or NaN logit, a target outside
+ * [0, 1], an extreme weight or upstream factor; float64 BCE also |x| > 500 or a target below 2^-60) runs the
+ * fast loop over all of it, and those elements' outputs are redone in the general form, each by the rule the
+ * CUDA twin applies per element.  They are evaluated first, into buffers, because the fast loop may write
+ * the gradient over x; then stored over the fast loop's values.  So a chunk of ordinary elements beside one
+ * odd element costs the fast loop and one general element, where a per-element select runs both forms on
+ * all 64 (benchmarks/README.md, sixteenth and seventeenth rounds).  redo[j] says which outputs (1 the loss,
+ * 2 the gradient), as the chunk's vectorized count of its odd elements found them.  Cold, hence scalar: vectorized, gcc if-converted the general form over all 64 elements
+ * and stored under masks (tests/test_build.py). */
+/* Up to this many odd elements a chunk is redone element by element; with more, both forms run on the
+ * whole chunk and each element selects.  A redone BCE element costs 150-260 ns (the general form in scalar
+ * code), the fast loop over a chunk 115 (float32) to 380 ns (float64), both forms on all 64 with eight
+ * lanes a vector 1.1-1.5 us: even at about 6-7 (4096x1000, one thread, benchmarks/README.md, seventeenth
+ * round; the focal loss's elements cost more each way, and a logit in 13 at 1000 took 128 ms redone
+ * against 172 selected). */
+#define XF_BIN_REDO_MAX 6
+
+XF_HD_COLD void XF_BIN_FN(xf_bin_redo_before)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                               const int op, const int unweighted, const int *redo,
+                                               double *loss_general, double *grad_general)
+{
+    const double gamma = a->gamma, alpha = a->alpha, loss_k = a->loss_k;
+    long long j;
+    for (j = 0; j < n; j++) {
+        if (redo[j]) {
+            const double xv = (double)b.x[j], y = (double)b.t[j];
+            const double w = unweighted ? 1.0 : b.w[j], q = unweighted ? 1.0 : b.q[j];
+            const double s = (redo[j] & 2) ? XF_BIN_FN(xf_bin_upstream_at)(b, a, j) : 1.0;
+            const int ign = a->has_ignore & (y == a->ignore);
+            const xf_bin_logit p = xf_bin_logit_pieces(xv);
+            double loss, grad;
+            if (op == XF_BIN_OP_FOCAL) {
+                const xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, alpha, gamma);
+                loss = (redo[j] & 1) ? xf_bin_focal_loss(p, f, gamma, loss_k) : 0.0;
+                grad = (redo[j] & 2) ? xf_bin_focal_grad(p, f, y, gamma, s) : 0.0;
+            } else {
+                loss = (redo[j] & 1) ? xf_bin_bce_logits_loss(p, y, w, q, loss_k) : 0.0;
+                grad = (redo[j] & 2) ? xf_bin_bce_logits_grad(p, y, w, q, s) : 0.0;
+            }
+            loss_general[j] = ign ? 0.0 : loss;
+            grad_general[j] = ign ? 0.0 : grad;
+        }
+    }
+}
+
+XF_HD_COLD void XF_BIN_FN(xf_bin_redo_after)(XF_BIN_FN(xf_bin_blk) b, long long n, const int *redo,
+                                              const double *loss_general, const double *grad_general)
+{
+    long long j;
+    for (j = 0; j < n; j++) {
+        if (redo[j] & 1) {
+            if (b.ld) {
+                b.ld[j] = loss_general[j];
+            } else {
+                b.lo[j] = (XF_T)loss_general[j];
+            }
+        }
+        if (redo[j] & 2) {
+            b.gr[j] = (XF_T)grad_general[j];
+        }
+    }
+}
+
 /* fast_mode: 0 the general form only, 2 the fast form of binary.h only (a chunk whose every element
  * qualifies), 1 both with a per-element select (a mixed chunk): each element and each output gets the
  * form binary.h's predicates pick for it (the loss's never depends on the upstream factor), as on the
@@ -407,14 +476,15 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
 #else
             long long j_first = 0;
 #if defined(__AVX512F__)
-            /* exp(-|x|) <= 1 with |x| <= 550 (the fast form's condition): a normal number, where the
+            /* exp(-|x|) <= 1 with |x| clamped to 550 (xf_bin_fast_exp): a normal number, where the
              * exponential's scale is one instruction (xf_exp_lite_normal_pd512), the same bits. */
             for (; j_first + 8 <= len; j_first += 8) {
                 const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)c.x + j_first));
                 /* -|x|: the sign bit set, as -xf_fabs(x) */
                 const __m512d neg_abs = _mm512_castsi512_pd(
                     _mm512_or_si512(_mm512_castpd_si512(v), _mm512_set1_epi64((long long)0x8000000000000000ULL)));
-                _mm512_storeu_pd(ebuf + j_first, xf_exp_lite_normal_pd512(neg_abs));
+                const __m512d arg = _mm512_max_pd(neg_abs, _mm512_set1_pd(-XF_BIN_FAST_EXP_MAX_ABS_X));
+                _mm512_storeu_pd(ebuf + j_first, xf_exp_lite_normal_pd512(arg));
             }
 #endif
 #pragma omp simd
@@ -491,7 +561,6 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk) 
         XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 1, loss_d, loss_o, grad);
     }
 }
-#undef XF_BIN_OWN_CODE
 
 /* Whether every element of the chunk [c0, c0 + len) takes the fast form for each wanted output (the
  * loss, and the gradient when asked), for a literal `unweighted`. */
@@ -500,10 +569,10 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
 {
     const double scale = a->scale, loss_k = a->loss_k;
     const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
-    /* no weights and no per-element upstream factor (the ones in b.g): the predicates reduce to
-     * |x| <= 550 and 0 <= y <= 1 per element (float64: |x| <= 500, y = 0 or 2^-60 <= y <= 1), and the rest
-     * is the same for every element.  Those tests give the same answer in the storage type (550, 0 and 1
-     * are exact floats, and the conversion to double is exact and monotone), where one vector holds 8
+    /* no weights and no per-element upstream factor (the ones in b.g): the predicates reduce to a
+     * finite x and 0 <= y <= 1 per element (float64: |x| <= 500, y = 0 or 2^-60 <= y <= 1), and the rest
+     * is the same for every element.  Those tests give the same answer in the storage type (FLT_MAX, 500,
+     * 0 and 1 are exact, and the conversion to double is exact and monotone), where one vector holds 8
      * floats instead of 4 doubles and no conversion or mask packing is needed (the double form was ~7 %
      * of a float32 call). */
     const XF_T max_abs = (XF_T)XF_BIN_FAST_X_MAX, zero = (XF_T)0.0, one = (XF_T)1.0;
@@ -546,6 +615,73 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
     return all_ok;
 }
 
+/* How many of the chunk's elements the fast form does not serve for a wanted output, for a literal
+ * `unweighted` (the PLAIN instance has no upstream array to read) */
+XF_HD int XF_BIN_FN(xf_bce_logits_odd)(XF_BIN_FN(xf_bin_blk) c, long long n, const xf_bin_args *a,
+                                        const int unweighted, const int want_loss, const int want_grad, int *redo)
+{
+    const double scale = a->scale, loss_k = a->loss_k;
+    int odd = 0;
+    long long j;
+    /* two loops, so that neither loads the upstream factors under a condition (a masked load) */
+    if (want_grad && unweighted != XF_BIN_PLAIN) {
+#pragma omp simd reduction(+ : odd)
+        for (j = 0; j < n; j++) {
+            const int fast = XF_BIN_FAST_OK((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                            unweighted ? 1.0 : c.q[j], loss_k);
+            redo[j] = (want_loss & !fast) | (!xf_bin_bce_fast_grad_ok(fast, scale * c.g[j]) << 1);
+            odd += (redo[j] != 0);
+        }
+    } else {
+#pragma omp simd reduction(+ : odd)
+        for (j = 0; j < n; j++) {
+            const int fast = XF_BIN_FAST_OK((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                            unweighted ? 1.0 : c.q[j], loss_k);
+            redo[j] = (want_loss & !fast) | ((want_grad & !xf_bin_bce_fast_grad_ok(fast, scale)) << 1);
+            odd += (redo[j] != 0);
+        }
+    }
+    return odd;
+}
+
+/* A run of chunks that are not all fast: per chunk, its few odd elements redone after the fast loop, or,
+ * with more than XF_BIN_REDO_MAX, the per-element select; consecutive chunks of the latter kind in one
+ * call (a call per chunk cost the select ~8 %: float32, 4096x1000, a logit in 16 at -inf, one thread). */
+XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed)(XF_BIN_FN(xf_bin_blk) c, long long n, const xf_bin_args *a,
+                                                    int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
+{
+    double loss_general[XF_BIN_FAST_CHUNK], grad_general[XF_BIN_FAST_CHUNK];
+    int redo[XF_BIN_FAST_CHUNK];
+    const int want_loss = (loss_d || loss_o), want_grad = (grad != 0);
+    long long k0, select_from = -1;
+    for (k0 = 0; k0 < n; k0 += XF_BIN_FAST_CHUNK) {
+        const long long m = (n - k0 < XF_BIN_FAST_CHUNK) ? n - k0 : XF_BIN_FAST_CHUNK;
+        const XF_BIN_FN(xf_bin_blk) ck = XF_BIN_FN(xf_bin_blk_from)(c, k0);
+        const int odd = (unweighted == XF_BIN_PLAIN)
+                            ? XF_BIN_FN(xf_bce_logits_odd)(ck, m, a, XF_BIN_PLAIN, want_loss, want_grad, redo)
+                        : unweighted ? XF_BIN_FN(xf_bce_logits_odd)(ck, m, a, 1, want_loss, want_grad, redo)
+                                     : XF_BIN_FN(xf_bce_logits_odd)(ck, m, a, 0, want_loss, want_grad, redo);
+        if (odd > XF_BIN_REDO_MAX) {
+            select_from = (select_from < 0) ? k0 : select_from;
+            continue;
+        }
+        if (select_from >= 0) {
+            XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk_from)(c, select_from), k0 - select_from, a,
+                                                 unweighted, loss_d, loss_o, grad);
+            select_from = -1;
+        }
+        XF_BIN_FN(xf_bin_redo_before)(ck, m, a, XF_BIN_OP_BCE_LOGITS, unweighted, redo, loss_general,
+                                      grad_general);
+        XF_BIN_FN(xf_bce_logits_fast_chunk)(ck, m, a, unweighted, loss_d, loss_o, grad);
+        XF_BIN_FN(xf_bin_redo_after)(ck, m, redo, loss_general, grad_general);
+    }
+    if (select_from >= 0) {
+        XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk_from)(c, select_from), n - select_from, a,
+                                             unweighted, loss_d, loss_o, grad);
+    }
+}
+#undef XF_BIN_OWN_CODE
+
 /* Elements [c0, c1) in the form their chunks decided (fast: every element qualifies). */
 XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long c1, int fast,
                                          const xf_bin_args *a, const int unweighted, double *loss_d,
@@ -558,7 +694,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, l
         /* an infinite upstream factor is never fast, and the chunk decision has just read these factors */
         double rescued[XF_BIN_BLOCK];
         const int inf_upstream = grad && XF_BIN_FN(xf_bin_inf_upstream_scan)(c, c1 - c0, a, unweighted, 0, rescued);
-        XF_BIN_FN(xf_bce_logits_mixed_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
+        XF_BIN_FN(xf_bce_logits_mixed)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
         if (inf_upstream) {
             XF_BIN_FN(xf_bin_inf_upstream_store)(c, c1 - c0, a, rescued);
         }
@@ -622,7 +758,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     if (plain) {
         const int all_fast = XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, XF_BIN_PLAIN, loss_d, loss_o, grad);
         /* every target of a fast chunk lies in [0, 1] (its test includes that), so only a block with a
-         * slow chunk (|x| > 550, a bad target, an extreme scale) reads its targets once more: the caller's
+         * slow chunk (an infinite or NaN logit, a bad target, an extreme scale) reads its targets once more: the caller's
          * target check at no cost on ordinary blocks, where a pass of its own over the targets took ~10 %
          * of a float32 call (benchmarks/README.md, 2026-12-05, third round) */
         if (!all_fast && a->unit_fail && XF_BIN_FN(xf_bin_targets_outside_unit)(t + off, n)) {
@@ -702,7 +838,7 @@ XF_HD int XF_BIN_FN(xf_focal_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c0, 
                                           const xf_bin_args *a, const int grad)
 {
     const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
-    const XF_T max_abs = (XF_T)XF_BIN_FAST_MAX_ABS_X, zero = (XF_T)0.0, one = (XF_T)1.0;
+    const XF_T max_abs = (XF_T)XF_BIN_FOCAL_FAST_MAX_ABS_X, zero = (XF_T)0.0, one = (XF_T)1.0;
     const double scale = a->scale;
     int all_ok = xf_bin_focal_fast_ok(0.0, 0.0, a->gamma, a->loss_k);
     long long j;
@@ -720,67 +856,11 @@ XF_HD int XF_BIN_FN(xf_focal_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c0, 
     return all_ok;
 }
 
-/* A chunk with elements the fast form does not serve (|x| > 550, inf, NaN, a target outside [0, 1], an
- * upstream factor outside [2^-60, 2^60] for the gradient): the fast loop over the whole chunk, and those
- * outputs redone in the general form, each by the rule the CUDA twin applies per element.  They are
- * evaluated first, into buffers, because the fast loop may write the gradient over x; then stored over
- * the fast loop's values.  A chunk of ordinary elements beside one odd element so costs the fast loop
- * and one general element, where a per-element select ran both forms on all 64 (float32, 4096x1000, one
- * thread, one logit in 50 at 1000: 162 ms that way, 70 this way, 138 for the general form alone before
- * the fast form). */
 #if XF_CUDA
 #define XF_BIN_OWN_CODE XF_KERNEL
 #else
 #define XF_BIN_OWN_CODE XF_KERNEL __attribute__((noinline))
 #endif
-/* The general form's outputs of the chunk's odd elements into buffers; redo[j] says which (1 the loss, 2
- * the gradient).  Cold, hence scalar: vectorized, gcc if-converted the general form over all 64 elements
- * and stored under masks (tests/test_build.py). */
-XF_HD_COLD void XF_BIN_FN(xf_focal_redo_before)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                                 const int want_loss, const int want_grad, int *redo,
-                                                 double *loss_general, double *grad_general)
-{
-    const double scale = a->scale, gamma = a->gamma, alpha = a->alpha, loss_k = a->loss_k;
-    long long j;
-    for (j = 0; j < n; j++) {
-        const double xv = (double)b.x[j], y = (double)b.t[j];
-        const double s = want_grad ? scale * b.g[j] : 1.0;
-        const int fast = xf_bin_focal_fast_ok(xv, y, gamma, loss_k);
-        const int fast_g = xf_bin_bce_fast_grad_ok(fast, s);
-        redo[j] = (want_loss && !fast) | ((want_grad && !fast_g) << 1);
-        if (redo[j]) {
-            const int ign = a->has_ignore & (y == a->ignore);
-            const xf_bin_logit p = xf_bin_logit_pieces(xv);
-            const xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, alpha, gamma);
-            loss_general[j] = (ign || !(redo[j] & 1)) ? 0.0 : xf_bin_focal_loss(p, f, gamma, loss_k);
-            grad_general[j] = (ign || !(redo[j] & 2)) ? 0.0 : xf_bin_focal_grad(p, f, y, gamma, s);
-        }
-    }
-}
-
-XF_HD_COLD void XF_BIN_FN(xf_focal_redo_after)(XF_BIN_FN(xf_bin_blk) b, long long n, const int *redo,
-                                                const double *loss_general, const double *grad_general)
-{
-    long long j;
-    for (j = 0; j < n; j++) {
-        if (redo[j] & 1) {
-            if (b.ld) {
-                b.ld[j] = loss_general[j];
-            } else {
-                b.lo[j] = (XF_T)loss_general[j];
-            }
-        }
-        if (redo[j] & 2) {
-            b.gr[j] = (XF_T)grad_general[j];
-        }
-    }
-}
-
-/* Up to this many odd elements a chunk is redone element by element; with more, both forms run on the
- * whole chunk and each element selects (fast_mode 1): the general form element by element costs about
- * twice the fast loop over the chunk, both forms on all 64 about seven times (float32, 4096x1000, one
- * thread: every logit at +-800 took 7.6x the general form alone redone one by one). */
-#define XF_BIN_FOCAL_REDO_MAX 3
 
 XF_BIN_OWN_CODE void XF_BIN_FN(xf_focal_mixed)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                               double *loss_d, XF_T *loss_o, XF_T *grad)
@@ -795,21 +875,27 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_focal_mixed)(XF_BIN_FN(xf_bin_blk) b, long lon
 #pragma omp simd reduction(+ : odd)
         for (j = 0; j < n; j++) {
             const int fast = xf_bin_focal_fast_ok((double)b.x[j], (double)b.t[j], gamma, loss_k);
-            odd += (want_loss & !fast) | !xf_bin_bce_fast_grad_ok(fast, scale * b.g[j]);
+            redo[j] = (want_loss & !fast) | (!xf_bin_bce_fast_grad_ok(fast, scale * b.g[j]) << 1);
+            odd += (redo[j] != 0);
         }
     } else {
 #pragma omp simd reduction(+ : odd)
         for (j = 0; j < n; j++) {
-            odd += !xf_bin_focal_fast_ok((double)b.x[j], (double)b.t[j], gamma, loss_k);
+            redo[j] = !xf_bin_focal_fast_ok((double)b.x[j], (double)b.t[j], gamma, loss_k);
+            odd += redo[j];
         }
     }
-    if (odd > XF_BIN_FOCAL_REDO_MAX) {
+    if (odd > XF_BIN_REDO_MAX) {
         XF_BIN_OUTPUTS(XF_BIN_FN(xf_focal_body), b, n, a, 1);
         return;
     }
-    XF_BIN_FN(xf_focal_redo_before)(b, n, a, want_loss, want_grad, redo, loss_general, grad_general);
+    /* the chunk's few odd elements (|x| > 550, inf, NaN, a target outside [0, 1], an upstream factor
+     * outside [2^-60, 2^60]) in the general form, the rest in the fast loop (xf_bin_redo_before); one
+     * logit in 50 at 1000, float32 4096x1000, one thread: 70 ms, where a per-element select took 162 and
+     * the general form alone 138 */
+    XF_BIN_FN(xf_bin_redo_before)(b, n, a, XF_BIN_OP_FOCAL, 1, redo, loss_general, grad_general);
     XF_BIN_OUTPUTS(XF_BIN_FN(xf_focal_body), b, n, a, 2);
-    XF_BIN_FN(xf_focal_redo_after)(b, n, redo, loss_general, grad_general);
+    XF_BIN_FN(xf_bin_redo_after)(b, n, redo, loss_general, grad_general);
 }
 
 /* one out-of-line function per form, as for BCE (xf_bce_logits_fast_chunk) */

@@ -391,6 +391,15 @@ XF_HD double xf_bin_bce_logits_grad_inf(xf_bin_logit p, double y, double w, doub
  *   - |x| <= 550: e = exp(-|x|) >= 2^-793.5, inside the domains of the exponential ([-708, 0], to
  *     2^-32: xf_exp_lite_normal) and of log1p (e >= 2^-1000, to 2^-37.6: xf_bin_log1p_unit); 1/(1 + e),
  *     products and sums each 2^-53;
+ *   - finite |x| > 550: e stands in as exp(-550) = 2^-793.5 (xf_bin_fast_exp clamps the argument), so rd
+ *     is 1 and l is e, as they are to 2^-793 for the true e.  Where the target puts mass on x's own side
+ *     (own = 1 - y for x >= 0, q y below, then >= 2^-209), own a >= 2^-200 outweighs the tail terms
+ *     (<= 2^61 e = 2^-732) by 2^-532: the loss and the gradient keep the error above.  Where it does not
+ *     (own = 0, a confident right answer), the exact loss w mass log1p(e) and gradient s w other e rd lie
+ *     below 2^121 2^-793.5 = 2^-672 and so do the stand-ins: both round to float32 zeros, of the same
+ *     signs (a zero bracket gives +0 either way).  The loss's double value, which a reduction adds, is
+ *     then off by at most that 2^-672, no float32 ULP of any sum.  w own a may exceed FLT_MAX (as with
+ *     weights of 2^60 below 550): the float32 rounding is inf, as the exact value's;
  *   - 0 <= y <= 1, w and q in [2^-60, 2^60] (q may be 0), |upstream| in [2^-60, 2^60], no loss scaling:
  *     the loss is a sum of non-negative terms (no cancellation), and every quantity is a normal double
  *     (the least, q y e / (1 + e) with y a float32 subnormal: 2^-1003.5) but the gradient's last product
@@ -400,15 +409,18 @@ XF_HD double xf_bin_bce_logits_grad_inf(xf_bin_logit p, double y, double w, doub
  * (<= 0.5 + 2^-6 ULP), and a soft-target gradient < 2^-30 of |(1-y) s(x)| + |q y s(-x)| (the unit the
  * bound uses where the two terms cancel).  The multiply-adds stay inside xf_fma_emulated's exact domain
  * (each product is 0, at least 2^-210, or below 2^-60 of its addend), so the baseline path gives the
- * same bits.  The limit was |x| <= 80 (e >= 1.8e-35) until 2026-12-06: one float32 logit in a hundred at
- * +-100 had made a fused call 5x slower, every chunk holding one taking the general form
- * (benchmarks/README.md, fifteenth round).  Zeros: a zero mass gives +0 as the general path does, and a
+ * same bits.  The limit was |x| <= 80 (e >= 1.8e-35) until 2026-12-06, then 550: one float32 logit in a
+ * hundred at +-100 (later one in fifty at +-600, padding's large logits) had made a fused call 5-10x
+ * slower, every chunk holding one taking the general form (benchmarks/README.md, fifteenth and
+ * seventeenth rounds).  Zeros: a zero mass gives +0 as the general path does, and a
  * gradient whose bracket is exactly 0 returns +0 whatever the upstream sign, as big - tail does there.
  * Both the CPU loops and the CUDA twin pick the form per element and per output (xf_bin_bce_fast_ok for
  * the loss, xf_bin_bce_fast_grad_ok for the gradient), so they keep giving the same bits.  The two forms
  * differ from each other by a float32 ULP where the exact value lies within ~2^-32 (relative) of a
  * float32 rounding boundary, a few elements in 10^5. */
-#define XF_BIN_FAST_MAX_ABS_X 550.0
+/* every finite float32 logit; e = exp(-|x|) is computed at |x| = 550 beyond XF_BIN_FAST_EXP_MAX_ABS_X */
+#define XF_BIN_FAST_MAX_ABS_X 0x1.fffffep+127
+#define XF_BIN_FAST_EXP_MAX_ABS_X 550.0
 #define XF_BIN_FAST_LO 0x1p-60
 #define XF_BIN_FAST_HI 0x1p60
 
@@ -470,7 +482,8 @@ XF_HD double xf_bin_log1p_unit(double e)
  * own (binary_blocks.h) and pass each to xf_bin_fast_from_exp */
 XF_HD double xf_bin_fast_exp(double x)
 {
-    return xf_exp_lite_normal(-xf_fabs(x));
+    const double neg_abs = -xf_fabs(x);
+    return xf_exp_lite_normal((neg_abs < -XF_BIN_FAST_EXP_MAX_ABS_X) ? -XF_BIN_FAST_EXP_MAX_ABS_X : neg_abs);
 }
 
 /* xf_bin_fast_from_exp's pieces with rd = 1 / (1 + e) and l = xf_bin_log1p_unit(e) made before (the
@@ -910,10 +923,12 @@ XF_HD double xf_bin_focal_grad(xf_bin_logit p, xf_bin_focal_parts f, double y, d
  * exponentials' and log1p's stay in their exact domains (binary.h, xf_math.h), so every path gives the same
  * bits.  The CPU loops and the CUDA twin pick the form per element and output as for BCE. */
 #define XF_BIN_FOCAL_FAST_MAX_GAMMA 20.0
+/* the focal form needs e itself (log N = -|x| on the confident side, e/N): no stand-in beyond 550 */
+#define XF_BIN_FOCAL_FAST_MAX_ABS_X 550.0
 
 XF_HD int xf_bin_focal_fast_ok(double x, double y, double gamma, double loss_k)
 {
-    return (xf_fabs(x) <= XF_BIN_FAST_MAX_ABS_X) & (y >= 0.0) & (y <= 1.0) &
+    return (xf_fabs(x) <= XF_BIN_FOCAL_FAST_MAX_ABS_X) & (y >= 0.0) & (y <= 1.0) &
            (gamma <= XF_BIN_FOCAL_FAST_MAX_GAMMA) & (loss_k == 0.0);
 }
 
