@@ -1012,7 +1012,8 @@ def test_bce_fast_form_does_not_depend_on_the_neighbours(dtype, spacing):
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _EDGE_X = {np.float32: [80.0, 550.0, float(np.nextafter(np.float32(550), np.float32(600))), 1000.0, _F32_MAX],
-           np.float64: [80.0, 500.0, float(np.nextafter(500.0, 600.0)), 1000.0]}
+           np.float64: [80.0, 500.0, float(np.nextafter(500.0, 600.0)), float(np.nextafter(900.0, 0.0)), 900.0,
+                        1000.0, 2.0**900, float(np.nextafter(2.0**900, np.inf))]}
 _EDGE_Y = {np.float32: [0.0, 1.0, 0.25],
            np.float64: [0.0, 1.0, 0.25, 2.0**-60, float(np.nextafter(2.0**-60, 0.0))]}
 
@@ -1026,7 +1027,7 @@ def test_bce_chunk_decision_follows_the_per_element_rule(dtype, v, y, n_odd):
     unweighted test makes that decision on the stored values themselves), and in a chunk with odd
     elements each element still gets the form the rule picks for it.  So an element at an edge of the
     rule (float32: a finite |x| at and beyond 550, where exp(-|x|) stands in at 550, and FLT_MAX; float64:
-    |x| at 500, a target at and below 2^-60) gets the same double loss alone in its chunk as beside one
+    |x| at 500, at 900 and 2^900 (the far logits' limits), a target at and below 2^-60) gets the same double loss alone in its chunk as beside one
     infinite logit (the chunk redoes that element) or eight (the chunk selects per element); the forms'
     double losses differ in their low bits, which float32 outputs would hide."""
     from xentfast._core import _binary
@@ -1082,28 +1083,34 @@ def test_bce_fast_form_edges_within_bound(x, y, w, q, g):
 
 
 @pytest.mark.parametrize("x", [500.0, -500.0, float(np.nextafter(500.0, 600.0)), 499.99, 354.0, -120.0, 37.0, 0.5,
-                               0.0, -0.0, 1e-300, -17.5, 800.0, -1200.0, 1e4, -1e300])
+                               0.0, -0.0, 1e-300, -17.5, 800.0, -1200.0, 1e4, -1e300, 900.0,
+                               -float(np.nextafter(900.0, 0.0)), 2.0**900, -float(np.nextafter(2.0**900, np.inf))])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-60, float(np.nextafter(2.0**-60, 0.0)), 1.0 - 2.0**-53])
 @pytest.mark.parametrize("w, q, g", _EDGE_WQG)
 def test_bce_float64_fast_form_edges_within_bound(x, y, w, q, g):
     """float64 elements at and just beyond each limit of the double-double form (|x| = 500, a target at and
     below 2^-60 or next to 1, weights and upstream factors at 2^+-60, a zero pos_weight or upstream
-    factor), inside it where exp(-|x|)^2 would underflow (|x| = 354, 499.99), and beyond it in the general
-    form, where a hard target's gradient rounds to zero (|x| > ~745; its scaled tail itself underflows
-    beyond ~1160): both forms meet the 4 ULP contract, and a zero keeps the exact value's sign."""
+    factor), inside it where exp(-|x|)^2 would underflow (|x| = 354, 499.99), its far logits (900 to
+    2^900, where exp(-|x|) is taken as 0) and their neighbours in the general form, where a hard target's
+    gradient rounds to zero (|x| > ~745; the scaled tail itself underflows beyond ~1160): both forms meet
+    the 4 ULP contract, and a zero keeps the exact value's sign."""
     _assert_bce_edge_elements(x, y, w, q, g, np.float64, 4.0)
 
 
+@pytest.mark.parametrize("far", [False, True], ids=["near", "far"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("targets", ["hard", "soft", "near one"])
-def test_bce_float64_fast_form_rounds_about_once(weighted, targets):
+def test_bce_float64_fast_form_rounds_about_once(weighted, targets, far):
     """Inside its domain the float64 form carries every piece as a double-double, so its loss and
     gradient stay within 1 ULP (a soft target's gradient: 1 ulp of the sum of its two terms' magnitudes)
     where the general form reaches 2.2 and 2.5 ULP; a form that rounded each product on its own (the
-    float32 form's formulas on float64 pieces) reached 2.9 over these draws."""
-    rng = np.random.default_rng(11 + 2 * weighted + 7 * len(targets))
+    float32 form's formulas on float64 pieces) reached 2.9 over these draws.  Far logits (900 <= |x| <=
+    2^900, exp(-|x|) taken as 0) too, whose losses reach 1.57 ULP in the general form; their zero
+    gradients (a confident right answer) keep the exact value's sign."""
+    rng = np.random.default_rng(11 + 2 * weighted + 7 * len(targets) + 100 * far)
     n = 3000
-    x = rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(1e-6), np.log(500.0), n))
+    lo, hi = (900.0, 2.0**900) if far else (1e-6, 500.0)
+    x = rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(lo), np.log(hi), n))
     if targets == "hard":
         y = rng.integers(0, 2, n).astype(np.float64)
     elif targets == "soft":
@@ -1124,6 +1131,8 @@ def test_bce_float64_fast_form_rounds_about_once(weighted, targets):
     exact, scale = ref.binary_cross_entropy_with_logits_grad(x, y, reduction="none", return_scale=True,
                                                              grad_output=g, **kw)
     assert_ulp_close(grad, exact, 1.0, scale=scale, inputs=inputs)
+    zero = grad == 0
+    assert np.array_equal(np.signbit(grad[zero]), np.array([v < 0 for v in exact[zero]], dtype=bool))
 
 
 # ---- float32 sigmoid focal loss: the plain-double form of ordinary elements (binary.h) ---------------------
@@ -1158,14 +1167,15 @@ def test_focal_chunk_decision_follows_the_per_element_rule(v, y, gamma):
 
 
 # per loss: the function with a gradient, its reference gradient, the dtype, a finite logit outside its
-# fast form (float32 BCE has none: every finite logit qualifies), which elements are odd, the bound in ULP
+# fast form (float32 BCE has none: every finite logit qualifies; float64's lie between 500 and 900), which
+# elements are odd, the bound in ULP
 _ODD_CASES = {
     "focal float32": (xf.sigmoid_focal_loss_with_grad, ref.sigmoid_focal_loss_grad, np.float32, 1000.0,
                       lambda x: ~np.isfinite(x) | (np.abs(x) > 550), 2.0),
     "bce float32": (xf.binary_cross_entropy_with_logits_with_grad, ref.binary_cross_entropy_with_logits_grad,
                     np.float32, np.inf, lambda x: ~np.isfinite(x), 2.0),
     "bce float64": (xf.binary_cross_entropy_with_logits_with_grad, ref.binary_cross_entropy_with_logits_grad,
-                    np.float64, 1000.0, lambda x: ~np.isfinite(x) | (np.abs(x) > 500), 4.0),
+                    np.float64, 700.0, lambda x: ~np.isfinite(x) | ((np.abs(x) > 500) & (np.abs(x) < 900)), 4.0),
 }
 
 

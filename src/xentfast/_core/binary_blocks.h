@@ -261,7 +261,8 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #undef XF_BIN_FAST_PIECES
 #undef XF_BIN_FAST_LOSS
 #undef XF_BIN_FAST_GRAD
-#undef XF_BIN_FAST_X_MAX
+#undef XF_BIN_FAST_X_OK
+#undef XF_BIN_FAST_RULE
 #undef XF_BIN_FAST_Y_OK
 #if XF_BIN_FAST == 2
 #define XF_BIN_FAST_OK xf_bin_bce_fast64_ok
@@ -269,7 +270,9 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #define XF_BIN_FAST_PIECES xf_bin_fast64_pieces
 #define XF_BIN_FAST_LOSS xf_bin_bce_fast64_loss
 #define XF_BIN_FAST_GRAD xf_bin_bce_fast64_grad
-#define XF_BIN_FAST_X_MAX XF_BIN_FAST64_MAX_ABS_X
+/* |x| <= 500, with far (a literal) also a far logit (binary.h); the rule with that logit test */
+#define XF_BIN_FAST_X_OK(xv, far) xf_bin_fast64_x_ok(xv, far)
+#define XF_BIN_FAST_RULE xf_bin_bce_fast64_rule
 /* a target in [0, 1], also 0 or at least 2^-60 (exact in double) */
 #define XF_BIN_FAST_Y_OK(yv) (((yv) == (XF_T)0.0) | ((yv) >= (XF_T)XF_BIN_FAST_LO))
 #else
@@ -278,7 +281,9 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #define XF_BIN_FAST_PIECES xf_bin_fast_pieces
 #define XF_BIN_FAST_LOSS xf_bin_bce_fast_loss
 #define XF_BIN_FAST_GRAD xf_bin_bce_fast_grad
-#define XF_BIN_FAST_X_MAX XF_BIN_FAST_MAX_ABS_X
+/* finite: FLT_MAX is a float; no far logits */
+#define XF_BIN_FAST_X_OK(xv, far) (((xv) <= (XF_T)XF_BIN_FAST_MAX_ABS_X) & ((xv) >= -(XF_T)XF_BIN_FAST_MAX_ABS_X))
+#define XF_BIN_FAST_RULE(x, y, w, q, loss_k, far) xf_bin_bce_fast_ok(x, y, w, q, loss_k)
 #define XF_BIN_FAST_Y_OK(yv) 1
 #endif
 
@@ -352,9 +357,9 @@ XF_HD_COLD void XF_BIN_FN(xf_bin_redo_after)(XF_BIN_FN(xf_bin_blk) b, long long 
 }
 
 /* fast_mode: 0 the general form only, 2 the fast form of binary.h only (a chunk whose every element
- * qualifies), 1 both with a per-element select (a mixed chunk): each element and each output gets the
- * form binary.h's predicates pick for it (the loss's never depends on the upstream factor), as on the
- * GPU. */
+ * qualifies), 3 the same with float64's far logits (xf_bin_fast64_x_ok), 1 both with a per-element select
+ * (a mixed chunk): each element and each output gets the form binary.h's predicates pick for it (the
+ * loss's never depends on the upstream factor), as on the GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                           const int unweighted, const int fast_mode, const double *ebuf,
                                           const double *elbuf, const double *rdbuf, const double *lbuf,
@@ -378,9 +383,10 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
         /* each form's pieces are built only where that form is used (struct values assigned under a
          * condition would stop the vectorizer) */
         double v = 0.0, gv = 0.0;
-        if (fast_mode == 2) {
+        if (fast_mode >= 2) {
 #if XF_BIN_FAST == 2
-            XF_BIN_FAST_LOGIT f = ebuf ? xf_bin_fast64_from_exp(xv, ebuf[j], elbuf[j]) : XF_BIN_FAST_PIECES(xv);
+            XF_BIN_FAST_LOGIT f =
+                ebuf ? xf_bin_fast64_from_exp(xv, ebuf[j], elbuf[j], fast_mode == 3) : XF_BIN_FAST_PIECES(xv);
             (void)rdbuf;
             (void)lbuf;
 #elif XF_BIN_DIVISIONS_APART
@@ -430,6 +436,11 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
 /* elements per fast-form decision: small enough that one odd element costs little, large enough for
  * the vector loops */
 #define XF_BIN_FAST_CHUNK 64
+/* what a chunk decided: the fast loop, the fast loop with float64's far logits, or the mixed path (the
+ * few odd elements redone, or a per-element select) */
+#define XF_BIN_CHUNK_MIXED 0
+#define XF_BIN_CHUNK_FAST 1
+#define XF_BIN_CHUNK_FAR 2
 
 XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                            const int unweighted, const int fast_mode, double *loss_d,
@@ -437,7 +448,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
 {
     /* the block converts loss_d into loss_o once, after all its chunks (XF_BIN_CONVERT_LOSS) */
 #if !XF_CUDA
-    if (fast_mode == 2) {
+    if (fast_mode >= 2) {
         /* the exponentials of XF_BIN_STAGE elements first, in a loop of their own, then the rest of each
          * element from them: the same operations, but the element's chain (exponential, division,
          * polynomial, loss) is cut in two, and each loop's iterations are short enough for the core to
@@ -468,11 +479,19 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                 }
             }
 #if XF_BIN_FAST == 2
+            if (fast_mode == 3) {
 #pragma omp simd
-            for (j = 0; j < len; j++) {
-                ebuf[j] = xf_bin_fast64_exp((double)c.x[j], &elbuf[j]);
+                for (j = 0; j < len; j++) {
+                    ebuf[j] = xf_bin_fast64_exp((double)c.x[j], 1, &elbuf[j]);
+                }
+                XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 3, ebuf, elbuf, 0, 0);
+            } else {
+#pragma omp simd
+                for (j = 0; j < len; j++) {
+                    ebuf[j] = xf_bin_fast64_exp((double)c.x[j], 0, &elbuf[j]);
+                }
+                XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, elbuf, 0, 0);
             }
-            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, elbuf, 0, 0);
 #else
             long long j_first = 0;
 #if defined(__AVX512F__)
@@ -521,9 +540,23 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
 #define XF_BIN_OWN_CODE XF_KERNEL __attribute__((noinline))
 #endif
 XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_fast_chunk)(XF_BIN_FN(xf_bin_blk) c, long long len,
-                                                         const xf_bin_args *a, int unweighted, double *loss_d,
-                                                         XF_T *loss_o, XF_T *grad)
+                                                         const xf_bin_args *a, int unweighted, int far,
+                                                         double *loss_d, XF_T *loss_o, XF_T *grad)
 {
+#if XF_BIN_FAST == 2
+    if (far) {
+        if (unweighted == XF_BIN_PLAIN) {
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 3, loss_d, loss_o, grad);
+        } else if (unweighted) {
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 3, loss_d, loss_o, grad);
+        } else {
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 3, loss_d, loss_o, grad);
+        }
+        return;
+    }
+#else
+    (void)far; /* float32 has no far logits: every finite one is ordinary */
+#endif
     if (unweighted == XF_BIN_PLAIN) {
         XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 2, loss_d, loss_o, grad);
     } else if (unweighted) {
@@ -563,19 +596,21 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk) 
 }
 
 /* Whether every element of the chunk [c0, c0 + len) takes the fast form for each wanted output (the
- * loss, and the gradient when asked), for a literal `unweighted`. */
+ * loss, and the gradient when asked), for a literal `unweighted`; with `far` (a literal) float64's far
+ * logits count too. */
 XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long len,
-                                               const xf_bin_args *a, const int unweighted, const int grad)
+                                               const xf_bin_args *a, const int unweighted, const int grad,
+                                               const int far)
 {
     const double scale = a->scale, loss_k = a->loss_k;
     const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
     /* no weights and no per-element upstream factor (the ones in b.g): the predicates reduce to a
-     * finite x and 0 <= y <= 1 per element (float64: |x| <= 500, y = 0 or 2^-60 <= y <= 1), and the rest
-     * is the same for every element.  Those tests give the same answer in the storage type (FLT_MAX, 500,
-     * 0 and 1 are exact, and the conversion to double is exact and monotone), where one vector holds 8
-     * floats instead of 4 doubles and no conversion or mask packing is needed (the double form was ~7 %
-     * of a float32 call). */
-    const XF_T max_abs = (XF_T)XF_BIN_FAST_X_MAX, zero = (XF_T)0.0, one = (XF_T)1.0;
+     * finite x and 0 <= y <= 1 per element (float64: |x| <= 500, with far also 900 <= |x| <= 2^900, y = 0
+     * or 2^-60 <= y <= 1), and the rest is the same for every element.  Those tests give the same answer
+     * in the storage type (FLT_MAX, 0 and 1 are exact floats, and the conversion to double is exact and
+     * monotone), where one vector holds 8 floats instead of 4 doubles and no conversion or mask packing
+     * is needed (the double form was ~7 % of a float32 call). */
+    const XF_T zero = (XF_T)0.0, one = (XF_T)1.0;
     int all_ok = 1;
     long long j;
     if (unweighted && a->g == 0 && a->g_f32 == 0) {
@@ -583,7 +618,7 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
             const XF_T xv = c.x[j], yv = c.t[j];
-            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one) & XF_BIN_FAST_Y_OK(yv);
+            all_ok &= XF_BIN_FAST_X_OK(xv, far) & (yv >= zero) & (yv <= one) & XF_BIN_FAST_Y_OK(yv);
         }
     } else if (grad && unweighted && c.g32 && scale == 1.0 && loss_k == 0.0) {
         /* float32 upstream factors under a scale of 1 (reduction="none"): s = g exactly, and 2^-60 and
@@ -594,22 +629,22 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long
         for (j = 0; j < len; j++) {
             const XF_T xv = c.x[j], yv = c.t[j];
             const float gv = c.g32[j];
-            all_ok &= (xv <= max_abs) & (xv >= -max_abs) & (yv >= zero) & (yv <= one) & XF_BIN_FAST_Y_OK(yv) &
+            all_ok &= XF_BIN_FAST_X_OK(xv, far) & (yv >= zero) & (yv <= one) & XF_BIN_FAST_Y_OK(yv) &
                       (((gv >= g_lo) & (gv <= g_hi)) | ((gv <= -g_lo) & (gv >= -g_hi)));
         }
     } else if (grad) {
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
             all_ok &= xf_bin_bce_fast_grad_ok(
-                XF_BIN_FAST_OK((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
-                                   unweighted ? 1.0 : c.q[j], loss_k),
+                XF_BIN_FAST_RULE((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                 unweighted ? 1.0 : c.q[j], loss_k, far),
                 scale * c.g[j]);
         }
     } else {
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
-            all_ok &= XF_BIN_FAST_OK((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
-                                         unweighted ? 1.0 : c.q[j], loss_k);
+            all_ok &= XF_BIN_FAST_RULE((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j],
+                                       unweighted ? 1.0 : c.q[j], loss_k, far);
         }
     }
     return all_ok;
@@ -672,7 +707,8 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed)(XF_BIN_FN(xf_bin_blk) c, lon
         }
         XF_BIN_FN(xf_bin_redo_before)(ck, m, a, XF_BIN_OP_BCE_LOGITS, unweighted, redo, loss_general,
                                       grad_general);
-        XF_BIN_FN(xf_bce_logits_fast_chunk)(ck, m, a, unweighted, loss_d, loss_o, grad);
+        /* float64's fast loop with far logits: the chunk's ordinary elements may include them */
+        XF_BIN_FN(xf_bce_logits_fast_chunk)(ck, m, a, unweighted, XF_BIN_FAST == 2, loss_d, loss_o, grad);
         XF_BIN_FN(xf_bin_redo_after)(ck, m, redo, loss_general, grad_general);
     }
     if (select_from >= 0) {
@@ -682,14 +718,15 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed)(XF_BIN_FN(xf_bin_blk) c, lon
 }
 #undef XF_BIN_OWN_CODE
 
-/* Elements [c0, c1) in the form their chunks decided (fast: every element qualifies). */
-XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long c1, int fast,
+/* Elements [c0, c1) in the form their chunks decided (XF_BIN_CHUNK_*). */
+XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long c1, int kind,
                                          const xf_bin_args *a, const int unweighted, double *loss_d,
                                          XF_T *loss_o, XF_T *grad)
 {
     const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
-    if (fast) {
-        XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
+    if (kind != XF_BIN_CHUNK_MIXED) {
+        XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted, kind == XF_BIN_CHUNK_FAR, loss_d, loss_o,
+                                            grad);
     } else {
         /* an infinite upstream factor is never fast, and the chunk decision has just read these factors */
         double rescued[XF_BIN_BLOCK];
@@ -705,24 +742,32 @@ XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, l
  * call per run of chunks that decided alike, so that a block of ordinary elements is one call of the
  * fast loop.  A call per chunk cost ~10 % of a float32 BCE call: each call passes the block by value
  * and loads and spills its ~15 constants afresh.  Every element still gets the form its own chunk
- * decided, so the bits are those of one call per chunk. */
+ * decided, so the bits are those of one call per chunk.  A float64 chunk that is not fast with |x| <= 500
+ * is tested again with far logits. */
 XF_HD int XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                            const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
     long long start = 0, c0;
-    int run_fast = 0, all_fast = 1;
+    int run_kind = XF_BIN_CHUNK_MIXED, all_fast = 1;
     for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
         const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
-        const int fast = XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0);
-        if (c0 > 0 && fast != run_fast) {
-            XF_BIN_FN(xf_bce_logits_run)(b, start, c0, run_fast, a, unweighted, loss_d, loss_o, grad);
+        int kind = XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 0)
+                       ? XF_BIN_CHUNK_FAST
+                       : XF_BIN_CHUNK_MIXED;
+#if XF_BIN_FAST == 2
+        if (kind == XF_BIN_CHUNK_MIXED && XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 1)) {
+            kind = XF_BIN_CHUNK_FAR;
+        }
+#endif
+        if (c0 > 0 && kind != run_kind) {
+            XF_BIN_FN(xf_bce_logits_run)(b, start, c0, run_kind, a, unweighted, loss_d, loss_o, grad);
             start = c0;
         }
-        run_fast = fast;
-        all_fast &= fast;
+        run_kind = kind;
+        all_fast &= (kind != XF_BIN_CHUNK_MIXED);
     }
     if (n > 0) {
-        XF_BIN_FN(xf_bce_logits_run)(b, start, n, run_fast, a, unweighted, loss_d, loss_o, grad);
+        XF_BIN_FN(xf_bce_logits_run)(b, start, n, run_kind, a, unweighted, loss_d, loss_o, grad);
     }
     return all_fast;
 }

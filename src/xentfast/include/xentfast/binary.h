@@ -424,13 +424,18 @@ XF_HD double xf_bin_bce_logits_grad_inf(xf_bin_logit p, double y, double w, doub
 #define XF_BIN_FAST_LO 0x1p-60
 #define XF_BIN_FAST_HI 0x1p60
 
-/* Whether an element's loss takes the plain-double form.  The loss's form never depends on the upstream
- * factor, so a forward call and a fused call give the same loss bits. */
+/* Whether an element's loss takes the plain-double form: its logit and, shared with the float64 form, its
+ * target, weights and loss scale.  The loss's form never depends on the upstream factor, so a forward
+ * call and a fused call give the same loss bits. */
+XF_HD int xf_bin_bce_fast_factors_ok(double y, double w, double q, double loss_k)
+{
+    return (y >= 0.0) & (y <= 1.0) & (w >= XF_BIN_FAST_LO) & (w <= XF_BIN_FAST_HI) &
+           ((q == 0.0) | ((q >= XF_BIN_FAST_LO) & (q <= XF_BIN_FAST_HI))) & (loss_k == 0.0);
+}
+
 XF_HD int xf_bin_bce_fast_ok(double x, double y, double w, double q, double loss_k)
 {
-    return (xf_fabs(x) <= XF_BIN_FAST_MAX_ABS_X) & (y >= 0.0) & (y <= 1.0) & (w >= XF_BIN_FAST_LO) &
-           (w <= XF_BIN_FAST_HI) & ((q == 0.0) | ((q >= XF_BIN_FAST_LO) & (q <= XF_BIN_FAST_HI))) &
-           (loss_k == 0.0);
+    return (xf_fabs(x) <= XF_BIN_FAST_MAX_ABS_X) & xf_bin_bce_fast_factors_ok(y, w, q, loss_k);
 }
 
 /* Whether its gradient does too: the loss's conditions and an upstream factor s in [2^-60, 2^60]. */
@@ -542,13 +547,39 @@ XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
  * 2^-62), so each path gives the same bits.  The general form stays for every other element (|x| > 500,
  * inf, NaN, a target outside [0, 1] or below 2^-60, extreme weights, factors or loss scales), chosen per
  * element and output as for float32, on the CPU and the GPU alike.  The two forms differ in the last bits
- * (the general form's products round several times). */
+ * (the general form's products round several times).
+ * Far logits, 900 <= |x| <= 2^900 (padding's -1e4 or -1e9): e = exp(-|x|) <= 2^-1298 is taken as 0 (so rd
+ * = 1, l = 0, every low part 0).  With mass on x's own side (own >= 2^-120) the loss is RN(w own a) and the
+ * gradient RN(s w own), the tail terms below 2^-1100 of them; without (own = 0, a confident right
+ * answer) the exact loss w (own + other) log1p(e) <= 2^61 2^-1298 and gradient s w other e rd <= 2^180
+ * 2^-1298 both round to zeros, +0 and, for the gradient, the sign of -s w other (x >= 0; + below), which
+ * xf_bin_bce_fast64_grad gives its zero bracket where the tail's mass is nonzero.  |x| <= 2^900 keeps w own
+ * a <= 2^1020 finite and the multiply-adds in their exact domain.  Between 500 and 900 the tail
+ * contributes subnormal results (e 2^180 >= 2^-1075 up to |x| ~ 870): the general form. */
 #define XF_BIN_FAST64_MAX_ABS_X 500.0
+#define XF_BIN_FAST64_FAR_MIN 900.0
+#define XF_BIN_FAST64_FAR_MAX 0x1p900
+
+/* Whether the logit x lies in the float64 form's domain: |x| <= 500, or with `far` also a far logit.  The
+ * per-element rule takes both (xf_bin_bce_fast64_ok); the CPU's chunks test the near range first, and
+ * their loops handle far logits only where a chunk holds one (far a literal 1 there, 0 in the others,
+ * where the compiler drops that work: supporting far logits in every loop cost ordinary calls 5 %). */
+XF_HD int xf_bin_fast64_x_ok(double x, const int far)
+{
+    const double a = xf_fabs(x);
+    return (a <= XF_BIN_FAST64_MAX_ABS_X) |
+           (far & (a >= XF_BIN_FAST64_FAR_MIN) & (a <= XF_BIN_FAST64_FAR_MAX));
+}
+
+XF_HD int xf_bin_bce_fast64_rule(double x, double y, double w, double q, double loss_k, const int far)
+{
+    return xf_bin_bce_fast_factors_ok(y, w, q, loss_k) & xf_bin_fast64_x_ok(x, far) &
+           ((y == 0.0) | (y >= XF_BIN_FAST_LO));
+}
 
 XF_HD int xf_bin_bce_fast64_ok(double x, double y, double w, double q, double loss_k)
 {
-    return xf_bin_bce_fast_ok(x, y, w, q, loss_k) & (xf_fabs(x) <= XF_BIN_FAST64_MAX_ABS_X) &
-           ((y == 0.0) | (y >= XF_BIN_FAST_LO));
+    return xf_bin_bce_fast64_rule(x, y, w, q, loss_k, 1);
 }
 
 typedef struct {
@@ -557,21 +588,27 @@ typedef struct {
     double rd, rd_lo;   /* 1 / (1 + e) = s(|x|) */
     double l, l_lo;     /* log1p(e) = softplus(-|x|) */
     int pos;            /* x >= 0 (true for -0) */
+    int far;            /* far logits possible (xf_bin_fast64_x_ok): e = 0 marks one */
 } xf_bin_fast64_logit;
 
-/* exp(-|x|) = e + *e_lo */
-XF_HD double xf_bin_fast64_exp(double x, double *e_lo)
+/* exp(-|x|) = e + *e_lo; with `far` (a literal, see xf_bin_fast64_x_ok) 0 for far logits */
+XF_HD double xf_bin_fast64_exp(double x, const int far_ok, double *e_lo)
 {
     double t, m_lo;
-    /* exp(-a) = 2^n (m + m_lo): both scaled by 2^n exactly (n >= -722, every result normal) */
-    double m = xf_exp_reduced(-xf_fabs(x), 0.0, &t, &m_lo);
-    *e_lo = m_lo * xf_pow2_from_low_bits(xf_bits_from_double(t) + 1023ULL);
-    return xf_exp_scale_normal(m, t);
+    const double a = xf_fabs(x);
+    const int far = far_ok & (a >= XF_BIN_FAST64_FAR_MIN);
+    /* exp(-a) = 2^n (m + m_lo): both scaled by 2^n exactly (n >= -722, every result normal); a far logit's
+     * argument is clamped, its result discarded */
+    double m = xf_exp_reduced(far ? -XF_BIN_FAST64_MAX_ABS_X : -a, 0.0, &t, &m_lo);
+    const double lo = m_lo * xf_pow2_from_low_bits(xf_bits_from_double(t) + 1023ULL);
+    *e_lo = far ? 0.0 : lo;
+    return far ? 0.0 : xf_exp_scale_normal(m, t);
 }
 
-XF_HD xf_bin_fast64_logit xf_bin_fast64_from_exp(double x, double e, double e_lo)
+XF_HD xf_bin_fast64_logit xf_bin_fast64_from_exp(double x, double e, double e_lo, const int far)
 {
     xf_bin_fast64_logit r;
+    r.far = far;
     double a = xf_fabs(x);
     double dh = 1.0 + e;
     double dl = ((1.0 - dh) + e) + e_lo; /* Fast2Sum: 1 >= e */
@@ -597,11 +634,12 @@ XF_HD xf_bin_fast64_logit xf_bin_fast64_from_exp(double x, double e, double e_lo
     return r;
 }
 
+/* the pieces of any logit of the domain, far ones included (the GPU's and the per-element selects' rule) */
 XF_HD xf_bin_fast64_logit xf_bin_fast64_pieces(double x)
 {
     double e_lo;
-    double e = xf_bin_fast64_exp(x, &e_lo);
-    return xf_bin_fast64_from_exp(x, e, e_lo);
+    double e = xf_bin_fast64_exp(x, 1, &e_lo);
+    return xf_bin_fast64_from_exp(x, e, e_lo, 1);
 }
 
 /* own (1 - y for x >= 0, q y below), other (the other one) and, for the loss, own + other, each as a
@@ -657,8 +695,10 @@ XF_HD double xf_bin_bce_fast64_grad(xf_bin_fast64_logit f, double y, double w, d
     kl = f.pos ? kl : -kl;
     double low = kh * bl + kl * bh;
     double r = (xf_fabs(bh) >= 0x1p-800) ? xf_fma(kh, bh, low) : kh * bh + low;
-    /* an exactly zero bracket gives +0 whatever the sign of s, as the other forms do */
-    return ((bh == 0.0) & (bl == 0.0)) ? 0.0 : r;
+    /* an exactly zero bracket gives +0 whatever the sign of s, as the other forms do; a far logit's
+     * bracket without own mass is -other e rd, below every double: a zero of that sign */
+    const double zero = (f.far & (f.e == 0.0) & (th != 0.0)) ? -kh * 0.0 : 0.0;
+    return ((bh == 0.0) & (bl == 0.0)) ? zero : r;
 }
 
 /* The target's mass on x's own side, `own` (1 - y for x >= 0, q y below), and on the other, `other`.
