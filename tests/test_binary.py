@@ -1027,9 +1027,10 @@ def test_bce_chunk_decision_follows_the_per_element_rule(dtype, v, y, n_odd):
     unweighted test makes that decision on the stored values themselves), and in a chunk with odd
     elements each element still gets the form the rule picks for it.  So an element at an edge of the
     rule (float32: a finite |x| at and beyond 550, where exp(-|x|) stands in at 550, and FLT_MAX; float64:
-    |x| at 500, at 900 and 2^900 (the far logits' limits), a target at and below 2^-60) gets the same double loss alone in its chunk as beside one
-    infinite logit (the chunk redoes that element) or eight (the chunk selects per element); the forms'
-    double losses differ in their low bits, which float32 outputs would hide."""
+    |x| at 500, at 900 and 2^900 (the far logits' limits), a target at and below 2^-60) gets the same
+    double loss alone in its chunk as beside one infinite logit (the chunk redoes that element) or eight
+    (the chunk selects per element); the forms' double losses differ in their low bits, which float32
+    outputs would hide."""
     from xentfast._core import _binary
     from xentfast.api_binary import _Elementwise
 

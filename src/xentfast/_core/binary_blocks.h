@@ -293,15 +293,6 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #define XF_BIN_OP_BCE_LOGITS 0
 #define XF_BIN_OP_FOCAL 1
 
-/* A chunk whose elements the fast form serves but for a few (an infinite or NaN logit, a target outside
- * [0, 1], an extreme weight or upstream factor; float64 BCE also |x| > 500 or a target below 2^-60) runs the
- * fast loop over all of it, and those elements' outputs are redone in the general form, each by the rule the
- * CUDA twin applies per element.  They are evaluated first, into buffers, because the fast loop may write
- * the gradient over x; then stored over the fast loop's values.  So a chunk of ordinary elements beside one
- * odd element costs the fast loop and one general element, where a per-element select runs both forms on
- * all 64 (benchmarks/README.md, sixteenth and seventeenth rounds).  redo[j] says which outputs (1 the loss,
- * 2 the gradient), as the chunk's vectorized count of its odd elements found them.  Cold, hence scalar: vectorized, gcc if-converted the general form over all 64 elements
- * and stored under masks (tests/test_build.py). */
 /* Up to this many odd elements a chunk is redone element by element; with more, both forms run on the
  * whole chunk and each element selects.  A redone BCE element costs 150-260 ns (the general form in scalar
  * code), the fast loop over a chunk 115 (float32) to 380 ns (float64), both forms on all 64 with eight
@@ -310,6 +301,16 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
  * against 172 selected). */
 #define XF_BIN_REDO_MAX 6
 
+/* A chunk whose elements the fast form serves but for a few (an infinite or NaN logit, a target outside
+ * [0, 1], an extreme weight or upstream factor; float64 BCE also 500 < |x| < 900 or |x| > 2^900, a target
+ * below 2^-60) runs the fast loop over all of it, and those elements' outputs are redone in the general
+ * form, each by the rule the CUDA twin applies per element.  They are evaluated first, into buffers,
+ * because the fast loop may write the gradient over x; then stored over the fast loop's values.  So a
+ * chunk of ordinary elements beside one odd element costs the fast loop and one general element, where a
+ * per-element select runs both forms on all 64 (benchmarks/README.md, sixteenth and seventeenth rounds).
+ * redo[j] says which outputs (1 the loss, 2 the gradient), as the chunk's vectorized count of its odd
+ * elements found them.  Cold, hence scalar: vectorized, gcc if-converted the general form over all 64
+ * elements and stored under masks (tests/test_build.py). */
 XF_HD_COLD void XF_BIN_FN(xf_bin_redo_before)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                                const int op, const int unweighted, const int *redo,
                                                double *loss_general, double *grad_general)
@@ -755,7 +756,8 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                        ? XF_BIN_CHUNK_FAST
                        : XF_BIN_CHUNK_MIXED;
 #if XF_BIN_FAST == 2
-        if (kind == XF_BIN_CHUNK_MIXED && XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 1)) {
+        if (kind == XF_BIN_CHUNK_MIXED &&
+            XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 1)) {
             kind = XF_BIN_CHUNK_FAR;
         }
 #endif
@@ -803,9 +805,9 @@ XF_KERNEL void XF_BIN_FN(xf_bce_logits_block)(const XF_T *x, const XF_T *t, long
     if (plain) {
         const int all_fast = XF_BIN_FN(xf_bce_logits_chunks)(b, n, a, XF_BIN_PLAIN, loss_d, loss_o, grad);
         /* every target of a fast chunk lies in [0, 1] (its test includes that), so only a block with a
-         * slow chunk (an infinite or NaN logit, a bad target, an extreme scale) reads its targets once more: the caller's
-         * target check at no cost on ordinary blocks, where a pass of its own over the targets took ~10 %
-         * of a float32 call (benchmarks/README.md, 2026-12-05, third round) */
+         * slow chunk (an infinite or NaN logit, a bad target, an extreme scale) reads its targets once
+         * more: the caller's target check at no cost on ordinary blocks, where a pass of its own over the
+         * targets took ~10 % of a float32 call (benchmarks/README.md, 2026-12-05, third round) */
         if (!all_fast && a->unit_fail && XF_BIN_FN(xf_bin_targets_outside_unit)(t + off, n)) {
             a->unit_fail[off / XF_BIN_BLOCK] = 1;
         }

@@ -544,10 +544,10 @@ XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
  * w, q, |s| as the float32 form's.  Every intermediate is then a normal double (the least, s w q y e rd,
  * >= 2^-962) and every multiply-add lies inside xf_fma_emulated's exact domain (products 0 or >= 2^-920;
  * own a's error term is dropped where a < 2^-600, own a <= 2^-540 then, next to (own + other) l >=
- * 2^-62), so each path gives the same bits.  The general form stays for every other element (|x| > 500,
- * inf, NaN, a target outside [0, 1] or below 2^-60, extreme weights, factors or loss scales), chosen per
- * element and output as for float32, on the CPU and the GPU alike.  The two forms differ in the last bits
- * (the general form's products round several times).
+ * 2^-62), so each path gives the same bits.  The general form stays for every other element (|x| > 500
+ * but the far logits below, inf, NaN, a target outside [0, 1] or below 2^-60, extreme weights, factors or
+ * loss scales), chosen per element and output as for float32, on the CPU and the GPU alike.  The two forms
+ * differ in the last bits (the general form's products round several times).
  * Far logits, 900 <= |x| <= 2^900 (padding's -1e4 or -1e9): e = exp(-|x|) <= 2^-1298 is taken as 0 (so rd
  * = 1, l = 0, every low part 0).  With mass on x's own side (own >= 2^-120) the loss is RN(w own a) and the
  * gradient RN(s w own), the tail terms below 2^-1100 of them; without (own = 0, a confident right
@@ -591,7 +591,7 @@ typedef struct {
     int far;            /* far logits possible (xf_bin_fast64_x_ok): e = 0 marks one */
 } xf_bin_fast64_logit;
 
-/* exp(-|x|) = e + *e_lo; with `far` (a literal, see xf_bin_fast64_x_ok) 0 for far logits */
+/* exp(-|x|) = e + *e_lo; with far_ok (a literal, see xf_bin_fast64_x_ok) 0 for far logits */
 XF_HD double xf_bin_fast64_exp(double x, const int far_ok, double *e_lo)
 {
     double t, m_lo;
