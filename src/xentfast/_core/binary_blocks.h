@@ -134,6 +134,11 @@ XF_HD XF_BIN_FN(xf_bin_blk) XF_BIN_FN(xf_bin_blk_from)(XF_BIN_FN(xf_bin_blk) b, 
     return b;
 }
 
+/* the losses, as _binary.pyx's OP_* (the per-element functions below that serve several take one) */
+#define XF_BIN_OP_BCE_LOGITS 0
+#define XF_BIN_OP_FOCAL 1
+#define XF_BIN_OP_BCE_PROB 2
+
 /* ---- elements under an infinite upstream factor (binary.h: xf_bin_bce_logits_grad_inf) ------------------
  * Rare, so kept out of the vector loops: a run of elements asks whether any upstream factor in it is
  * infinite, and the gradients of those elements are evaluated again and stored over the loops' values.
@@ -163,7 +168,7 @@ XF_HD int XF_BIN_FN(xf_bin_any_inf_upstream)(XF_BIN_FN(xf_bin_blk) b, long long 
     return nan_if_any != nan_if_any;
 }
 
-/* op: 0 BCE with logits, 1 BCE from probabilities.  Into `rescued` (before the loops), or straight into the
+/* op: XF_BIN_OP_BCE_LOGITS or XF_BIN_OP_BCE_PROB.  Into `rescued` (before the loops), or straight into the
  * gradient when rescued is 0 (after them, x intact). */
 XF_HD_COLD void XF_BIN_FN(xf_bin_inf_upstream_grads)(XF_BIN_FN(xf_bin_blk) b, long long n,
                                                      const xf_bin_args *a, int unweighted, int op,
@@ -177,7 +182,7 @@ XF_HD_COLD void XF_BIN_FN(xf_bin_inf_upstream_grads)(XF_BIN_FN(xf_bin_blk) b, lo
             const double w = unweighted ? 1.0 : b.w[j];
             const int ign = a->has_ignore & (y == a->ignore);
             double gv;
-            if (op == 0) {
+            if (op == XF_BIN_OP_BCE_LOGITS) {
                 gv = xf_bin_bce_logits_grad_inf(xf_bin_logit_pieces(xv), y, w, unweighted ? 1.0 : b.q[j], s);
             } else {
                 gv = xf_bin_bce_prob_grad_inf(xv, y, w, s, &a->mode);
@@ -288,10 +293,6 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #endif
 
 /* ---- a chunk's few odd elements, redone one by one ------------------------------------------------------ */
-
-/* The losses with a fast form, as _binary.pyx's OP_* */
-#define XF_BIN_OP_BCE_LOGITS 0
-#define XF_BIN_OP_FOCAL 1
 
 /* Up to this many odd elements a chunk is redone element by element; with more, both forms run on the
  * whole chunk and each element selects.  A redone BCE element costs 150-260 ns (the general form in scalar
@@ -731,7 +732,8 @@ XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, l
     } else {
         /* an infinite upstream factor is never fast, and the chunk decision has just read these factors */
         double rescued[XF_BIN_BLOCK];
-        const int inf_upstream = grad && XF_BIN_FN(xf_bin_inf_upstream_scan)(c, c1 - c0, a, unweighted, 0, rescued);
+        const int inf_upstream =
+            grad && XF_BIN_FN(xf_bin_inf_upstream_scan)(c, c1 - c0, a, unweighted, XF_BIN_OP_BCE_LOGITS, rescued);
         XF_BIN_FN(xf_bce_logits_mixed)(c, c1 - c0, a, unweighted, loss_d, loss_o, grad);
         if (inf_upstream) {
             XF_BIN_FN(xf_bin_inf_upstream_store)(c, c1 - c0, a, rescued);
@@ -1065,13 +1067,14 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     b.g = grad ? XF_BIN_FN(xf_bin_upstream_block)(a, off, n, gbuf) : 0;
     double rescued[XF_BIN_BLOCK];
     const int unweighted = (a->w == 0);
-    const int stored_before = XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, 1, rescued);
+    const int stored_before =
+        XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, XF_BIN_OP_BCE_PROB, rescued);
     if (unweighted) {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1);
     } else {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0);
     }
-    XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, 1, stored_before, rescued);
+    XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, XF_BIN_OP_BCE_PROB, stored_before, rescued);
     XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
 }
 

@@ -313,12 +313,6 @@ XF_HD double xf_bin_bce_logits_loss(xf_bin_logit p, double y, double w, double q
     return p.nan ? p.a : r;
 }
 
-/* +-1 for a nonzero v of that sign, v itself for a zero (or NaN) */
-XF_HD double xf_bin_unit(double v)
-{
-    return (v > 0.0) ? 1.0 : (v < 0.0) ? -1.0 : v;
-}
-
 /* d/dx of (s * loss) = s w [(1-y) s(x) - q y s(-x)]: the upstream factor s, w and q stay separate factors
  * of the normalised product, the tail sigmoid enters scaled (b).  For y in {0, 1} one term is 0 and the
  * result is that of a chain of products (relative bound); for soft y the two terms may cancel.
@@ -361,6 +355,11 @@ XF_HD double xf_bin_bce_logits_grad(xf_bin_logit p, double y, double w, double q
  * signed infinity, the exact value's limit; NaN where the one term is the tail of x = +-inf, exactly 0
  * (inf * 0); 0 with none (a zero weight or mass: the zero-mass terms of the special values, README).
  * Every device calls it for the elements that xf_bin_upstream_is_inf picks, so they give the same bits. */
+XF_HD double xf_bin_unit(double v)
+{
+    return (v > 0.0) ? 1.0 : (v < 0.0) ? -1.0 : v;
+}
+
 XF_HD int xf_bin_upstream_is_inf(double s)
 {
     return xf_fabs(s) == XF_INF;
