@@ -26,6 +26,36 @@ cdef extern from "xentfast/xf_fixed.h" nogil:
     enum: XF_FIX_MAXG
     int xf_fix_exp_neg(unsigned int *e, int G_caller, double y)
 
+# The x86 status flag "denormal operand" (MXCSR bit 1, sticky; SSE and AVX arithmetic set it alike): a
+# kernel that consumes a subnormal intermediate sets it, and each such operation is a microcode assist of
+# ~100-150 cycles on x86.  The tests clear it, call a kernel on one thread (the calling one), and read it.
+cdef extern from *:
+    """
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <xmmintrin.h>
+    static int xf_test_has_mxcsr(void) { return 1; }
+    static void xf_test_clear_fp_flags(void) { _mm_setcsr(_mm_getcsr() & ~0x3Fu); }
+    static int xf_test_denormal_flag(void) { return (int)((_mm_getcsr() >> 1) & 1u); }
+    #else
+    static int xf_test_has_mxcsr(void) { return 0; }
+    static void xf_test_clear_fp_flags(void) { }
+    static int xf_test_denormal_flag(void) { return 0; }
+    #endif
+    """
+    int xf_test_has_mxcsr()
+    void xf_test_clear_fp_flags()
+    int xf_test_denormal_flag()
+
+
+def consumes_subnormals(fn, *args, **kwargs):
+    """Whether fn(*args, **kwargs), run on this thread, fed a subnormal to a floating-point operation (the
+    x86 denormal-operand flag); None where the CPU has no such flag."""
+    if not xf_test_has_mxcsr():
+        return None
+    xf_test_clear_fp_flags()
+    fn(*args, **kwargs)
+    return bool(xf_test_denormal_flag())
+
 
 ctypedef double (*unary_fn)(double) noexcept nogil
 ctypedef double (*binary_fn)(double, double) noexcept nogil

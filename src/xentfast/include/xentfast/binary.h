@@ -474,7 +474,12 @@ XF_HD double xf_bin_log1p_unit(double e)
     int big = u > 0x1.6a09e667f3bcdp+0;
     double f = big ? xf_mul_add_exact(0.5, u, -1.0) : e;
     double t = 2.0 * (f / (2.0 + f));
-    double w = t * t;
+    /* for |t| < 2^-30 the polynomial's term t w p(w) (p(w) < 1/11) is below 2^-63 |t| and the result
+     * rounds to t whatever w is: w is taken at |t| = 2^-30 there, so that neither w^2 = t^4 (|x| ~
+     * 177-187) nor w = t^2 (|x| ~ 354-372) is subnormal, each a microcode assist per vector on x86
+     * (float32 calls 6x and 14x slower; benchmarks/README.md, eighteenth round).  Same bits. */
+    double tp = (xf_fabs(t) < 0x1p-30) ? 0x1p-30 : t;
+    double w = tp * tp;
     double w2 = w * w;
     double p01 = xf_fma(w, 0x1.999a7a1a2c12cp-7, 0x1.555554fde2d86p-4);
     double p23 = xf_fma(w, 0x1.e2f2d41f1620dp-12, 0x1.2438f15e71923p-9);
@@ -619,7 +624,10 @@ XF_HD xf_bin_fast64_logit xf_bin_fast64_from_exp(double x, double e, double e_lo
     int k0 = dk == 0.0;
     int tiny = e < 0x1p-60;
     double f = k0 ? (tiny ? 0.0 : e) : xf_log_f(ix);
-    double c = k0 ? e_lo * rd : cd - 0.5 * (cd * cd);
+    /* the k0 branch's cd (~e) is zeroed before squaring: e^2 is subnormal for |x| ~ 354-372, a microcode
+     * assist per vector on x86 (3-4x slower calls) for a value the select drops */
+    double cdk = k0 ? 0.0 : cd;
+    double c = k0 ? e_lo * rd : cdk - 0.5 * (cdk * cdk);
     double l_lo;
     double l = xf_log_kernel_hilo(dk, f, c, &l_lo);
     r.a = a;
@@ -684,9 +692,13 @@ XF_HD double xf_bin_bce_fast64_grad(xf_bin_fast64_logit f, double y, double w, d
     double xh, xe;
     xf_two_sum(oh, -pc, &xh, &xe);
     double xl = xe + ((ol - pce) - (th * f.e_lo + tl * f.e));
-    /* times rd */
+    /* times rd.  Without own mass, xh ~ -other e and rd_lo ~ -e: their product, under 2^-400 of the
+     * bracket where e < 2^-400, is left out there, as it would be subnormal from |x| ~ 354 on (a microcode
+     * assist per vector on x86: such calls ran 2.5x slower).  With own mass it stays: rd_lo is then what
+     * sets the rounding of own / (1 + e) where the product own w s is a midpoint. */
+    double rd_lo = ((oh == 0.0) & (f.e < 0x1p-400)) ? 0.0 : f.rd_lo;
     double bh = xh * f.rd;
-    double bl = xf_fma(xh, f.rd, -bh) + (xh * f.rd_lo + xl * f.rd);
+    double bl = xf_fma(xh, f.rd, -bh) + (xh * rd_lo + xl * f.rd);
     /* times s w, the sign of x's side */
     double kh = s * w;
     double kl = xf_fma(s, w, -kh);
