@@ -69,3 +69,16 @@ def test_every_peer_computes_what_xentfast_computes():
         pytest.skip("a peer is not installed")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "log_softmax" in done.stdout and "binary" in done.stdout
+
+
+def test_the_magnitude_scan_marks_the_subnormal_cells(capsys):
+    import magnitude_scan
+    from xentfast._core import _scalar
+    if _scalar.consumes_subnormals(lambda: None) is None:
+        pytest.skip("no denormal-operand flag on this CPU")
+    magnitude_scan.main(["--only", "bce", "--dtype", "float64", "--magnitudes", "10", "700", "--rows", "4",
+                         "--classes", "64", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    row = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("10", "700")}
+    # float64 BCE at |x| = 700 takes the general form, whose scaled tail passes through subnormals
+    assert "*" not in row["10"] and "*" in row["700"]
