@@ -286,9 +286,13 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #define XF_BIN_FAST_PIECES xf_bin_fast_pieces
 #define XF_BIN_FAST_LOSS xf_bin_bce_fast_loss
 #define XF_BIN_FAST_GRAD xf_bin_bce_fast_grad
-/* finite: FLT_MAX is a float; no far logits */
-#define XF_BIN_FAST_X_OK(xv, far) (((xv) <= (XF_T)XF_BIN_FAST_MAX_ABS_X) & ((xv) >= -(XF_T)XF_BIN_FAST_MAX_ABS_X))
-#define XF_BIN_FAST_RULE(x, y, w, q, loss_k, far) xf_bin_bce_fast_ok(x, y, w, q, loss_k)
+/* |x| <= XF_BIN_FAST_NEAR_ABS_X, with far (a literal) every finite logit (FLT_MAX and 160 are floats): a
+ * chunk with logits beyond 160 runs the loop instance that keeps log1p's powers of tiny t normal
+ * (xf_bin_log1p_unit_tails), the far one; the rule with that logit test */
+#define XF_BIN_FAST_X_BOUND(far) ((XF_T)((far) ? XF_BIN_FAST_MAX_ABS_X : XF_BIN_FAST_NEAR_ABS_X))
+#define XF_BIN_FAST_X_OK(xv, far) (((xv) <= XF_BIN_FAST_X_BOUND(far)) & ((xv) >= -XF_BIN_FAST_X_BOUND(far)))
+#define XF_BIN_FAST_RULE(x, y, w, q, loss_k, far) \
+    (xf_bin_bce_fast_ok(x, y, w, q, loss_k) & ((far) | (xf_fabs(x) <= XF_BIN_FAST_NEAR_ABS_X)))
 #define XF_BIN_FAST_Y_OK(yv) 1
 #endif
 
@@ -359,7 +363,8 @@ XF_HD_COLD void XF_BIN_FN(xf_bin_redo_after)(XF_BIN_FN(xf_bin_blk) b, long long 
 }
 
 /* fast_mode: 0 the general form only, 2 the fast form of binary.h only (a chunk whose every element
- * qualifies), 3 the same with float64's far logits (xf_bin_fast64_x_ok), 1 both with a per-element select
+ * qualifies), 3 the same with far logits (float64's beyond 900, xf_bin_fast64_x_ok; float32's beyond
+ * XF_BIN_FAST_NEAR_ABS_X, XF_BIN_FAST_X_OK), 1 both with a per-element select
  * (a mixed chunk): each element and each output gets the form binary.h's predicates pick for it (the
  * loss's never depends on the upstream factor), as on the GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
@@ -393,11 +398,12 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
             (void)lbuf;
 #elif XF_BIN_DIVISIONS_APART
             xf_bin_fast_logit f = rdbuf ? xf_bin_fast_from_parts(xv, ebuf[j], rdbuf[j], lbuf[j])
-                                  : ebuf  ? xf_bin_fast_from_exp(xv, ebuf[j])
+                                  : ebuf  ? xf_bin_fast_from_exp_tails(xv, ebuf[j], fast_mode == 3)
                                           : xf_bin_fast_pieces(xv);
             (void)elbuf;
 #else
-            xf_bin_fast_logit f = ebuf ? xf_bin_fast_from_exp(xv, ebuf[j]) : xf_bin_fast_pieces(xv);
+            xf_bin_fast_logit f =
+                ebuf ? xf_bin_fast_from_exp_tails(xv, ebuf[j], fast_mode == 3) : xf_bin_fast_pieces(xv);
             (void)elbuf;
             (void)rdbuf;
             (void)lbuf;
@@ -438,7 +444,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
 /* elements per fast-form decision: small enough that one odd element costs little, large enough for
  * the vector loops */
 #define XF_BIN_FAST_CHUNK 64
-/* what a chunk decided: the fast loop, the fast loop with float64's far logits, or the mixed path (the
+/* what a chunk decided: the fast loop, the fast loop with far logits, or the mixed path (the
  * few odd elements redone, or a per-element select) */
 #define XF_BIN_CHUNK_MIXED 0
 #define XF_BIN_CHUNK_FAST 1
@@ -519,11 +525,15 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
 #pragma omp simd
             for (j = 0; j < len; j++) {
                 rdbuf[j] = 1.0 / (1.0 + ebuf[j]);
-                lbuf[j] = xf_bin_log1p_unit(ebuf[j]);
+                lbuf[j] = xf_bin_log1p_unit_tails(ebuf[j], fast_mode == 3);
             }
             XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, rdbuf, lbuf);
 #else
-            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, 0, 0);
+            if (fast_mode == 3) {
+                XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 3, ebuf, 0, 0, 0);
+            } else {
+                XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, 0, 0);
+            }
 #endif
 #endif
         }
@@ -545,7 +555,7 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_fast_chunk)(XF_BIN_FN(xf_bin_blk) c
                                                          const xf_bin_args *a, int unweighted, int far,
                                                          double *loss_d, XF_T *loss_o, XF_T *grad)
 {
-#if XF_BIN_FAST == 2
+    /* far: float64's far logits, float32's beyond XF_BIN_FAST_NEAR_ABS_X (XF_BIN_FAST_X_OK) */
     if (far) {
         if (unweighted == XF_BIN_PLAIN) {
             XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 3, loss_d, loss_o, grad);
@@ -556,9 +566,6 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_fast_chunk)(XF_BIN_FN(xf_bin_blk) c
         }
         return;
     }
-#else
-    (void)far; /* float32 has no far logits: every finite one is ordinary */
-#endif
     if (unweighted == XF_BIN_PLAIN) {
         XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 2, loss_d, loss_o, grad);
     } else if (unweighted) {
@@ -709,8 +716,8 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed)(XF_BIN_FN(xf_bin_blk) c, lon
         }
         XF_BIN_FN(xf_bin_redo_before)(ck, m, a, XF_BIN_OP_BCE_LOGITS, unweighted, redo, loss_general,
                                       grad_general);
-        /* float64's fast loop with far logits: the chunk's ordinary elements may include them */
-        XF_BIN_FN(xf_bce_logits_fast_chunk)(ck, m, a, unweighted, XF_BIN_FAST == 2, loss_d, loss_o, grad);
+        /* the fast loop with far logits: the chunk's ordinary elements may include them */
+        XF_BIN_FN(xf_bce_logits_fast_chunk)(ck, m, a, unweighted, 1, loss_d, loss_o, grad);
         XF_BIN_FN(xf_bin_redo_after)(ck, m, redo, loss_general, grad_general);
     }
     if (select_from >= 0) {
@@ -745,8 +752,8 @@ XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, l
  * call per run of chunks that decided alike, so that a block of ordinary elements is one call of the
  * fast loop.  A call per chunk cost ~10 % of a float32 BCE call: each call passes the block by value
  * and loads and spills its ~15 constants afresh.  Every element still gets the form its own chunk
- * decided, so the bits are those of one call per chunk.  A float64 chunk that is not fast with |x| <= 500
- * is tested again with far logits. */
+ * decided, so the bits are those of one call per chunk.  A chunk that is not fast with near logits
+ * (float64 |x| <= 500, float32 |x| <= 160) is tested again with far logits. */
 XF_HD int XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                            const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
 {
@@ -757,12 +764,10 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, 
         int kind = XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 0)
                        ? XF_BIN_CHUNK_FAST
                        : XF_BIN_CHUNK_MIXED;
-#if XF_BIN_FAST == 2
         if (kind == XF_BIN_CHUNK_MIXED &&
             XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 1)) {
             kind = XF_BIN_CHUNK_FAR;
         }
-#endif
         if (c0 > 0 && kind != run_kind) {
             XF_BIN_FN(xf_bce_logits_run)(b, start, c0, run_kind, a, unweighted, loss_d, loss_o, grad);
             start = c0;

@@ -468,23 +468,35 @@ typedef struct {
  * and a division on the element's critical path.  The multiply-adds are xf_fma, one rounding each, the
  * same bits on every path (2^-37.6 leaves the float32 bound its margin, see above: the polynomial's
  * degree, not the evaluation, sets the error). */
-XF_HD double xf_bin_log1p_unit(double e)
+/* Tails (t ~ 2 e^-|x| tiny) and the subnormals: w^2 = t^4 is subnormal for |x| ~ 177-187 and w = t^2
+ * for |x| ~ 354-372, each a microcode assist per vector on x86 (float32 calls 6x and 14x slower;
+ * benchmarks/README.md, eighteenth round).  For |t| < 2^-30 the polynomial's term t w p(w) (p(w) < 1/11)
+ * is below 2^-63 |t| and the result rounds to t whatever w is, so with `tails` (a literal) w is taken
+ * at |t| = 2^-30 there: the same bits.  That costs the float32 loop 3-4 %, so the CPU's chunks whose
+ * logits all lie within XF_BIN_FAST_NEAR_ABS_X run the instance without it: t^4 >= 2^-924 there, and
+ * the baseline path's emulated multiply-add of w^2 p23 (whose partial products lie ~2^-54 below it, some
+ * far below) stays clear of the subnormals too (measured: from |x| ~ 165 on it did not). */
+#define XF_BIN_FAST_NEAR_ABS_X 160.0
+XF_HD double xf_bin_log1p_unit_tails(double e, const int tails)
 {
     double u = 1.0 + e;
     int big = u > 0x1.6a09e667f3bcdp+0;
     double f = big ? xf_mul_add_exact(0.5, u, -1.0) : e;
     double t = 2.0 * (f / (2.0 + f));
-    /* for |t| < 2^-30 the polynomial's term t w p(w) (p(w) < 1/11) is below 2^-63 |t| and the result
-     * rounds to t whatever w is: w is taken at |t| = 2^-30 there, so that neither w^2 = t^4 (|x| ~
-     * 177-187) nor w = t^2 (|x| ~ 354-372) is subnormal, each a microcode assist per vector on x86
-     * (float32 calls 6x and 14x slower; benchmarks/README.md, eighteenth round).  Same bits. */
-    double tp = (xf_fabs(t) < 0x1p-30) ? 0x1p-30 : t;
+    const double abs_t = xf_fabs(t);
+    /* a max of |t| (w only needs t's square) */
+    const double tp = tails ? ((abs_t > 0x1p-30) ? abs_t : 0x1p-30) : t;
     double w = tp * tp;
     double w2 = w * w;
     double p01 = xf_fma(w, 0x1.999a7a1a2c12cp-7, 0x1.555554fde2d86p-4);
     double p23 = xf_fma(w, 0x1.e2f2d41f1620dp-12, 0x1.2438f15e71923p-9);
     double at = xf_fma(t, w * xf_fma(w2, p23, p01), t);
     return big ? (XF_MATH_LN2_HI + (at + XF_MATH_LN2_LO)) : at;
+}
+
+XF_HD double xf_bin_log1p_unit(double e)
+{
+    return xf_bin_log1p_unit_tails(e, 1);
 }
 
 /* e = exp(-|x|), the first of the pieces; the CPU loops make a chunk's exponentials in a loop of their
@@ -508,15 +520,21 @@ XF_HD xf_bin_fast_logit xf_bin_fast_from_parts(double x, double e, double rd, do
     return r;
 }
 
-XF_HD xf_bin_fast_logit xf_bin_fast_from_exp(double x, double e)
+/* with `tails` (a literal) for logits beyond XF_BIN_FAST_NEAR_ABS_X (xf_bin_log1p_unit_tails) */
+XF_HD xf_bin_fast_logit xf_bin_fast_from_exp_tails(double x, double e, const int tails)
 {
     xf_bin_fast_logit r;
     r.a = xf_fabs(x);
     r.e = e;
     r.rd = 1.0 / (1.0 + r.e);
-    r.l = xf_bin_log1p_unit(r.e);
+    r.l = xf_bin_log1p_unit_tails(r.e, tails);
     r.pos = (x >= 0.0);
     return r;
+}
+
+XF_HD xf_bin_fast_logit xf_bin_fast_from_exp(double x, double e)
+{
+    return xf_bin_fast_from_exp_tails(x, e, 1);
 }
 
 XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
