@@ -1147,9 +1147,9 @@ _GAMMA_ABOVE_20 = float(np.nextafter(20.0, 21.0))
 @pytest.mark.parametrize("gamma", [2.0, 20.0, _GAMMA_ABOVE_20])
 def test_focal_chunk_decision_follows_the_per_element_rule(v, y, gamma):
     """As for BCE: a chunk runs the float32 focal loss's plain-double form only when every element
-    qualifies (|x| <= 550 and 0 <= y <= 1 on the stored floats, gamma <= 20), so an element at an edge gets
-    the same double loss and gradient alone in its chunk as beside one that forces the per-element
-    selection."""
+    qualifies (a finite x and 0 <= y <= 1 on the stored floats, gamma <= 20), so an element at an edge (550,
+    where exp(-550) starts to stand in, and beyond) gets the same double loss and gradient alone in its
+    chunk as beside one (an inf) that forces the redo or the per-element selection."""
     from xentfast._core import _binary
     from xentfast.api_binary import _Elementwise
 
@@ -1157,7 +1157,7 @@ def test_focal_chunk_decision_follows_the_per_element_rule(v, y, gamma):
     x[5] = v
     t = np.full(256, y, dtype=np.float32)
     mixed = x.copy()
-    mixed[6] = np.float32(1000.0)
+    mixed[6] = np.float32(np.inf)
     losses = [_Elementwise(_binary.OP_FOCAL, a, t, reduction="sum", alpha=0.25, gamma=gamma).run(summed=False)
               for a in (x, mixed)]
     assert losses[0][5].tobytes() == losses[1][5].tobytes(), (v, y, losses[0][5], losses[1][5])
@@ -1167,12 +1167,12 @@ def test_focal_chunk_decision_follows_the_per_element_rule(v, y, gamma):
     assert grads[0][keep].tobytes() == grads[1][keep].tobytes()
 
 
-# per loss: the function with a gradient, its reference gradient, the dtype, a finite logit outside its
-# fast form (float32 BCE has none: every finite logit qualifies; float64's lie between 500 and 900), which
+# per loss: the function with a gradient, its reference gradient, the dtype, a logit outside its fast form
+# (float32 has no finite one: every finite logit qualifies; float64's lie between 500 and 900), which
 # elements are odd, the bound in ULP
 _ODD_CASES = {
-    "focal float32": (xf.sigmoid_focal_loss_with_grad, ref.sigmoid_focal_loss_grad, np.float32, 1000.0,
-                      lambda x: ~np.isfinite(x) | (np.abs(x) > 550), 2.0),
+    "focal float32": (xf.sigmoid_focal_loss_with_grad, ref.sigmoid_focal_loss_grad, np.float32, np.inf,
+                      lambda x: ~np.isfinite(x), 2.0),
     "bce float32": (xf.binary_cross_entropy_with_logits_with_grad, ref.binary_cross_entropy_with_logits_grad,
                     np.float32, np.inf, lambda x: ~np.isfinite(x), 2.0),
     "bce float64": (xf.binary_cross_entropy_with_logits_with_grad, ref.binary_cross_entropy_with_logits_grad,
@@ -1221,15 +1221,16 @@ def _assert_focal_within(x, y, g, kw, bound):
 
 
 @pytest.mark.parametrize("x", [550.0, -550.0, _F32_ABOVE_550, 549.99, 120.0, -300.0, 36.0, 0.0, -0.0, 1e-30,
-                               -17.5])
+                               -17.5, 1000.0, -1e4, _F32_MAX])
 @pytest.mark.parametrize("y", [0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24])
 @pytest.mark.parametrize("alpha, gamma", [(0.25, 2.0), (-1.0, 0.0), (1.0, 20.0), (0.6, 0.5), (0.0, 12.0),
                                           (0.25, _GAMMA_ABOVE_20)])
 def test_focal_fast_form_edges_within_bound(x, y, alpha, gamma):
     """float32 elements at and just beyond each limit of the focal loss's plain-double form (|x| = 550,
-    gamma = 20, upstream factors at 2^+-60 and just below, a zero one, alpha_t = 0) and far inside it
-    where u^gamma underflows double (x = 120, -300): both forms meet the bound, and a zero keeps the exact
-    value's sign."""
+    where exp(-550) starts to stand in for exp(-|x|), up to FLT_MAX; gamma = 20, upstream factors at 2^+-60
+    and just below, a zero one, alpha_t = 0) and far inside it where u^gamma underflows double or the
+    results are negligible (x = 120, -300): both forms meet the bound, and a zero keeps the exact value's
+    sign."""
     g = np.array([1.0, -(2.0**60), 2.0**-61, 0.0, 2.0**-60])
     grad, exact = _assert_focal_within(np.full(5, x, dtype=np.float32), np.full(5, y, dtype=np.float32), g,
                                        dict(alpha=alpha, gamma=gamma), 2.0)
@@ -1244,10 +1245,12 @@ def test_focal_fast_form_edges_within_bound(x, y, alpha, gamma):
 def test_focal_fast_form_within_its_argument(alpha, gamma, targets):
     """binary.h bounds the float32 form's double result within 2^-27.3 (relative; of the bound's unit for a
     soft target's gradient) before its one rounding: within 0.5 + 2^-3.3 = 0.602 ULP.  Elements over
-    the whole domain, upstream factors over [2^-60, 2^59]."""
+    the whole domain (every finite logit, exp(-550) standing in beyond 550), upstream factors over
+    [2^-60, 2^59]."""
     rng = np.random.default_rng(int(gamma * 10) + (alpha > 0) + 3 * len(targets))
     n = 3000
-    x = (rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(1e-6), np.log(550.0), n))).astype(np.float32)
+    top = np.where(rng.random(n) < 0.8, 550.0, 3e38)
+    x = (rng.choice([-1.0, 1.0], n) * np.exp(rng.uniform(np.log(1e-6), np.log(top), n))).astype(np.float32)
     y = (rng.integers(0, 2, n) if targets == "hard" else rng.random(n)).astype(np.float32)
     g = rng.choice([-1.0, 1.0], n) * np.exp2(rng.uniform(-60, 59, n))
     _assert_focal_within(x, y, g, dict(alpha=alpha, gamma=gamma), 0.602)

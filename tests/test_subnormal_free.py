@@ -6,10 +6,11 @@ there makes a call several times slower with the same bits (float32 BCE with log
 ran 6x and 14x slower, float64 near 360 2.5x; benchmarks/README.md, eighteenth round).  Speed is not
 asserted in tests; this checks the cause with the CPU's sticky denormal-operand flag, on the calling thread
 (n_threads=1), over every magnitude that the ordinary forms take: BCE with logits (float32: every finite
-logit; float64: |x| <= 500 and the far logits), the softmax rows whose spread stays within 600.
+logit; float64: |x| <= 500 and the far logits), the float32 focal loss (every finite logit; targets 0, 1
+and soft ones not below float32's normals), the softmax rows whose spread stays within 600.
 
-The general forms (float64 BCE at 500 < |x| < 900, softmax rows with spread beyond 680, the focal loss's
-confident side beyond |x| ~ 240) still pass through subnormals: README, "Inputs that cost more".
+The general forms (float64 BCE at 500 < |x| < 900, the float64 focal loss, softmax rows with spread
+beyond 680) still pass through subnormals: README, "Inputs that cost more".
 """
 import numpy as np
 import pytest
@@ -90,3 +91,17 @@ def test_softmax_rows_within_600(cpu_path, dtype, C):
     _clean(xf.log_softmax, x)
     _clean(xf.softmax, x)
     _clean(xf.logsumexp, x)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0, 7.0, 20.0])
+@pytest.mark.parametrize("target", [0.0, 1.0, 0.3])
+def test_float32_focal_loss_every_finite_logit(cpu_path, gamma, target):
+    # (a target such as 1e-30 with gamma = 20 still meets subnormal products near |x| ~ 30: binary.h)
+    fmax = float(np.finfo(np.float32).max)
+    a = _magnitudes(800.0, far=[1e3, 1e4, 1e30, fmax])
+    x = np.concatenate([a, -a]).astype(np.float32)
+    y = np.full(x.size, target, np.float32)
+    up = np.random.default_rng(4).uniform(-3.0, 3.0, x.size).astype(np.float32)
+    _clean(xf.sigmoid_focal_loss_with_grad, x, y, gamma=gamma, reduction="none")
+    _clean(xf.sigmoid_focal_loss_with_grad, x, y, gamma=gamma, alpha=-1.0, reduction="mean")
+    _clean(xf.sigmoid_focal_loss_with_grad, x, y, gamma=gamma, reduction="none", grad_output=up)

@@ -331,9 +331,9 @@ def assert_ulp_close(actual, exact, max_ulp, dtype=None, scale=None, inputs=None
 # Hypothesis strategies
 
 
-# float32 BCE's plain-double form computes exp(-|x|) at |x| = 550 beyond it (binary.h,
-# XF_BIN_FAST_EXP_MAX_ABS_X), and the focal loss's ends there: 550 and the float above it, and 300 inside
-# (exp(-|x|) far below float32's range)
+# float32 BCE's and focal loss's plain-double forms compute exp(-|x|) at |x| = 550 beyond it (binary.h,
+# XF_BIN_FAST_EXP_MAX_ABS_X): 550 and the float above it, and 300 inside (exp(-|x|) far below float32's
+# range)
 _EDGES_32 = (15.0, 17.0, 20.0, 36.0, 88.0, 89.0, 103.0, 104.0, 300.0, 550.0, 550.00006)
 _EDGES_64 = (20.0, 36.0, 37.0, 38.0, 709.0, 710.0, 745.0, 746.0, 1e5)
 

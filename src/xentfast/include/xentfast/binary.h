@@ -979,21 +979,31 @@ XF_HD double xf_bin_focal_grad(xf_bin_logit p, xf_bin_focal_parts f, double y, d
  *     N = c_b + c_t e,  u = N rd,  log u = log N - l  (log N = -|x| exactly on the confident side, c_b = 0)
  *     U = u^g = exp(g log u),  ce = c_b |x| + l,  loss = alpha_t ce U
  *     d/dx = alpha_t U rd [sign(x) (c_b - c_t e) + g ce (e/N) (1 - 2y)]
- * Domain: |x| <= 550 (e >= 2^-793.5, inside the exponential's and log1p's domains), 0 <= y <= 1, g <= 20
- * (the documented bound's range), no loss scale, for the gradient |s| in [2^-60, 2^60].  Errors, relative,
+ * Domain: every finite float32 x, 0 <= y <= 1, g <= 20 (the documented bound's range), no loss scale, for
+ * the gradient |s| in [2^-60, 2^60].  Beyond |x| = 550 exp(-550) stands in for e, as for BCE: on the
+ * confident side (c_b = 0) log N = -|x| and e/N = 1/c_t do not depend on e, and the exact loss (<= e) and
+ * gradient (<= 2^65 e) as well as the stand-in's lie below 2^-720, float32 zeros of the same signs (the
+ * bracket's two terms share their sign there); with c_b > 0 (>= 2^-149) every term e enters is below
+ * 2^-512 of the one beside it.  Errors, relative,
  * before the one rounding to float32: alpha_t, ce, N, rd, e/N, 1 - 2y and the products 2^-50 or less each
  * beside e's 2^-32 (N and the bracket's c_t e carry it, relative to N: the bound's unit for the bracket is
  * alpha_t U rd (N + g ce (e/N) |1 - 2y|)); log u to 2^-32 absolute (e's error in log N, l's 2^-37.6 times
  * l <= ln 2), so U to g 2^-32 + 2^-32 (the exponential) <= 2^-27.5 for g <= 20: the loss and the gradient
  * within 2^-27.3 relative (of that unit for a soft target's bracket), <= 0.5 + 2^-3.3 ULP after rounding.
- * Every intermediate is a normal double (the least, c_t e with y a float32 subnormal, 2^-943) but U, which
- * underflows where u^g < 2^-1022: the loss and gradient then lie below 2^-1000 (ce <= 551, |s| <= 2^60,
- * g ce <= 2^14) and round to float32 zeros of their signs either way.  No multiply-add of its own: the
+ * Every intermediate is a normal double (the least, c_t e with y a float32 subnormal, 2^-943) but where
+ * the results are negligible: U is taken as 0 where the loss and the gradient lie far below float32's
+ * range, so that neither U nor their products pass through subnormals (microcode assists on x86: the
+ * confident side ran 2-4x slower from |x| ~ 240 on, benchmarks/README.md, eighteenth round), and its
+ * exponential's argument is clamped at -700.  Negligible: on the confident side g log u - |x| < -600
+ * (loss <= e U, gradient <= 2^65 e U, both below 2^-800), else g log u < -690 (U < 2^-995; ce <= 2^129,
+ * the bracket below 2^155 with c_b >= 2^-149: below 2^-700).  Elsewhere U >= 2^-995, and on the confident
+ * side e U >= 2^-866.  The outputs are float32 zeros of the same signs either way (U = 0 times the
+ * bracket keeps its sign); a reduction's double sum loses terms below 2^-700.  No multiply-add of its own: the
  * exponentials' and log1p's stay in their exact domains (binary.h, xf_math.h), so every path gives the same
  * bits.  The CPU loops and the CUDA twin pick the form per element and output as for BCE. */
 #define XF_BIN_FOCAL_FAST_MAX_GAMMA 20.0
-/* the focal form needs e itself (log N = -|x| on the confident side, e/N): no stand-in beyond 550 */
-#define XF_BIN_FOCAL_FAST_MAX_ABS_X 550.0
+/* every finite float32 logit, exp(-550) standing in beyond 550 (above); until 2026-12-06 550 itself */
+#define XF_BIN_FOCAL_FAST_MAX_ABS_X 0x1.fffffep+127
 
 XF_HD int xf_bin_focal_fast_ok(double x, double y, double gamma, double loss_k)
 {
@@ -1020,7 +1030,11 @@ XF_HD xf_bin_focal_fast_parts xf_bin_focal_fast_prepare(xf_bin_fast_logit f, dou
     double n = r.cb + r.ct * f.e;
     r.ce = r.cb * f.a + f.l;
     double log_n = (r.cb == 0.0) ? -f.a : xf_log(n);
-    r.U = xf_exp_lite(gamma * (log_n - f.l)); /* g = 0: exp(0) = 1 */
+    const double arg = gamma * (log_n - f.l); /* g = 0: exp(0) = 1 */
+    const int negligible = (r.cb == 0.0) ? (arg - f.a < -600.0) : (arg < -690.0);
+    /* the same bits as xf_exp_lite from -700 up (xf_exp_lite_normal); below, U is discarded */
+    const double u_g = xf_exp_lite_normal((arg < -700.0) ? -700.0 : arg);
+    r.U = negligible ? 0.0 : u_g;
     r.R = f.e / n;
     return r;
 }
