@@ -9,21 +9,28 @@ one thread, with the same element count everywhere:
     ce            rows whose max is 0 and whose other classes lie at -c + noise: fused, forward only
 
 and marks with '*' every cell whose call fed a subnormal to an operation (the CPU's denormal-operand flag,
-where the CPU has one), and with '!' a time over twice the column's median.
+where the CPU has one), and with '!' a time over twice the column's median.  With --torch, PyTorch's BCE
+with logits and cross-entropy (forward and backward, `mean`, one thread: benchmarks/peers.py) get columns
+beside xentfast's, on the same inputs.
 
     python benchmarks/magnitude_scan.py                       # every family, both dtypes (~4 minutes)
-    python benchmarks/magnitude_scan.py --only bce --dtype float32
+    python benchmarks/magnitude_scan.py --only bce --dtype float32 --torch
     python benchmarks/magnitude_scan.py --magnitudes 170 180 190 350 360
 """
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 import xentfast as xf
 from xentfast._config import config
 from xentfast._core import _scalar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402
 
 MAGNITUDES = [10, 50, 87, 103, 150, 180, 185, 240, 250, 300, 360, 370, 400, 500, 550, 600, 680, 700, 720,
               740, 760, 800, 1000, 1100, 1200, 1e4]
@@ -39,7 +46,7 @@ def _ns_per_element(call, n, repeats):
     return best * 1e9 / n
 
 
-def _columns(dtype, c, rows, classes, only):
+def _columns(dtype, c, rows, classes, only, torch=False):
     """(label, call) pairs for magnitude c"""
     rng = np.random.default_rng(0)
     noise = rng.uniform(-1.0, 1.0, (rows, classes))
@@ -52,6 +59,8 @@ def _columns(dtype, c, rows, classes, only):
             if "bce" in only:
                 cols.append((f"bce {sign:+d} y={y_value:g}", lambda x=x, y=y:
                              xf.binary_cross_entropy_with_logits_with_grad(x, y, out=out, n_threads=1)))
+                if torch:
+                    cols.append((f"torch {sign:+d} y={y_value:g}", peers.torch_binary(x, y, 1)))
             if "focal" in only and y_value != 0.3:
                 cols.append((f"focal {sign:+d} y={y_value:g}", lambda x=x, y=y:
                              xf.sigmoid_focal_loss_with_grad(x, y, out=out, n_threads=1)))
@@ -60,6 +69,8 @@ def _columns(dtype, c, rows, classes, only):
         x[:, 0] = 0.0
         t = np.zeros(rows, np.int64)
         cols.append(("ce fused", lambda: xf.cross_entropy_with_grad(x, t, n_threads=1)))
+        if torch:
+            cols.append(("torch ce fused", peers.torch_fused(x, t, 1)))
         cols.append(("ce forward", lambda: xf.cross_entropy(x, t, n_threads=1)))
     return cols
 
@@ -72,7 +83,10 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--torch", action="store_true", help="PyTorch's BCE and cross-entropy beside xentfast's")
     args = ap.parse_args(argv)
+    if args.torch and peers.torch_binary(np.zeros(1, np.float32), np.zeros(1, np.float32), 1) is None:
+        ap.error("--torch: PyTorch is not installed")
     n = args.rows * args.classes
     print(f"xentfast {xf.__version__} ({config()['cpu_code_path'].split()[0]} path), {args.rows}x{args.classes},"
           f" one thread, ns per element (best of {args.repeats}); '*': a subnormal operand, '!': over twice"
@@ -81,7 +95,7 @@ def main(argv=None):
         table = []
         for c in args.magnitudes:
             cells = []
-            for label, call in _columns(np.dtype(dtype), c, args.rows, args.classes, args.only):
+            for label, call in _columns(np.dtype(dtype), c, args.rows, args.classes, args.only, args.torch):
                 flagged = _scalar.consumes_subnormals(call)
                 cells.append((label, _ns_per_element(call, n, args.repeats), flagged))
             table.append((c, cells))
