@@ -9,8 +9,9 @@ asserted in tests; this checks the cause with the CPU's sticky denormal-operand 
 logit; float64: |x| <= 500 and the far logits), the float32 focal loss (every finite logit; targets 0, 1
 and soft ones not below float32's normals), the softmax rows whose spread stays within 600.
 
-The general forms (float64 BCE at 500 < |x| < 900, the float64 focal loss, softmax rows with spread
-beyond 680) still pass through subnormals: README, "Inputs that cost more".
+The general forms and tiny results (float64 BCE's middle logits 500 < |x| < 900, whose results may be
+subnormal, the float64 focal loss, softmax rows with spread beyond 680) still pass through subnormals:
+README, "Inputs that cost more".
 """
 import numpy as np
 import pytest

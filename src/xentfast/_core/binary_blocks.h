@@ -292,7 +292,7 @@ XF_HD void XF_BIN_FN(xf_bin_inf_upstream_after)(XF_BIN_FN(xf_bin_blk) b, long lo
 #define XF_BIN_FAST_X_BOUND(far) ((XF_T)((far) ? XF_BIN_FAST_MAX_ABS_X : XF_BIN_FAST_NEAR_ABS_X))
 #define XF_BIN_FAST_X_OK(xv, far) (((xv) <= XF_BIN_FAST_X_BOUND(far)) & ((xv) >= -XF_BIN_FAST_X_BOUND(far)))
 #define XF_BIN_FAST_RULE(x, y, w, q, loss_k, far) \
-    (xf_bin_bce_fast_ok(x, y, w, q, loss_k) & ((far) | (xf_fabs(x) <= XF_BIN_FAST_NEAR_ABS_X)))
+    (xf_bin_bce_fast_ok(x, y, w, q, loss_k) & (((far) != 0) | (xf_fabs(x) <= XF_BIN_FAST_NEAR_ABS_X)))
 #define XF_BIN_FAST_Y_OK(yv) 1
 #endif
 
@@ -364,7 +364,8 @@ XF_HD_COLD void XF_BIN_FN(xf_bin_redo_after)(XF_BIN_FN(xf_bin_blk) b, long long 
 
 /* fast_mode: 0 the general form only, 2 the fast form of binary.h only (a chunk whose every element
  * qualifies), 3 the same with far logits (float64's beyond 900, xf_bin_fast64_x_ok; float32's beyond
- * XF_BIN_FAST_NEAR_ABS_X, XF_BIN_FAST_X_OK), 1 both with a per-element select
+ * XF_BIN_FAST_NEAR_ABS_X, XF_BIN_FAST_X_OK), 4 float64's with the middle ones (500 < |x| < 900) too, 1
+ * both forms with a per-element select
  * (a mixed chunk): each element and each output gets the form binary.h's predicates pick for it (the
  * loss's never depends on the upstream factor), as on the GPU. */
 XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
@@ -393,17 +394,18 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
         if (fast_mode >= 2) {
 #if XF_BIN_FAST == 2
             XF_BIN_FAST_LOGIT f =
-                ebuf ? xf_bin_fast64_from_exp(xv, ebuf[j], elbuf[j], fast_mode == 3) : XF_BIN_FAST_PIECES(xv);
+                ebuf ? xf_bin_fast64_from_exp(xv, ebuf[j], elbuf[j], (fast_mode >= 3) ? fast_mode - 2 : 0)
+                     : XF_BIN_FAST_PIECES(xv);
             (void)rdbuf;
             (void)lbuf;
 #elif XF_BIN_DIVISIONS_APART
             xf_bin_fast_logit f = rdbuf ? xf_bin_fast_from_parts(xv, ebuf[j], rdbuf[j], lbuf[j])
-                                  : ebuf  ? xf_bin_fast_from_exp_tails(xv, ebuf[j], fast_mode == 3)
+                                  : ebuf  ? xf_bin_fast_from_exp_tails(xv, ebuf[j], fast_mode >= 3)
                                           : xf_bin_fast_pieces(xv);
             (void)elbuf;
 #else
             xf_bin_fast_logit f =
-                ebuf ? xf_bin_fast_from_exp_tails(xv, ebuf[j], fast_mode == 3) : xf_bin_fast_pieces(xv);
+                ebuf ? xf_bin_fast_from_exp_tails(xv, ebuf[j], fast_mode >= 3) : xf_bin_fast_pieces(xv);
             (void)elbuf;
             (void)rdbuf;
             (void)lbuf;
@@ -449,6 +451,7 @@ XF_HD void XF_BIN_FN(xf_bce_logits_body)(XF_BIN_FN(xf_bin_blk) b, long long n, c
 #define XF_BIN_CHUNK_MIXED 0
 #define XF_BIN_CHUNK_FAST 1
 #define XF_BIN_CHUNK_FAR 2
+#define XF_BIN_CHUNK_MID 3
 
 XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                            const int unweighted, const int fast_mode, double *loss_d,
@@ -487,7 +490,13 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
                 }
             }
 #if XF_BIN_FAST == 2
-            if (fast_mode == 3) {
+            if (fast_mode == 4) {
+#pragma omp simd
+                for (j = 0; j < len; j++) {
+                    ebuf[j] = xf_bin_fast64_exp((double)c.x[j], 2, &elbuf[j]);
+                }
+                XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 4, ebuf, elbuf, 0, 0);
+            } else if (fast_mode == 3) {
 #pragma omp simd
                 for (j = 0; j < len; j++) {
                     ebuf[j] = xf_bin_fast64_exp((double)c.x[j], 1, &elbuf[j]);
@@ -525,11 +534,11 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
 #pragma omp simd
             for (j = 0; j < len; j++) {
                 rdbuf[j] = 1.0 / (1.0 + ebuf[j]);
-                lbuf[j] = xf_bin_log1p_unit_tails(ebuf[j], fast_mode == 3);
+                lbuf[j] = xf_bin_log1p_unit_tails(ebuf[j], fast_mode >= 3);
             }
             XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, rdbuf, lbuf);
 #else
-            if (fast_mode == 3) {
+            if (fast_mode >= 3) {
                 XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 3, ebuf, 0, 0, 0);
             } else {
                 XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_logits_body), c, len, a, unweighted, 2, ebuf, 0, 0, 0);
@@ -555,7 +564,20 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_fast_chunk)(XF_BIN_FN(xf_bin_blk) c
                                                          const xf_bin_args *a, int unweighted, int far,
                                                          double *loss_d, XF_T *loss_o, XF_T *grad)
 {
-    /* far: float64's far logits, float32's beyond XF_BIN_FAST_NEAR_ABS_X (XF_BIN_FAST_X_OK) */
+    /* far: float64's far logits (2: and the middle ones), float32's beyond XF_BIN_FAST_NEAR_ABS_X
+     * (XF_BIN_FAST_X_OK) */
+#if XF_BIN_FAST == 2
+    if (far == 2) {
+        if (unweighted == XF_BIN_PLAIN) {
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 4, loss_d, loss_o, grad);
+        } else if (unweighted) {
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 4, loss_d, loss_o, grad);
+        } else {
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 4, loss_d, loss_o, grad);
+        }
+        return;
+    }
+#endif
     if (far) {
         if (unweighted == XF_BIN_PLAIN) {
             XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 3, loss_d, loss_o, grad);
@@ -716,8 +738,10 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed)(XF_BIN_FN(xf_bin_blk) c, lon
         }
         XF_BIN_FN(xf_bin_redo_before)(ck, m, a, XF_BIN_OP_BCE_LOGITS, unweighted, redo, loss_general,
                                       grad_general);
-        /* the fast loop with far logits: the chunk's ordinary elements may include them */
-        XF_BIN_FN(xf_bce_logits_fast_chunk)(ck, m, a, unweighted, 1, loss_d, loss_o, grad);
+        /* the fast loop with far (and float64's middle) logits: the chunk's ordinary elements may include
+         * them */
+        XF_BIN_FN(xf_bce_logits_fast_chunk)(ck, m, a, unweighted, (XF_BIN_FAST == 2) ? 2 : 1, loss_d, loss_o,
+                                            grad);
         XF_BIN_FN(xf_bin_redo_after)(ck, m, redo, loss_general, grad_general);
     }
     if (select_from >= 0) {
@@ -734,8 +758,9 @@ XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, l
 {
     const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
     if (kind != XF_BIN_CHUNK_MIXED) {
-        XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted, kind == XF_BIN_CHUNK_FAR, loss_d, loss_o,
-                                            grad);
+        XF_BIN_FN(xf_bce_logits_fast_chunk)(c, c1 - c0, a, unweighted,
+                                            (kind == XF_BIN_CHUNK_MID) ? 2 : (kind == XF_BIN_CHUNK_FAR), loss_d,
+                                            loss_o, grad);
     } else {
         /* an infinite upstream factor is never fast, and the chunk decision has just read these factors */
         double rescued[XF_BIN_BLOCK];
@@ -768,6 +793,14 @@ XF_HD int XF_BIN_FN(xf_bce_logits_chunks)(XF_BIN_FN(xf_bin_blk) b, long long n, 
             XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 1)) {
             kind = XF_BIN_CHUNK_FAR;
         }
+#if XF_BIN_FAST == 2
+        /* the middle logits' loop instance only where a chunk needs it: handling them cost chunks of far
+         * logits (padding's -1e4) ~10 % */
+        if (kind == XF_BIN_CHUNK_MIXED &&
+            XF_BIN_FN(xf_bce_logits_chunk_fast)(b, c0, len, a, unweighted, grad != 0, 2)) {
+            kind = XF_BIN_CHUNK_MID;
+        }
+#endif
         if (c0 > 0 && kind != run_kind) {
             XF_BIN_FN(xf_bce_logits_run)(b, start, c0, run_kind, a, unweighted, loss_d, loss_o, grad);
             start = c0;

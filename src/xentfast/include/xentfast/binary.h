@@ -566,9 +566,9 @@ XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
  * w, q, |s| as the float32 form's.  Every intermediate is then a normal double (the least, s w q y e rd,
  * >= 2^-962) and every multiply-add lies inside xf_fma_emulated's exact domain (products 0 or >= 2^-920;
  * own a's error term is dropped where a < 2^-600, own a <= 2^-540 then, next to (own + other) l >=
- * 2^-62), so each path gives the same bits.  The general form stays for every other element (|x| > 500
- * but the far logits below, inf, NaN, a target outside [0, 1] or below 2^-60, extreme weights, factors or
- * loss scales), chosen per element and output as for float32, on the CPU and the GPU alike.  The two forms
+ * 2^-62), so each path gives the same bits.  The general form stays for every other element (|x| > 2^900,
+ * inf, NaN, a target outside [0, 1] or below 2^-60, extreme weights, factors or loss scales), chosen per
+ * element and output as for float32, on the CPU and the GPU alike.  The two forms
  * differ in the last bits (the general form's products round several times).
  * Far logits, 900 <= |x| <= 2^900 (padding's -1e4 or -1e9): e = exp(-|x|) <= 2^-1298 is taken as 0 (so rd
  * = 1, l = 0, every low part 0).  With mass on x's own side (own >= 2^-120) the loss is RN(w own a) and the
@@ -576,8 +576,14 @@ XF_HD xf_bin_fast_logit xf_bin_fast_pieces(double x)
  * answer) the exact loss w (own + other) log1p(e) <= 2^61 2^-1298 and gradient s w other e rd <= 2^180
  * 2^-1298 both round to zeros, +0 and, for the gradient, the sign of -s w other (x >= 0; + below), which
  * xf_bin_bce_fast64_grad gives its zero bracket where the tail's mass is nonzero.  |x| <= 2^900 keeps w own
- * a <= 2^1020 finite and the multiply-adds in their exact domain.  Between 500 and 900 the tail
- * contributes subnormal results (e 2^180 >= 2^-1075 up to |x| ~ 870): the general form. */
+ * a <= 2^1020 finite and the multiply-adds in their exact domain.
+ * Middle logits, 500 < |x| < 900 (since 2026-12-06; the general form before, 3.5x slower and 40x at |x| ~
+ * 700 for a confident right answer, benchmarks/README.md, eighteenth round): e counts as 0 as for a far
+ * logit, which with own mass is within the bound as there (the tail below 2^-540 of own a).  Without own
+ * mass the result is all tail, and it may be normal, subnormal or zero (e 2^180 >= 2^-1075 up to |x| ~
+ * 870): it is formed from exp(-|x|) 2^600 (xf_bin_fast64_exp, from the exactly shifted argument) as a
+ * double-double and scaled back in one rounding (xf_bin_fast64_tail), log1p(e) and 1/(1 + e) being e and
+ * 1 to 2^-721.  Their loop instance runs only for chunks that hold such a logit (fast_mode 4, binary_blocks.h). */
 #define XF_BIN_FAST64_MAX_ABS_X 500.0
 #define XF_BIN_FAST64_FAR_MIN 900.0
 #define XF_BIN_FAST64_FAR_MAX 0x1p900
@@ -590,7 +596,8 @@ XF_HD int xf_bin_fast64_x_ok(double x, const int far)
 {
     const double a = xf_fabs(x);
     return (a <= XF_BIN_FAST64_MAX_ABS_X) |
-           (far & (a >= XF_BIN_FAST64_FAR_MIN) & (a <= XF_BIN_FAST64_FAR_MAX));
+           ((far == 1) & (a >= XF_BIN_FAST64_FAR_MIN) & (a <= XF_BIN_FAST64_FAR_MAX)) |
+           ((far == 2) & (a <= XF_BIN_FAST64_FAR_MAX));
 }
 
 XF_HD int xf_bin_bce_fast64_rule(double x, double y, double w, double q, double loss_k, const int far)
@@ -601,7 +608,7 @@ XF_HD int xf_bin_bce_fast64_rule(double x, double y, double w, double q, double 
 
 XF_HD int xf_bin_bce_fast64_ok(double x, double y, double w, double q, double loss_k)
 {
-    return xf_bin_bce_fast64_rule(x, y, w, q, loss_k, 1);
+    return xf_bin_bce_fast64_rule(x, y, w, q, loss_k, 2);
 }
 
 typedef struct {
@@ -609,19 +616,27 @@ typedef struct {
     double e, e_lo;     /* exp(-|x|) */
     double rd, rd_lo;   /* 1 / (1 + e) = s(|x|) */
     double l, l_lo;     /* log1p(e) = softplus(-|x|) */
+    double es, es_lo;   /* a middle logit's (500 < |x| < 900) exp(-|x|) 2^600, else 0 */
     int pos;            /* x >= 0 (true for -0) */
-    int far;            /* far logits possible (xf_bin_fast64_x_ok): e = 0 marks one */
+    int far;            /* 1: far logits possible, 2: middle ones too (xf_bin_fast64_x_ok); e = 0 marks one */
 } xf_bin_fast64_logit;
 
-/* exp(-|x|) = e + *e_lo; with far_ok (a literal, see xf_bin_fast64_x_ok) 0 for far logits */
+/* exp(-|x|) = e + *e_lo; with far_ok (a literal, see xf_bin_fast64_x_ok) 0 for far logits and, for a
+ * middle one (500 < |x| < 900), exp(-|x|) 2^600 instead (xf_bin_fast64_from_exp tells them apart) */
 XF_HD double xf_bin_fast64_exp(double x, const int far_ok, double *e_lo)
 {
     double t, m_lo;
     const double a = xf_fabs(x);
-    const int far = far_ok & (a >= XF_BIN_FAST64_FAR_MIN);
-    /* exp(-a) = 2^n (m + m_lo): both scaled by 2^n exactly (n >= -722, every result normal); a far logit's
+    const int far = (far_ok != 0) & (a >= XF_BIN_FAST64_FAR_MIN);
+    const int mid = (far_ok == 2) & (a > XF_BIN_FAST64_MAX_ABS_X) & (a < XF_BIN_FAST64_FAR_MIN);
+    /* 600 ln 2 - a carried exactly as h + hl (ln 2's high part has 32 bits: 600 times it is exact) */
+    double h, hl;
+    xf_two_sum(-a, XF_BIN_SCALE_K * XF_MATH_LN2_HI, &h, &hl);
+    /* exp(arg) = 2^n (m + m_lo): both scaled by 2^n exactly (n >= -722, every result normal); a far logit's
      * argument is clamped, its result discarded */
-    double m = xf_exp_reduced(far ? -XF_BIN_FAST64_MAX_ABS_X : -a, 0.0, &t, &m_lo);
+    const double arg = far ? -XF_BIN_FAST64_MAX_ABS_X : (mid ? h : -a);
+    const double arg_lo = mid ? hl + XF_BIN_SCALE_K * XF_MATH_LN2_LO : 0.0;
+    double m = xf_exp_reduced(arg, arg_lo, &t, &m_lo);
     const double lo = m_lo * xf_pow2_from_low_bits(xf_bits_from_double(t) + 1023ULL);
     *e_lo = far ? 0.0 : lo;
     return far ? 0.0 : xf_exp_scale_normal(m, t);
@@ -632,6 +647,12 @@ XF_HD xf_bin_fast64_logit xf_bin_fast64_from_exp(double x, double e, double e_lo
     xf_bin_fast64_logit r;
     r.far = far;
     double a = xf_fabs(x);
+    /* a middle logit: xf_bin_fast64_exp gave the scaled tail; its e counts as 0, as a far logit's */
+    const int mid = (far == 2) & (a > XF_BIN_FAST64_MAX_ABS_X) & (a < XF_BIN_FAST64_FAR_MIN);
+    r.es = mid ? e : 0.0;
+    r.es_lo = mid ? e_lo : 0.0;
+    e = mid ? 0.0 : e;
+    e_lo = mid ? 0.0 : e_lo;
     double dh = 1.0 + e;
     double dl = ((1.0 - dh) + e) + e_lo; /* Fast2Sum: 1 >= e */
     double rd = 1.0 / dh;
@@ -663,8 +684,8 @@ XF_HD xf_bin_fast64_logit xf_bin_fast64_from_exp(double x, double e, double e_lo
 XF_HD xf_bin_fast64_logit xf_bin_fast64_pieces(double x)
 {
     double e_lo;
-    double e = xf_bin_fast64_exp(x, 1, &e_lo);
-    return xf_bin_fast64_from_exp(x, e, e_lo, 1);
+    double e = xf_bin_fast64_exp(x, 2, &e_lo);
+    return xf_bin_fast64_from_exp(x, e, e_lo, 2);
 }
 
 /* own (1 - y for x >= 0, q y below), other (the other one) and, for the loss, own + other, each as a
@@ -679,6 +700,21 @@ XF_HD void xf_bin_fast64_masses(int pos, double y, double q, double *oh, double 
     *ol = pos ? omy_lo : qy_lo;
     *th = pos ? qy : omy;
     *tl = pos ? qy_lo : omy_lo;
+}
+
+/* (kh + kl)(mh + ml)(es + es_lo) 2^-600 for a middle logit's tail (es >= 2^-699, the factors within
+ * 2^+-120 as the form's domain has them): the product as a double-double, every partial product normal
+ * (>= 2^-940), then one rounding of its high part scaled back.  The result may be subnormal or a zero of
+ * the product's sign: within 0.5 ULP plus ~2^-100 relative where it is normal, 0.5 ULP of the subnormal
+ * grid plus far less where it is not (the high part's own rounding, 2^-53 of it, is below that grid's
+ * ULP there).  es = 0 gives a zero. */
+XF_HD double xf_bin_fast64_tail(double kh, double kl, double mh, double ml, double es, double es_lo)
+{
+    const double ph = mh * es;
+    const double pl = xf_fma(mh, es, -ph) + (mh * es_lo + ml * es);
+    const double gh = kh * ph;
+    const double gl = xf_fma(kh, ph, -gh) + (kh * pl + kl * ph);
+    return (gh + gl) * XF_BIN_UNSCALE;
 }
 
 XF_HD double xf_bin_bce_fast64_loss(xf_bin_fast64_logit f, double y, double w, double q)
@@ -697,7 +733,16 @@ XF_HD double xf_bin_bce_fast64_loss(xf_bin_fast64_logit f, double y, double w, d
     double sh, se;
     xf_two_sum(p1, p2, &sh, &se);
     double sl = se + (e1 + e2);
-    return xf_fma(w, sh, w * sl);
+    const double main = xf_fma(w, sh, w * sl);
+    if (f.far != 2) {
+        return main;
+    }
+    /* a middle logit without own mass: the loss is all tail, w (own + other) log1p(e) with log1p(e) = e to
+     * 2^-721, formed 2^600 larger as a double-double and scaled back in one rounding (xf_bin_fast64_tail);
+     * with own mass the tail is below 2^-540 of own a, as for a far logit */
+    const double es = (oh == 0.0) ? f.es : 0.0;
+    const double tail = xf_bin_fast64_tail(w, 0.0, mh, ml, es, f.es_lo);
+    return (es != 0.0) & (mh != 0.0) ? tail : main;
 }
 
 XF_HD double xf_bin_bce_fast64_grad(xf_bin_fast64_logit f, double y, double w, double q, double s)
@@ -726,8 +771,16 @@ XF_HD double xf_bin_bce_fast64_grad(xf_bin_fast64_logit f, double y, double w, d
     double r = (xf_fabs(bh) >= 0x1p-800) ? xf_fma(kh, bh, low) : kh * bh + low;
     /* an exactly zero bracket gives +0 whatever the sign of s, as the other forms do; a far logit's
      * bracket without own mass is -other e rd, below every double: a zero of that sign */
-    const double zero = (f.far & (f.e == 0.0) & (th != 0.0)) ? -kh * 0.0 : 0.0;
-    return ((bh == 0.0) & (bl == 0.0)) ? zero : r;
+    const double zero = ((f.far != 0) & (f.e == 0.0) & (th != 0.0)) ? -kh * 0.0 : 0.0;
+    const double main = ((bh == 0.0) & (bl == 0.0)) ? zero : r;
+    if (f.far != 2) {
+        return main;
+    }
+    /* a middle logit without own mass: -(s w) other e (rd = 1 to 2^-721), formed 2^600 larger and
+     * scaled back in one rounding (xf_bin_fast64_tail); a zero keeps that product's sign */
+    const double es = ((oh == 0.0) & (th != 0.0)) ? f.es : 0.0;
+    const double tail = -xf_bin_fast64_tail(kh, kl, th, tl, es, f.es_lo);
+    return (es != 0.0) ? tail : main;
 }
 
 /* The target's mass on x's own side, `own` (1 - y for x >= 0, q y below), and on the other, `other`.
