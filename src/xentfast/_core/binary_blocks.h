@@ -560,6 +560,17 @@ XF_HD void XF_BIN_FN(xf_bce_logits_chunk)(XF_BIN_FN(xf_bin_blk) b, long long n, 
 #else
 #define XF_BIN_OWN_CODE XF_KERNEL __attribute__((noinline))
 #endif
+/* the loop instance of a literal fast_mode for the call's weighting, itself a literal in each branch */
+#define XF_BCE_LOGITS_CHUNK_OF_WEIGHTING(mode)                                                           \
+    do {                                                                                                  \
+        if (unweighted == XF_BIN_PLAIN) {                                                                 \
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, (mode), loss_d, loss_o, grad);       \
+        } else if (unweighted) {                                                                          \
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, (mode), loss_d, loss_o, grad);                  \
+        } else {                                                                                          \
+            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, (mode), loss_d, loss_o, grad);                  \
+        }                                                                                                 \
+    } while (0)
 XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_fast_chunk)(XF_BIN_FN(xf_bin_blk) c, long long len,
                                                          const xf_bin_args *a, int unweighted, int far,
                                                          double *loss_d, XF_T *loss_o, XF_T *grad)
@@ -568,34 +579,17 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_fast_chunk)(XF_BIN_FN(xf_bin_blk) c
      * (XF_BIN_FAST_X_OK) */
 #if XF_BIN_FAST == 2
     if (far == 2) {
-        if (unweighted == XF_BIN_PLAIN) {
-            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 4, loss_d, loss_o, grad);
-        } else if (unweighted) {
-            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 4, loss_d, loss_o, grad);
-        } else {
-            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 4, loss_d, loss_o, grad);
-        }
+        XF_BCE_LOGITS_CHUNK_OF_WEIGHTING(4);
         return;
     }
 #endif
     if (far) {
-        if (unweighted == XF_BIN_PLAIN) {
-            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 3, loss_d, loss_o, grad);
-        } else if (unweighted) {
-            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 3, loss_d, loss_o, grad);
-        } else {
-            XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 3, loss_d, loss_o, grad);
-        }
+        XF_BCE_LOGITS_CHUNK_OF_WEIGHTING(3);
         return;
     }
-    if (unweighted == XF_BIN_PLAIN) {
-        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, XF_BIN_PLAIN, 2, loss_d, loss_o, grad);
-    } else if (unweighted) {
-        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 1, 2, loss_d, loss_o, grad);
-    } else {
-        XF_BIN_FN(xf_bce_logits_chunk)(c, len, a, 0, 2, loss_d, loss_o, grad);
-    }
+    XF_BCE_LOGITS_CHUNK_OF_WEIGHTING(2);
 }
+#undef XF_BCE_LOGITS_CHUNK_OF_WEIGHTING
 
 XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed_chunk)(XF_BIN_FN(xf_bin_blk) c, long long len,
                                                           const xf_bin_args *a, int unweighted, double *loss_d,
