@@ -44,8 +44,9 @@ def _clean(fn, *args, **kwargs):
 
 
 def test_the_flag_sees_a_kernel_on_this_thread():
-    # positive controls: a float64 BCE element at x = -700 takes the general form, whose scaled tail
-    # passes through subnormals; a float64 softmax entry 720 below its row's max is a subnormal result
+    # positive controls: float64 BCE at x = -700, y = 0 has the loss e^-700 ~ 2^-1010, and the block's
+    # compensated sum of such losses makes subnormal error terms; a float64 softmax entry 720 below its
+    # row's max is a subnormal result
     x = np.full(256, -700.0)
     y = np.zeros(256)
     assert _scalar.consumes_subnormals(xf.binary_cross_entropy_with_logits, x, y, n_threads=1) is True
