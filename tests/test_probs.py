@@ -116,6 +116,122 @@ def test_bce_probs_modes_at_the_edges(dtype):
     assert g[5] == -2.0
 
 
+# ---- binary_cross_entropy, float32: the plain-double form of ordinary elements (binary.h) ---------------
+
+_F32_ONE_BELOW = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+
+
+def _f32_around(v):
+    """the float32 nearest v and its two neighbours"""
+    c = np.float32(v)
+    return [float(np.nextafter(c, np.float32(0.0))), float(c), float(np.nextafter(c, np.float32(1.0)))]
+
+
+# every reduction boundary of the form (log p's and log(1 - p)'s binades at sqrt 2 / 2, 1 - p exact from
+# 2^-30 on), float32's least subnormal and normal, the last float below 1, and each mode's limits: eps and
+# 1 - eps, and for log_clamp c the probabilities 2 e^c and 1 - 2 e^c (nearer, the general form)
+_FAST_P = sorted(set([2.0**-149, 2.0**-126, 1e-30, 2.0**-31, 2.0**-30, 1e-7, 0.5, 0.9, 1.0 - 2.0**-24, _F32_ONE_BELOW]
+                     + _f32_around(1.0 - 2.0**-0.5) + _f32_around(2.0**-0.5) + _f32_around(2.0**-30)
+                     + _f32_around(1e-7) + _f32_around(1.0 - 1e-7) + _f32_around(2.0 * np.exp(-5.0))
+                     + _f32_around(1.0 - 2.0 * np.exp(-5.0)) + _f32_around(np.exp(-5.0))
+                     + _f32_around(2.0 * np.exp(-100.0)) + _f32_around(np.exp(-100.0))))
+_FAST_MODES = [dict(), dict(eps=1e-7), dict(log_clamp=-5.0), dict(log_clamp=-100.0)]
+_FAST_WG = [(1.0, 1.0), (2.0**-60, -(2.0**60)), (2.0**60, 2.0**-60), (2.0**-61, 1.0), (1.0, 2.0**61), (3.0, 0.0)]
+
+
+@pytest.mark.parametrize("mode", _FAST_MODES, ids=lambda m: "-".join(f"{k}={v}" for k, v in m.items()) or "exact")
+@pytest.mark.parametrize("w, g", _FAST_WG)
+def test_bce_probs_float32_fast_form_edges_within_bound(mode, w, g):
+    """Probabilities at each limit of the plain-double form and of the logs' reductions, beside targets 0,
+    1, 0.5, a float32 subnormal, 1 - 2^-24 and p itself (a zero gradient, +0 in the fast form), under weights and upstream factors at and beyond 2^+-60: the loss and the
+    gradient within the contract, a zero gradient with the exact value's sign, and the loss with the bits
+    of the forward call (both forms share it)."""
+    p = np.repeat(np.array(_FAST_P, np.float32), 6)
+    y = np.tile(np.array([0.0, 1.0, 0.5, 2.0**-140, 1.0 - 2.0**-24, 0.0], np.float32), len(_FAST_P))
+    y[5::6] = p[5::6]
+    kw = dict(weight=np.full(p.size, w), **mode)
+    up = np.full(p.size, g)
+    loss, grad = xf.binary_cross_entropy_with_grad(p, y, reduction="none", grad_output=up, **kw)
+    inputs = {"p": p, "target": y}
+    assert_ulp_close(loss, ref.binary_cross_entropy(p, y, reduction="none", **kw), 2.0, inputs=inputs)
+    exact, scale = ref.binary_cross_entropy_grad(p, y, reduction="none", grad_output=up, return_scale=True, **kw)
+    assert_ulp_close(grad, exact, 2.0, scale=scale, inputs=inputs)
+    for got, want in zip(grad, exact):
+        if got == 0 and want != 0:
+            assert np.signbit(got) == (want < 0), (got, want)
+    if 2.0**-60 <= w <= 2.0**60 and 2.0**-60 <= abs(g) <= 2.0**60:
+        # the fast form's p - y is exactly 0 (the general form's two rounded terms may leave a residue
+        # within the bound: 0.29289326 under w = 2^-61 gave -4.8e-35)
+        same_p = (y == p) & (exact == 0)      # (not where a clip or clamp leaves one term)
+        assert np.all(grad[same_p] == 0) and not np.any(np.signbit(grad[same_p]))
+    assert loss.tobytes() == xf.binary_cross_entropy(p, y, reduction="none", **kw).tobytes()
+
+
+@pytest.mark.parametrize("mode", _FAST_MODES[:3], ids=["exact", "eps", "clamp"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bce_probs_float32_fast_form_rounds_about_once(mode, weighted):
+    """Inside its domain the form's double values carry < 2^-37 (loss) and < 2^-49 (gradient) relative
+    error, so each float32 output lies within 0.5 + 2^-13 ULP of the exact value: probabilities over every
+    binade from 2^-149 up to 1 - 2^-24, hard, soft and subnormal targets, weights and upstream factors
+    over 2^+-50 (the contract's 2 ULP would let a form lose 1.5 ULP and still pass)."""
+    rng = np.random.default_rng(11)
+    n = 4000
+    p = np.exp(rng.uniform(-103.0, 0.0, n))
+    p[::3] = 1.0 - np.exp(rng.uniform(-16.6, -0.5, p[::3].size))
+    p = np.clip(p.astype(np.float32), np.float32(2.0**-149), np.float32(_F32_ONE_BELOW))
+    y = rng.random(n).astype(np.float32)
+    y[::2] = np.round(y[::2])
+    y[1::10] = np.float32(3e-42)
+    w = np.exp2(rng.uniform(-50, 50, n)) if weighted else None
+    up = rng.standard_normal(n) * np.exp2(rng.uniform(-50, 50, n)) if weighted else None
+    loss, grad = xf.binary_cross_entropy_with_grad(p, y, w, reduction="none", grad_output=up, **mode)
+    assert_ulp_close(loss, ref.binary_cross_entropy(p, y, w, reduction="none", **mode), 0.5 + 2.0**-13,
+                     inputs={"p": p, "target": y})
+    exact, scale = ref.binary_cross_entropy_grad(p, y, w, reduction="none", grad_output=up, return_scale=True,
+                                                 **mode)
+    assert_ulp_close(grad, exact, 0.5 + 2.0**-13, scale=scale, inputs={"p": p, "target": y})
+
+
+@pytest.mark.parametrize("n_odd", [1, 8], ids=["redone", "selected"])
+@pytest.mark.parametrize("mode", _FAST_MODES[:3], ids=["exact", "eps", "clamp"])
+def test_bce_probs_chunk_decision_follows_the_per_element_rule(mode, n_odd):
+    """The CPU runs a 64-element chunk in the fast form when every element qualifies, redoes a few odd ones
+    (here p = 0) in the general form and selects per element beyond six; the CUDA twin decides per
+    element.  So every edge probability gets the same double loss and float32 gradient alone in its chunk
+    as beside one odd element or eight: the forms' double losses differ in their low bits, which the
+    float32 outputs would hide."""
+    from xentfast._core import _binary
+    from xentfast.api_binary import _Elementwise
+
+    probs = np.array(_FAST_P, np.float32)
+    n = 128 * probs.size
+    alone = np.full(n, 0.25, np.float32)
+    alone[5::128] = probs
+    mixed = alone.copy()
+    for k in range(n_odd):
+        mixed[6 + k::128] = 0.0                   # outside the fast form's domain
+    t = np.resize(np.array([1.0, 0.0, 0.3], np.float32), n)
+    w = np.resize(np.array([1.0, 2.0**-61, 7.0]), n)
+    keep = np.zeros(n, dtype=bool)
+    keep[5::128] = True
+    for kw in (dict(mode), dict(mode, weight=w)):
+        ops = [_Elementwise(_binary.OP_BCE_PROB, a, t, reduction="sum", what="probabilities",
+                            **_prob_mode_kw(kw)) for a in (alone, mixed)]
+        losses = [op.run(summed=False)[keep] for op in ops]
+        assert losses[0].tobytes() == losses[1].tobytes(), kw
+        grads = [xf.binary_cross_entropy_with_grad(a, t, reduction="none", **kw)[1][keep] for a in (alone, mixed)]
+        assert grads[0].tobytes() == grads[1].tobytes(), kw
+
+
+def _prob_mode_kw(kw):
+    """binary_cross_entropy's keywords as _Elementwise takes them (eps and log_clamp as checked values)"""
+    from xentfast.api_binary import _prob_modes
+
+    kw = dict(kw)
+    eps, clamp = _prob_modes(kw.pop("eps", None), kw.pop("log_clamp", None))
+    return dict(kw, eps=eps, log_clamp=clamp)
+
+
 # ---- cross_entropy_from_probs ------------------------------------------------------------------------
 
 

@@ -107,3 +107,21 @@ def test_float32_focal_loss_every_finite_logit(cpu_path, gamma, target):
     _clean(xf.sigmoid_focal_loss_with_grad, x, y, gamma=gamma, reduction="none")
     _clean(xf.sigmoid_focal_loss_with_grad, x, y, gamma=gamma, alpha=-1.0, reduction="mean")
     _clean(xf.sigmoid_focal_loss_with_grad, x, y, gamma=gamma, reduction="none", grad_output=up)
+
+
+@pytest.mark.parametrize("mode", [dict(), dict(eps=1e-7), dict(log_clamp=-100.0)], ids=["exact", "eps", "clamp"])
+@pytest.mark.parametrize("target", [0.0, 1.0, 0.3])
+def test_float32_bce_from_probabilities_every_probability(cpu_path, mode, target):
+    # every binade of p from float32's least normal up, and of 1 - p down to 2^-24 (the plain-double
+    # form's logs, its one division and its gradient stay normal: binary.h; a float32 subnormal p is
+    # itself a subnormal operand of its conversion to double)
+    rng = np.random.default_rng(5)
+    lo = np.exp2(np.arange(-126.0, 0.0, 1.0 / 16.0) + rng.uniform(0.0, 1.0 / 16.0, 126 * 16))
+    hi = 1.0 - np.exp2(-np.arange(1.0, 24.0, 1.0 / 16.0) - rng.uniform(0.0, 1.0 / 16.0, 23 * 16))
+    p = np.concatenate([lo, hi]).astype(np.float32)
+    p = p[(p > 0) & (p < 1)]
+    y = np.full(p.size, target, np.float32)
+    up = rng.uniform(-3.0, 3.0, p.size).astype(np.float32)
+    _clean(xf.binary_cross_entropy_with_grad, p, y, reduction="none", **mode)
+    _clean(xf.binary_cross_entropy_with_grad, p, y, reduction="mean", grad_output=0.5, **mode)
+    _clean(xf.binary_cross_entropy_with_grad, p, y, weight=np.float32(2.5), reduction="none", grad_output=up, **mode)

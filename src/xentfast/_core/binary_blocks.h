@@ -325,7 +325,9 @@ XF_HD_COLD void XF_BIN_FN(xf_bin_redo_before)(XF_BIN_FN(xf_bin_blk) b, long long
     for (j = 0; j < n; j++) {
         if (redo[j]) {
             const double xv = (double)b.x[j], y = (double)b.t[j];
-            const double w = unweighted ? 1.0 : b.w[j], q = unweighted ? 1.0 : b.q[j];
+            /* BCE from probabilities has no pos_weight (b.q unset) */
+            const double w = unweighted ? 1.0 : b.w[j];
+            const double q = (unweighted || op == XF_BIN_OP_BCE_PROB) ? 1.0 : b.q[j];
             const double s = (redo[j] & 2) ? XF_BIN_FN(xf_bin_upstream_at)(b, a, j) : 1.0;
             const int ign = a->has_ignore & (y == a->ignore);
             const xf_bin_logit p = xf_bin_logit_pieces(xv);
@@ -334,6 +336,11 @@ XF_HD_COLD void XF_BIN_FN(xf_bin_redo_before)(XF_BIN_FN(xf_bin_blk) b, long long
                 const xf_bin_focal_parts f = xf_bin_focal_prepare(p, y, alpha, gamma);
                 loss = (redo[j] & 1) ? xf_bin_focal_loss(p, f, gamma, loss_k) : 0.0;
                 grad = (redo[j] & 2) ? xf_bin_focal_grad(p, f, y, gamma, s) : 0.0;
+            } else if (op == XF_BIN_OP_BCE_PROB) {
+                /* xv is the probability; an infinite upstream factor's gradient is stored after the
+                 * loops (xf_bin_inf_upstream_after), over this one */
+                loss = (redo[j] & 1) ? xf_bin_bce_prob_loss(xv, y, w, &a->mode, loss_k) : 0.0;
+                grad = (redo[j] & 2) ? xf_bin_bce_prob_grad(xv, y, w, s, &a->mode) : 0.0;
             } else {
                 loss = (redo[j] & 1) ? xf_bin_bce_logits_loss(p, y, w, q, loss_k) : 0.0;
                 grad = (redo[j] & 2) ? xf_bin_bce_logits_grad(p, y, w, q, s) : 0.0;
@@ -1053,9 +1060,11 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
 
 /* ---- BCE from probabilities --------------------------------------------------------------------------- */
 
+/* fast_mode: 0 the general form only, 2 the float32 plain-double form only (binary.h), 1 both with a
+ * per-element select (chunks with many elements the fast form does not serve) */
 XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
-                                        const int unweighted, const int want_d, const int want_o,
-                                        const int want_g)
+                                        const int unweighted, const int fast_mode, const int want_d,
+                                        const int want_o, const int want_g)
 {
     const XF_T *x = b.x, *t = b.t;
     const double *w = b.w, *g = b.g;
@@ -1070,8 +1079,26 @@ XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, con
         double pv = (double)x[j];
         double y = (double)t[j];
         int ign = has_ignore & (y == ignore);
+        const double wj = unweighted ? 1.0 : w[j];
+        const double sj = want_g ? scale * g[j] : 1.0;
+        double v = 0.0, gv = 0.0;
+        if (fast_mode == 2) {
+            const xf_bin_prob_fast f = xf_bin_prob_fast_pieces(pv);
+            v = (want_d | want_o) ? xf_bin_bce_prob_fast_loss(f, y, wj) : 0.0;
+            gv = want_g ? xf_bin_bce_prob_fast_grad(f, pv, y, wj, sj) : 0.0;
+        } else {
+            v = (want_d | want_o) ? xf_bin_bce_prob_loss(pv, y, wj, &m, loss_k) : 0.0;
+            gv = want_g ? xf_bin_bce_prob_grad(pv, y, wj, sj, &m) : 0.0;
+            if (fast_mode == 1) {
+                /* garbage outside the fast form's domain, discarded by the selects (see BCE's body) */
+                const int fast = xf_bin_bce_prob_fast_ok(pv, y, wj, &m, loss_k);
+                const int fast_g = xf_bin_bce_fast_grad_ok(fast, sj);
+                const xf_bin_prob_fast f = xf_bin_prob_fast_pieces(pv);
+                v = (fast & (want_d | want_o)) ? xf_bin_bce_prob_fast_loss(f, y, wj) : v;
+                gv = (fast_g & want_g) ? xf_bin_bce_prob_fast_grad(f, pv, y, wj, sj) : gv;
+            }
+        }
         if (want_d | want_o) {
-            double v = xf_bin_bce_prob_loss(pv, y, unweighted ? 1.0 : w[j], &m, loss_k);
             v = ign ? 0.0 : v;
             if (want_d) {
                 ld[j] = v;
@@ -1081,11 +1108,131 @@ XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, con
             }
         }
         if (want_g) {
-            double gv = xf_bin_bce_prob_grad(pv, y, unweighted ? 1.0 : w[j], scale * g[j], &m);
             gr[j] = (XF_T)(ign ? 0.0 : gv);
         }
     }
 }
+
+#if XF_BIN_FAST == 1
+/* How many of the chunk's elements the fast form does not serve for a wanted output (redo[j]: 1 the loss, 2
+ * the gradient), for literal `unweighted` and `want_grad`, so that no loop loads the weights or the upstream
+ * factors under a condition (gcc makes masked loads of those) */
+XF_HD int XF_BIN_FN(xf_bce_prob_odd)(XF_BIN_FN(xf_bin_blk) c, long long n, const xf_bin_args *a,
+                                      const int unweighted, const int want_loss, const int want_grad, int *redo)
+{
+    const double scale = a->scale, loss_k = a->loss_k;
+    const xf_bin_prob_mode m = a->mode;
+    int odd = 0;
+    long long j;
+#pragma omp simd reduction(+ : odd)
+    for (j = 0; j < n; j++) {
+        const int fast = xf_bin_bce_prob_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j], &m,
+                                                 loss_k);
+        const double sj = want_grad ? scale * c.g[j] : 1.0;
+        redo[j] = (want_loss & !fast) | ((want_grad & !xf_bin_bce_fast_grad_ok(fast, sj)) << 1);
+        odd += (redo[j] != 0);
+    }
+    return odd;
+}
+
+/* Whether every element of the chunk [c0, c0 + len) takes the fast form for each wanted output.  Without
+ * weights, upstream array, clip or clamp the rule is 0 < p < 1 and 0 <= y <= 1, tested on the stored
+ * floats (exact, as xf_bce_logits_chunk_fast's); else the rule itself in double. */
+XF_HD int XF_BIN_FN(xf_bce_prob_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long len,
+                                             const xf_bin_args *a, const int unweighted, const int grad)
+{
+    const XF_BIN_FN(xf_bin_blk) c = XF_BIN_FN(xf_bin_blk_from)(b, c0);
+    const double scale = a->scale, loss_k = a->loss_k;
+    const XF_T zero = (XF_T)0.0, one = (XF_T)1.0;
+    int all_ok = 1;
+    long long j;
+    if (unweighted && a->g == 0 && a->g_f32 == 0 && !a->mode.clip && !a->mode.clamp) {
+        all_ok = (loss_k == 0.0) && (!grad || xf_bin_bce_fast_grad_ok(1, scale));
+#pragma omp simd reduction(& : all_ok)
+        for (j = 0; j < len; j++) {
+            const XF_T pv = c.x[j], yv = c.t[j];
+            all_ok &= (pv > zero) & (pv < one) & (yv >= zero) & (yv <= one);
+        }
+    } else {
+        int redo[XF_BIN_FAST_CHUNK];
+        int odd;
+        if (grad) {
+            odd = unweighted ? XF_BIN_FN(xf_bce_prob_odd)(c, len, a, 1, 1, 1, redo)
+                             : XF_BIN_FN(xf_bce_prob_odd)(c, len, a, 0, 1, 1, redo);
+        } else {
+            odd = unweighted ? XF_BIN_FN(xf_bce_prob_odd)(c, len, a, 1, 1, 0, redo)
+                             : XF_BIN_FN(xf_bce_prob_odd)(c, len, a, 0, 1, 0, redo);
+        }
+        all_ok = (odd == 0);
+    }
+    return all_ok;
+}
+
+#if XF_CUDA
+#define XF_BIN_OWN_CODE XF_KERNEL
+#else
+#define XF_BIN_OWN_CODE XF_KERNEL __attribute__((noinline))
+#endif
+
+/* a chunk that is not all fast: its few odd elements (p = 0 or 1, NaN, a clipped or clamped p, a target
+ * outside [0, 1], an extreme weight or upstream factor) redone in the general form after the fast loop,
+ * or with more than XF_BIN_REDO_MAX the per-element select, as for the focal loss (xf_focal_mixed) */
+XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_prob_mixed)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
+                                                 const int unweighted, double *loss_d, XF_T *loss_o, XF_T *grad)
+{
+    double loss_general[XF_BIN_FAST_CHUNK], grad_general[XF_BIN_FAST_CHUNK];
+    int redo[XF_BIN_FAST_CHUNK];
+    const int want_loss = (loss_d || loss_o);
+    int odd;
+    if (grad) {
+        odd = unweighted ? XF_BIN_FN(xf_bce_prob_odd)(b, n, a, 1, want_loss, 1, redo)
+                         : XF_BIN_FN(xf_bce_prob_odd)(b, n, a, 0, want_loss, 1, redo);
+    } else {
+        odd = unweighted ? XF_BIN_FN(xf_bce_prob_odd)(b, n, a, 1, want_loss, 0, redo)
+                         : XF_BIN_FN(xf_bce_prob_odd)(b, n, a, 0, want_loss, 0, redo);
+    }
+    /* `unweighted` a literal in each instance of the body (a condition would make its loads masked) */
+    if (odd > XF_BIN_REDO_MAX) {
+        if (unweighted) {
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1, 1);
+        } else {
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0, 1);
+        }
+        return;
+    }
+    XF_BIN_FN(xf_bin_redo_before)(b, n, a, XF_BIN_OP_BCE_PROB, unweighted, redo, loss_general, grad_general);
+    if (unweighted) {
+        XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1, 2);
+    } else {
+        XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0, 2);
+    }
+    XF_BIN_FN(xf_bin_redo_after)(b, n, redo, loss_general, grad_general);
+}
+
+/* one out-of-line function per form, as for BCE with logits */
+XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_prob_run)(XF_BIN_FN(xf_bin_blk) c, long long len, const xf_bin_args *a,
+                                               const int unweighted, const int fast, double *loss_d, XF_T *loss_o,
+                                               XF_T *grad)
+{
+    if (fast) {
+        const long long n = len;
+        XF_BIN_FN(xf_bin_blk) b = c;
+        if (unweighted) {
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1, 2);
+        } else {
+            XF_BIN_OUTPUTS(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0, 2);
+        }
+    } else {
+        long long c0;
+        for (c0 = 0; c0 < len; c0 += XF_BIN_FAST_CHUNK) {
+            const long long m = (len - c0 < XF_BIN_FAST_CHUNK) ? len - c0 : XF_BIN_FAST_CHUNK;
+            XF_BIN_FN(xf_bce_prob_mixed)(XF_BIN_FN(xf_bin_blk_from)(c, c0), m, a, unweighted, loss_d, loss_o,
+                                         grad);
+        }
+    }
+}
+#undef XF_BIN_OWN_CODE
+#endif
 
 /* BCE from probabilities over elements [off, off + n) */
 XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long off, long long n,
@@ -1101,10 +1248,33 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     const int unweighted = (a->w == 0);
     const int stored_before =
         XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, XF_BIN_OP_BCE_PROB, rescued);
+#if XF_BIN_FAST == 1
+    if (a->loss_k == 0.0) {
+        /* the fast-form decision per chunk, then one call per run of chunks that decided alike (as
+         * xf_bce_logits_chunks) */
+        long long start = 0, c0;
+        int run_fast = 0;
+        for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
+            const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
+            const int fast = XF_BIN_FN(xf_bce_prob_chunk_fast)(b, c0, len, a, unweighted, grad != 0);
+            if (c0 > 0 && fast != run_fast) {
+                XF_BIN_FN(xf_bce_prob_run)(XF_BIN_FN(xf_bin_blk_from)(b, start), c0 - start, a, unweighted,
+                                           run_fast, loss_d, loss_o, grad);
+                start = c0;
+            }
+            run_fast = fast;
+        }
+        if (n > 0) {
+            XF_BIN_FN(xf_bce_prob_run)(XF_BIN_FN(xf_bin_blk_from)(b, start), n - start, a, unweighted, run_fast,
+                                       loss_d, loss_o, grad);
+        }
+        XF_BIN_CONVERT_LOSS();
+    } else
+#endif
     if (unweighted) {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1, 0);
     } else {
-        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0);
+        XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0, 0);
     }
     XF_BIN_FN(xf_bin_inf_upstream_after)(b, n, a, unweighted, XF_BIN_OP_BCE_PROB, stored_before, rescued);
     XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);

@@ -477,6 +477,17 @@ typedef struct {
  * the baseline path's emulated multiply-add of w^2 p23 (whose partial products lie ~2^-54 below it, some
  * far below) stays clear of the subnormals too (measured: from |x| ~ 165 on it did not). */
 #define XF_BIN_FAST_NEAR_ABS_X 160.0
+/* 2 atanh(t/2) = t (1 + w p(w)) for |t| <= 0.3432 (w <= 0.1178), w = tp^2 (tp: t, or |t| clamped by the
+ * caller as below) */
+XF_HD double xf_bin_atanh2(double t, double tp)
+{
+    double w = tp * tp;
+    double w2 = w * w;
+    double p01 = xf_fma(w, 0x1.999a7a1a2c12cp-7, 0x1.555554fde2d86p-4);
+    double p23 = xf_fma(w, 0x1.e2f2d41f1620dp-12, 0x1.2438f15e71923p-9);
+    return xf_fma(t, w * xf_fma(w2, p23, p01), t);
+}
+
 XF_HD double xf_bin_log1p_unit_tails(double e, const int tails)
 {
     double u = 1.0 + e;
@@ -486,11 +497,7 @@ XF_HD double xf_bin_log1p_unit_tails(double e, const int tails)
     const double abs_t = xf_fabs(t);
     /* a max of |t| (w only needs t's square) */
     const double tp = tails ? ((abs_t > 0x1p-30) ? abs_t : 0x1p-30) : t;
-    double w = tp * tp;
-    double w2 = w * w;
-    double p01 = xf_fma(w, 0x1.999a7a1a2c12cp-7, 0x1.555554fde2d86p-4);
-    double p23 = xf_fma(w, 0x1.e2f2d41f1620dp-12, 0x1.2438f15e71923p-9);
-    double at = xf_fma(t, w * xf_fma(w2, p23, p01), t);
+    double at = xf_bin_atanh2(t, tp);
     return big ? (XF_MATH_LN2_HI + (at + XF_MATH_LN2_LO)) : at;
 }
 
@@ -1191,6 +1198,84 @@ XF_HD double xf_bin_bce_prob_grad_inf(double pr, double y, double w, double s, c
     const int both = (w != 0.0) & dp & d1p & (y > 0.0) & (y < 1.0);
     const double sign = xf_bin_unit(s) * xf_bin_unit(w) * xf_bin_unit(pr - y);
     return (pr != pr) ? pr : both ? sign * XF_INF : (unit != 0.0) ? unit * XF_INF : unit;
+}
+
+/* ---- BCE from probabilities for float32 storage: the ordinary element in plain double ------------------
+ * As for BCE with logits (above), a float32 result needs its double value only to a small fraction of a
+ * float32 ULP, and the general form's double-double logs, its two divisions per output and its normalised
+ * products (made for float64's bound and for the edges of double's range) cost a float32 call ~17 ns per
+ * element against ~2 for BCE with logits.  For a float32 p with 0 < p < 1, untouched by the clip or the
+ * clamp, 0 <= y <= 1, w in [2^-60, 2^60] and no loss scaling:
+ *   - log p = k ln 2 + 2 atanh(s1), s1 = f1 / (2 + f1), from p = 2^k (1 + f1), 1 + f1 in [sqrt 2 / 2,
+ *     sqrt 2) (xf_log's reduction; f1 exact).  log(1 - p) the same way from 1 - p, which is exact for
+ *     p >= 2^-30 (a float32 has 24 bits); where its k is 0 (p <= 0.2929) f2 = -p itself, so a p below
+ *     2^-30 loses nothing either.  |s| <= 0.1716, the domain of xf_bin_atanh2 (to 2^-37.6 relative); k ln 2
+ *     and 2 atanh(s) do not cancel (|2 atanh(s)| <= ln 2 / 2);
+ *   - one division per element for both quotients and the gradient: inv = 1 / ((2 + f1)(2 + f2) p (1-p)),
+ *     then s1 = f1 (2 + f2) (p (1 - p) inv), s2 likewise, and 1 / (p (1 - p)) = (2 + f1)(2 + f2) inv.  A
+ *     forward call forms the same inv, so its losses have the fused call's bits;
+ *   - loss = w [y (-log p) + (1 - y)(-log(1 - p))], two terms >= 0, no cancellation;
+ *   - d/dp = s w (p - y) / (p (1 - p)) = s w [(1 - y)/(1 - p) - y/p]: p - y rounds once (exactly where
+ *     the two nearly cancel, Sterbenz), so a soft target's gradient is relative to its own size, tighter
+ *     than the bound's unit.  p = y gives +0, the exact value (the general form's two rounded terms may
+ *     leave a residue of either sign there, within its bound).
+ * Every quantity is a normal double (the least: p (1 - p) >= 2^-149, w p and the polynomial's powers of s2
+ * ~ 2^-600 for p = 2^-149; the largest 2^120 / (p (1 - p)) <= 2^293), the multiply-adds stay in
+ * xf_fma_emulated's exact domain (products 0 or >= 2^-600), so every path gives the same bits.  Errors:
+ * the logs 2^-37.5 relative, the roundings around them ~2^-50; the loss < 2^-37 relative before its one
+ * rounding to float32, the gradient < 2^-49 (<= 0.5 + 2^-13 ULP either).  The general form's bound holds
+ * with room; the two forms differ by a float32 ULP where the exact value lies within ~2^-37 of a float32
+ * rounding boundary.  Clip and clamp: eps mode takes p with eps <= p and eps <= 1 - p (the general form's
+ * own test, so no log is clipped); the log clamp c takes p >= 2 clamp_lo and 1 - p >= 2 (1 - clamp_hi),
+ * where both exact logs lie at least ln 2 above c and neither form clamps.  The CPU loops and the CUDA
+ * twin pick the form per element and output (xf_bin_bce_prob_fast_ok, then xf_bin_bce_fast_grad_ok for
+ * the upstream factor), as for BCE with logits. */
+XF_HD int xf_bin_bce_prob_fast_mode_ok(double pr, const xf_bin_prob_mode *m)
+{
+    const int clipped = m->clip & ((pr < m->eps) | ((pr >= 0.5) & ((1.0 - pr) < m->eps)));
+    const int clamped = m->clamp & ((pr < 2.0 * m->clamp_lo) | ((1.0 - pr) < 2.0 * (1.0 - m->clamp_hi)));
+    return !(clipped | clamped);
+}
+
+XF_HD int xf_bin_bce_prob_fast_ok(double pr, double y, double w, const xf_bin_prob_mode *m, double loss_k)
+{
+    return (pr > 0.0) & (pr < 1.0) & xf_bin_bce_prob_fast_mode_ok(pr, m) &
+           xf_bin_bce_fast_factors_ok(y, w, 1.0, loss_k);
+}
+
+typedef struct {
+    double nlp, nl1p; /* -log p, -log(1 - p) */
+    double rp;        /* 1 / (p (1 - p)) */
+} xf_bin_prob_fast;
+
+XF_HD xf_bin_prob_fast xf_bin_prob_fast_pieces(double pr)
+{
+    xf_bin_prob_fast r;
+    const double omp = 1.0 - pr;
+    const unsigned long long i1 = xf_log_shifted_bits(pr), i2 = xf_log_shifted_bits(omp);
+    const double k1 = xf_log_k(i1), f1 = xf_log_f(i1);
+    const double k2 = xf_log_k(i2);
+    const double f2 = (k2 == 0.0) ? -pr : xf_log_f(i2);
+    const double a1 = 2.0 + f1, a2 = 2.0 + f2;
+    const double d = a1 * a2, pq = pr * omp;
+    const double inv = 1.0 / (d * pq);
+    const double r12 = pq * inv; /* 1 / ((2 + f1)(2 + f2)) */
+    const double t1 = (2.0 * f1) * (a2 * r12), t2 = (2.0 * f2) * (a1 * r12);
+    r.nlp = -(k1 * XF_MATH_LN2_HI + (xf_bin_atanh2(t1, t1) + k1 * XF_MATH_LN2_LO));
+    r.nl1p = -(k2 * XF_MATH_LN2_HI + (xf_bin_atanh2(t2, t2) + k2 * XF_MATH_LN2_LO));
+    r.rp = d * inv;
+    return r;
+}
+
+XF_HD double xf_bin_bce_prob_fast_loss(xf_bin_prob_fast f, double y, double w)
+{
+    return w * (y * f.nlp + (1.0 - y) * f.nl1p);
+}
+
+XF_HD double xf_bin_bce_prob_fast_grad(xf_bin_prob_fast f, double pr, double y, double w, double s)
+{
+    const double d = pr - y;
+    return (d == 0.0) ? 0.0 : ((s * w) * d) * f.rp;
 }
 
 /* One class term of CE from probabilities: w q (-log p_c) with the categorical clip of Keras (p clipped to
