@@ -111,17 +111,19 @@ def test_float32_focal_loss_every_finite_logit(cpu_path, gamma, target):
 
 @pytest.mark.parametrize("mode", [dict(), dict(eps=1e-7), dict(log_clamp=-100.0)], ids=["exact", "eps", "clamp"])
 @pytest.mark.parametrize("target", [0.0, 1.0, 0.3])
-def test_float32_bce_from_probabilities_every_probability(cpu_path, mode, target):
-    # every binade of p from float32's least normal up, and of 1 - p down to 2^-24 (the plain-double
-    # form's logs, its one division and its gradient stay normal: binary.h; a float32 subnormal p is
-    # itself a subnormal operand of its conversion to double)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_bce_from_probabilities_every_probability(cpu_path, dtype, mode, target):
+    # every binade of p that the fast forms take (float32 from its least normal: a float32 subnormal p is
+    # itself a subnormal operand of its conversion to double; float64 from 2^-400), and of 1 - p down to
+    # the dtype's epsilon: the logs, the division and the gradient stay normal (binary.h)
     rng = np.random.default_rng(5)
-    lo = np.exp2(np.arange(-126.0, 0.0, 1.0 / 16.0) + rng.uniform(0.0, 1.0 / 16.0, 126 * 16))
-    hi = 1.0 - np.exp2(-np.arange(1.0, 24.0, 1.0 / 16.0) - rng.uniform(0.0, 1.0 / 16.0, 23 * 16))
-    p = np.concatenate([lo, hi]).astype(np.float32)
+    lo, digits = (-126, 24) if dtype == np.float32 else (-400, 53)
+    small = np.exp2(np.arange(float(lo), 0.0, 1.0 / 16.0) + rng.uniform(0.0, 1.0 / 16.0, -lo * 16))
+    near_one = 1.0 - np.exp2(-np.arange(1.0, digits - 1.0, 1.0 / 16.0) - rng.uniform(0.0, 1.0 / 16.0, (digits - 2) * 16))
+    p = np.concatenate([small, near_one]).astype(dtype)
     p = p[(p > 0) & (p < 1)]
-    y = np.full(p.size, target, np.float32)
-    up = rng.uniform(-3.0, 3.0, p.size).astype(np.float32)
+    y = np.full(p.size, target, dtype)
+    up = rng.uniform(-3.0, 3.0, p.size).astype(dtype)
     _clean(xf.binary_cross_entropy_with_grad, p, y, reduction="none", **mode)
     _clean(xf.binary_cross_entropy_with_grad, p, y, reduction="mean", grad_output=0.5, **mode)
-    _clean(xf.binary_cross_entropy_with_grad, p, y, weight=np.float32(2.5), reduction="none", grad_output=up, **mode)
+    _clean(xf.binary_cross_entropy_with_grad, p, y, weight=dtype(2.5), reduction="none", grad_output=up, **mode)

@@ -1060,7 +1060,33 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
 
 /* ---- BCE from probabilities --------------------------------------------------------------------------- */
 
-/* fast_mode: 0 the general form only, 2 the float32 plain-double form only (binary.h), 1 both with a
+/* The storage type's fast form (binary.h): float32's plain double, float64's double-double; each its own
+ * predicate, pieces and formulas, the same chunk decision and loops.  XF_BIN_PROB_P_OK: the form's lower
+ * limit on p tested on a stored value (float32 p > 0, float64 p >= 2^-400). */
+#undef XF_BIN_PROB_OK
+#undef XF_BIN_PROB_FAST_T
+#undef XF_BIN_PROB_PIECES
+#undef XF_BIN_PROB_LOSS
+#undef XF_BIN_PROB_GRAD
+#undef XF_BIN_PROB_P_OK
+#if XF_BIN_FAST == 2
+#define XF_BIN_PROB_OK xf_bin_bce_prob_fast64_ok
+#define XF_BIN_PROB_FAST_T xf_bin_prob_fast64
+#define XF_BIN_PROB_PIECES xf_bin_prob_fast64_pieces
+#define XF_BIN_PROB_LOSS xf_bin_bce_prob_fast64_loss
+#define XF_BIN_PROB_GRAD xf_bin_bce_prob_fast64_grad
+#define XF_BIN_PROB_P_OK(pv) ((pv) >= (XF_T)XF_BIN_PROB_FAST64_MIN_P)
+#else
+#define XF_BIN_PROB_OK xf_bin_bce_prob_fast_ok
+#define XF_BIN_PROB_FAST_T xf_bin_prob_fast
+#define XF_BIN_PROB_PIECES xf_bin_prob_fast_pieces
+#define XF_BIN_PROB_LOSS xf_bin_bce_prob_fast_loss
+#define XF_BIN_PROB_GRAD xf_bin_bce_prob_fast_grad
+/* p > 0 (a comparison with float32's least subnormal would itself be a subnormal operation) */
+#define XF_BIN_PROB_P_OK(pv) ((pv) > (XF_T)0.0)
+#endif
+
+/* fast_mode: 0 the general form only, 2 the storage type's fast form only (binary.h), 1 both with a
  * per-element select (chunks with many elements the fast form does not serve) */
 XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                         const int unweighted, const int fast_mode, const int want_d,
@@ -1083,19 +1109,19 @@ XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, con
         const double sj = want_g ? scale * g[j] : 1.0;
         double v = 0.0, gv = 0.0;
         if (fast_mode == 2) {
-            const xf_bin_prob_fast f = xf_bin_prob_fast_pieces(pv);
-            v = (want_d | want_o) ? xf_bin_bce_prob_fast_loss(f, y, wj) : 0.0;
-            gv = want_g ? xf_bin_bce_prob_fast_grad(f, pv, y, wj, sj) : 0.0;
+            const XF_BIN_PROB_FAST_T f = XF_BIN_PROB_PIECES(pv);
+            v = (want_d | want_o) ? XF_BIN_PROB_LOSS(f, y, wj) : 0.0;
+            gv = want_g ? XF_BIN_PROB_GRAD(f, pv, y, wj, sj) : 0.0;
         } else {
             v = (want_d | want_o) ? xf_bin_bce_prob_loss(pv, y, wj, &m, loss_k) : 0.0;
             gv = want_g ? xf_bin_bce_prob_grad(pv, y, wj, sj, &m) : 0.0;
             if (fast_mode == 1) {
                 /* garbage outside the fast form's domain, discarded by the selects (see BCE's body) */
-                const int fast = xf_bin_bce_prob_fast_ok(pv, y, wj, &m, loss_k);
+                const int fast = XF_BIN_PROB_OK(pv, y, wj, &m, loss_k);
                 const int fast_g = xf_bin_bce_fast_grad_ok(fast, sj);
-                const xf_bin_prob_fast f = xf_bin_prob_fast_pieces(pv);
-                v = (fast & (want_d | want_o)) ? xf_bin_bce_prob_fast_loss(f, y, wj) : v;
-                gv = (fast_g & want_g) ? xf_bin_bce_prob_fast_grad(f, pv, y, wj, sj) : gv;
+                const XF_BIN_PROB_FAST_T f = XF_BIN_PROB_PIECES(pv);
+                v = (fast & (want_d | want_o)) ? XF_BIN_PROB_LOSS(f, y, wj) : v;
+                gv = (fast_g & want_g) ? XF_BIN_PROB_GRAD(f, pv, y, wj, sj) : gv;
             }
         }
         if (want_d | want_o) {
@@ -1113,7 +1139,6 @@ XF_HD void XF_BIN_FN(xf_bce_prob_body)(XF_BIN_FN(xf_bin_blk) b, long long n, con
     }
 }
 
-#if XF_BIN_FAST == 1
 /* How many of the chunk's elements the fast form does not serve for a wanted output (redo[j]: 1 the loss, 2
  * the gradient), for literal `unweighted` and `want_grad`, so that no loop loads the weights or the upstream
  * factors under a condition (gcc makes masked loads of those) */
@@ -1126,8 +1151,7 @@ XF_HD int XF_BIN_FN(xf_bce_prob_odd)(XF_BIN_FN(xf_bin_blk) c, long long n, const
     long long j;
 #pragma omp simd reduction(+ : odd)
     for (j = 0; j < n; j++) {
-        const int fast = xf_bin_bce_prob_fast_ok((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j], &m,
-                                                 loss_k);
+        const int fast = XF_BIN_PROB_OK((double)c.x[j], (double)c.t[j], unweighted ? 1.0 : c.w[j], &m, loss_k);
         const double sj = want_grad ? scale * c.g[j] : 1.0;
         redo[j] = (want_loss & !fast) | ((want_grad & !xf_bin_bce_fast_grad_ok(fast, sj)) << 1);
         odd += (redo[j] != 0);
@@ -1136,8 +1160,9 @@ XF_HD int XF_BIN_FN(xf_bce_prob_odd)(XF_BIN_FN(xf_bin_blk) c, long long n, const
 }
 
 /* Whether every element of the chunk [c0, c0 + len) takes the fast form for each wanted output.  Without
- * weights, upstream array, clip or clamp the rule is 0 < p < 1 and 0 <= y <= 1, tested on the stored
- * floats (exact, as xf_bce_logits_chunk_fast's); else the rule itself in double. */
+ * weights, upstream array, clip or clamp the rule is XF_BIN_PROB_P_OK(p), p < 1 and 0 <= y <= 1 (float64:
+ * y = 0 or y >= 2^-60), tested on the stored values (exact, as xf_bce_logits_chunk_fast's); else the rule
+ * itself in double. */
 XF_HD int XF_BIN_FN(xf_bce_prob_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long len,
                                              const xf_bin_args *a, const int unweighted, const int grad)
 {
@@ -1151,7 +1176,7 @@ XF_HD int XF_BIN_FN(xf_bce_prob_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c
 #pragma omp simd reduction(& : all_ok)
         for (j = 0; j < len; j++) {
             const XF_T pv = c.x[j], yv = c.t[j];
-            all_ok &= (pv > zero) & (pv < one) & (yv >= zero) & (yv <= one);
+            all_ok &= XF_BIN_PROB_P_OK(pv) & (pv < one) & (yv >= zero) & (yv <= one) & XF_BIN_FAST_Y_OK(yv);
         }
     } else {
         int redo[XF_BIN_FAST_CHUNK];
@@ -1232,7 +1257,6 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_prob_run)(XF_BIN_FN(xf_bin_blk) c, long lo
     }
 }
 #undef XF_BIN_OWN_CODE
-#endif
 
 /* BCE from probabilities over elements [off, off + n) */
 XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long off, long long n,
@@ -1248,7 +1272,6 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     const int unweighted = (a->w == 0);
     const int stored_before =
         XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, XF_BIN_OP_BCE_PROB, rescued);
-#if XF_BIN_FAST == 1
     if (a->loss_k == 0.0) {
         /* the fast-form decision per chunk, then one call per run of chunks that decided alike (as
          * xf_bce_logits_chunks) */
@@ -1269,9 +1292,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
                                        loss_d, loss_o, grad);
         }
         XF_BIN_CONVERT_LOSS();
-    } else
-#endif
-    if (unweighted) {
+    } else if (unweighted) {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1, 0);
     } else {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 0, 0);

@@ -166,26 +166,35 @@ XF_HD void xf_cu_bin_elem(const T *x, const T *t, long long i, const xf_bin_args
             }
         }
     } else {
-        /* as binary_blocks.h: xf_bce_prob_block (xv is the probability; float32 storage: the plain-double
-         * form for each output that qualifies, as the CPU picks it) */
+        /* as binary_blocks.h: xf_bce_prob_block (xv is the probability; the storage type's fast form for each
+         * output that qualifies, as the CPU picks it) */
         const double w = xf_cu_bin_weight(a->w, a->w_div, a->w_mod, a->w_full, i);
         const double s = grad ? xf_cu_bin_upstream(a, i) : 1.0;
-        const int fast = sizeof(T) == sizeof(float) && xf_bin_bce_prob_fast_ok(xv, y, w, &a->mode, a->loss_k);
+        const int f32 = sizeof(T) == sizeof(float);
+        const int fast = f32 ? xf_bin_bce_prob_fast_ok(xv, y, w, &a->mode, a->loss_k)
+                             : xf_bin_bce_prob_fast64_ok(xv, y, w, &a->mode, a->loss_k);
         const int fast_g = xf_bin_bce_fast_grad_ok(fast, s);
         xf_bin_prob_fast f;
+        xf_bin_prob_fast64 f64;
         if (fast) {
-            f = xf_bin_prob_fast_pieces(xv);
+            if (f32) {
+                f = xf_bin_prob_fast_pieces(xv);
+            } else {
+                f64 = xf_bin_prob_fast64_pieces(xv);
+            }
         }
         if (loss_d || loss_o) {
-            const double v = fast ? xf_bin_bce_prob_fast_loss(f, y, w)
-                                  : xf_bin_bce_prob_loss(xv, y, w, &a->mode, a->loss_k);
+            const double v = !fast ? xf_bin_bce_prob_loss(xv, y, w, &a->mode, a->loss_k)
+                             : f32 ? xf_bin_bce_prob_fast_loss(f, y, w)
+                                   : xf_bin_bce_prob_fast64_loss(f64, y, w);
             xf_cu_bin_store(v, ign, i, loss_d, loss_o);
         }
         if (grad) {
             /* an infinite upstream factor is never fast_g (|s| lies within [2^-60, 2^60] there) */
             double g = xf_bin_upstream_is_inf(s) ? xf_bin_bce_prob_grad_inf(xv, y, w, s, &a->mode)
-                       : fast_g                  ? xf_bin_bce_prob_fast_grad(f, xv, y, w, s)
-                                                 : xf_bin_bce_prob_grad(xv, y, w, s, &a->mode);
+                       : !fast_g                 ? xf_bin_bce_prob_grad(xv, y, w, s, &a->mode)
+                       : f32                     ? xf_bin_bce_prob_fast_grad(f, xv, y, w, s)
+                                                 : xf_bin_bce_prob_fast64_grad(f64, xv, y, w, s);
             grad[i] = (T)(ign ? 0.0 : g);
         }
     }

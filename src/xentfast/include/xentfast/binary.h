@@ -1278,6 +1278,81 @@ XF_HD double xf_bin_bce_prob_fast_grad(xf_bin_prob_fast f, double pr, double y, 
     return (d == 0.0) ? 0.0 : ((s * w) * d) * f.rp;
 }
 
+/* ---- BCE from probabilities for float64 storage: double-double without the edge machinery ---------------
+ * The float64 bound (4 ULP) needs more than plain double, but the general form's normalised products and
+ * its two divisions per output exist for the edges of double's range only.  For 2^-400 <= p < 1 untouched
+ * by the clip or the clamp (as the float32 form decides it), y = 0 or 2^-60 <= y <= 1, w in [2^-60, 2^60]
+ * and no loss scaling, nothing under- or overflows, so:
+ *   - -log p and -log(1 - p) = -log1p(-p) as double-doubles, the kernels' unrounded results
+ *     (xf_bin_log_hilo, xf_log1p_hilo: within ~2^-55.5 relative; 1 - p's rounding is inside log1p's);
+ *   - loss = w [y A + (1 - y) B]: 1 - y exact (Fast2Sum), each product with its error (a multiply-add),
+ *     the two non-negative terms summed by TwoSum, w applied by one multiply-add: one rounding of a value
+ *     within ~2^-55 relative, <= 0.5 + 0.2 ULP;
+ *   - d/dp = s w (p - y) / (p (1 - p)): p - y and 1 - p exact (TwoSum), p (1 - p) as a double-double, the
+ *     quotient from one division and its exact residual (a multiply-add) as a double-double to ~2^-100, s w
+ *     with its error: one rounding, <= 0.5 ULP plus ~2^-50 (a soft target's gradient relative to its own
+ *     size).  p = y gives +0.
+ * The least magnitudes: p (1 - p)'s low part p (1 - p - fl(1 - p)) ~ p^2 >= 2^-800, the residuals and
+ * low parts >= 2^-660, the log terms >= 2^-460, so every intermediate is normal and the multiply-adds stay
+ * in xf_fma_emulated's exact domain (every path gives the same bits); the gradient's largest value is
+ * 2^120 / (p (1 - p)) <= 2^573.  The CPU loops and the CUDA twin pick the form per element and output. */
+#define XF_BIN_PROB_FAST64_MIN_P 0x1p-400
+
+XF_HD int xf_bin_bce_prob_fast64_ok(double pr, double y, double w, const xf_bin_prob_mode *m, double loss_k)
+{
+    return (pr >= XF_BIN_PROB_FAST64_MIN_P) & (pr < 1.0) & xf_bin_bce_prob_fast_mode_ok(pr, m) &
+           ((y == 0.0) | (y >= XF_BIN_FAST_LO)) & xf_bin_bce_fast_factors_ok(y, w, 1.0, loss_k);
+}
+
+typedef struct {
+    double ah, al; /* -log p */
+    double bh, bl; /* -log(1 - p) */
+} xf_bin_prob_fast64;
+
+XF_HD xf_bin_prob_fast64 xf_bin_prob_fast64_pieces(double pr)
+{
+    xf_bin_prob_fast64 r;
+    double lo;
+    r.ah = -xf_bin_log_hilo(pr, &lo);
+    r.al = -lo;
+    r.bh = -xf_log1p_hilo(-pr, &lo);
+    r.bl = -lo;
+    return r;
+}
+
+XF_HD double xf_bin_bce_prob_fast64_loss(xf_bin_prob_fast64 f, double y, double w)
+{
+    const double omy = 1.0 - y;
+    const double omy_lo = (1.0 - omy) - y; /* Fast2Sum: 0 <= y <= 1 */
+    const double p1 = y * f.ah;
+    const double e1 = xf_fma(y, f.ah, -p1) + y * f.al;
+    const double p2 = omy * f.bh;
+    const double e2 = xf_fma(omy, f.bh, -p2) + (omy * f.bl + omy_lo * f.bh);
+    double sh, se;
+    xf_two_sum(p1, p2, &sh, &se);
+    return xf_fma(w, sh, w * (se + (e1 + e2)));
+}
+
+/* (f unused: the float32 form's signature, which the CPU loops share) */
+XF_HD double xf_bin_bce_prob_fast64_grad(xf_bin_prob_fast64 f, double pr, double y, double w, double s)
+{
+    (void)f;
+    double nh, nl, oh, ol;
+    xf_two_sum(pr, -y, &nh, &nl);
+    xf_two_sum(1.0, -pr, &oh, &ol);
+    const double dh = pr * oh;
+    const double dl = xf_fma(pr, oh, -dh) + pr * ol;
+    const double inv = 1.0 / dh;
+    const double qh = nh * inv;
+    /* (nh + nl) - qh (dh + dl), the first product's part exact */
+    const double res = xf_fma(-qh, dh, nh) + (nl - qh * dl);
+    const double ql = res * inv;
+    const double kh = s * w;
+    const double kl = xf_fma(s, w, -kh);
+    const double g = xf_fma(kh, qh, kh * ql + kl * qh);
+    return (nh == 0.0) ? 0.0 : g; /* (nh = 0 only where p = y exactly: TwoSum) */
+}
+
 /* One class term of CE from probabilities: w q (-log p_c) with the categorical clip of Keras (p clipped to
  * [eps, 1-eps]: log eps below, log1p(-eps) above) or none; 0 when w or q is 0. */
 XF_HD double xf_bin_neg_log_prob_term(double pr, double w, double q, const xf_bin_prob_mode *m, double k)
