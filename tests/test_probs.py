@@ -599,6 +599,35 @@ class TestBadInput:
         with raises(ValueError, "input", "probabilities", "[1, 2]"):
             xf.cross_entropy_from_probs(p, np.array([0, 1, 2]))
 
+    @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+    @pytest.mark.parametrize("n", [1, 7, 9, 65535, 65537, 200003])
+    def test_range_pass_finds_every_value_outside(self, dtype, n):
+        """The probability and target checks start with one vectorized parallel pass (_binary.unit_targets;
+        its float64 loop counts the values outside [0, 1] in double): a single value just outside, a
+        negative subnormal, an infinity or a NaN (which the pass rejects and the NumPy test lets through) at
+        the first, a block-boundary and the last position is found, on one thread and on two, and -0.0 and
+        1.0 pass."""
+        from xentfast._core import _binary
+
+        tiny = float(np.finfo(dtype).smallest_subnormal)
+        for bad in (float(np.nextafter(dtype(1.0), dtype(2.0))), -tiny, np.inf, -np.inf, np.nan):
+            for where in sorted({0, min(65536, n - 1), n - 1}):
+                a = np.full(n, 0.5, dtype)
+                a[-1] = 1.0
+                a[0] = -0.0
+                a[where] = bad
+                want = bool(((a >= 0) & (a <= 1)).all())
+                assert want is False
+                for n_threads in (1, 2):
+                    assert _binary.unit_targets(a, n_threads) is False, (bad, where, n_threads)
+                if np.isnan(bad):
+                    continue    # NaN propagates (the NumPy test after the pass)
+                with raises(ValueError, "probabilities must be in [0, 1]", f"at index [{where}]"):
+                    xf.binary_cross_entropy(a, np.zeros(n, dtype), reduction="none", n_threads=2)
+        ok = np.full(n, 0.5, dtype)
+        ok[0], ok[-1] = -0.0, 1.0
+        assert _binary.unit_targets(ok, 1) is True and _binary.unit_targets(ok, 2) is True
+
     def test_integer_probabilities(self):
         with raises(TypeError, "input", "probabilities", "int64"):
             xf.binary_cross_entropy(np.zeros((3, 4), dtype=np.int64), T)

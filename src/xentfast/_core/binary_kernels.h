@@ -109,6 +109,33 @@ XF_HD void xf_bin_prob_mode_init(xf_bin_prob_mode *m, int clip, double eps, int 
 }
 
 #if !XF_CUDA
+/* Whether every value lies in [0, 1] (a NaN does not): the common case of the front end's target and
+ * probability checks, one pass with no branch per element.  Written in Cython, the float64 loop came out
+ * with a branch on each value (2.5 ns per element on 0/1 targets, 0.17 for float32's); with an int
+ * reduction the baseline unit packs each pair of 64-bit masks (1.2-1.5 ns), so float64's counts the
+ * values outside in double (exact far beyond any array: one per value), ~0.35 ns, memory speed. */
+static inline int xf_bin_all_unit_f32(const float *t, long long n)
+{
+    int ok = 1;
+    long long i;
+#pragma omp simd reduction(& : ok)
+    for (i = 0; i < n; i++) {
+        ok &= (t[i] >= 0.0f) & (t[i] <= 1.0f);
+    }
+    return ok;
+}
+
+static inline int xf_bin_all_unit_f64(const double *t, long long n)
+{
+    double outside = 0.0;
+    long long i;
+#pragma omp simd reduction(+ : outside)
+    for (i = 0; i < n; i++) {
+        outside += ((t[i] >= 0.0) & (t[i] <= 1.0)) ? 0.0 : 1.0;
+    }
+    return outside == 0.0;
+}
+
 /* One table of entry points per storage type; the Cython driver calls only through these. */
 #define XF_BIN_DECLARE_TABLE(T, SFX)                                                                      \
     typedef struct {                                                                                      \
