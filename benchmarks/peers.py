@@ -7,6 +7,8 @@ one call, or None when that peer is not installed.
 - ``FUSED``: mean softmax cross-entropy with index targets, loss and gradient in one call.
 - ``FORWARD``: the same loss, forward only.
 - ``BINARY``: mean sigmoid (binary) cross-entropy from logits with hard 0/1 targets, loss and gradient.
+- ``binary-probs``: mean binary cross-entropy from probabilities (torch's ``binary_cross_entropy``), loss
+  and gradient, on the sigmoid of BINARY's logits kept within [1e-6, 1 - 1e-6] (not an issue target).
 - ``log_softmax``, ``softmax``, ``logsumexp`` along the last axis (not issue targets; the README's claims
   about them): the logits of ``make_problem``, its targets unused.
 
@@ -81,6 +83,16 @@ def make_binary_problem(n, c, dtype, seed=0):
         x = _logits(rng, n, c, dtype)
         return x, (rng.random((n, c), dtype=np.float32) < 0.5).astype(dtype)
     return _kept(("binary", n, c, np.dtype(dtype).name), build)
+
+
+def make_prob_problem(n, c, dtype, seed=0):
+    """make_binary_problem's targets and the sigmoid of its logits within [1e-6, 1 - 1e-6], so that no
+    peer's log meets 0 (torch clamps its logs at -100, the plain expressions do not)"""
+    def build():
+        x, t = make_binary_problem(n, c, dtype, seed)
+        p = np.clip(1.0 / (1.0 + np.exp(-x.astype(np.float64))), 1e-6, 1.0 - 1e-6)
+        return p.astype(dtype), t
+    return _kept(("probs", n, c, np.dtype(dtype).name), build)
 
 
 def make_soft_problem(n, c, dtype, seed=0):
@@ -215,6 +227,11 @@ def xentfast_binary(x, t, n_threads, out=None):
     return lambda: xentfast.binary_cross_entropy_with_logits_with_grad(x, t, out=out, n_threads=n_threads)
 
 
+def xentfast_bce_probs(p, t, n_threads, out=None):
+    out = np.empty_like(p) if out is None else out
+    return lambda: xentfast.binary_cross_entropy_with_grad(p, t, out=out, n_threads=n_threads)
+
+
 def _xentfast_softmax_function(name):
     def factory(x, y, n_threads, out=None):
         """``out`` is accepted for a uniform signature: these functions return a new array."""
@@ -243,6 +260,13 @@ def naive_binary_cross_entropy_with_logits_with_grad(x, t):
     return loss, g
 
 
+def naive_binary_cross_entropy_with_grad(p, t):
+    loss = -(t * np.log(p) + (1 - t) * np.log1p(-p)).mean()
+    g = (p - t) / (p * (1 - p))
+    g /= p.size
+    return loss, g
+
+
 def numpy_fused(x, y, n_threads=None):
     return lambda: naive_cross_entropy_with_grad(x, y)
 
@@ -253,6 +277,10 @@ def numpy_forward(x, y, n_threads=None):
 
 def numpy_binary(x, t, n_threads=None):
     return lambda: naive_binary_cross_entropy_with_logits_with_grad(x, t)
+
+
+def numpy_bce_probs(p, t, n_threads=None):
+    return lambda: naive_binary_cross_entropy_with_grad(p, t)
 
 
 def naive_log_softmax(x):
@@ -382,6 +410,21 @@ def torch_binary(x, t, n_threads):
     return run
 
 
+def torch_bce_probs(p, t, n_threads):
+    torch = _torch(n_threads)
+    if torch is None:
+        return None
+    pt, tt = torch.from_numpy(p), torch.from_numpy(t)
+
+    def run():
+        pr = pt.detach().requires_grad_(True)
+        loss = torch.nn.functional.binary_cross_entropy(pr, tt)
+        loss.backward()
+        return loss, pr.grad
+
+    return run
+
+
 # ------------------------------------------------------------------------------------------------------
 # JAX (CPU) with optax's losses, jit-compiled once per shape and dtype
 
@@ -413,6 +456,12 @@ def _jax():
         _JAX["fused"] = jax.jit(jax.value_and_grad(xent))
         _JAX["forward"] = jax.jit(xent)
         _JAX["binary"] = jax.jit(jax.value_and_grad(bce))
+
+        def bce_probs(p, t):
+            # optax has no BCE from probabilities: the expression a user would write
+            return -(t * jax.numpy.log(p) + (1 - t) * jax.numpy.log1p(-p)).mean()
+
+        _JAX["binary-probs"] = jax.jit(jax.value_and_grad(bce_probs))
     return _JAX["jax"]
 
 
@@ -439,6 +488,10 @@ def jax_binary(x, t, n_threads=None):
     return _jax_peer("binary", x, t)
 
 
+def jax_bce_probs(p, t, n_threads=None):
+    return _jax_peer("binary-probs", p, t)
+
+
 def _jax_softmax_function(name):
     def factory(x, y, n_threads=None):
         return _jax_peer(name, x, y)
@@ -456,13 +509,17 @@ FUSED = {"xentfast": xentfast_fused, "torch": torch_fused, "jax": jax_fused, "nu
 FORWARD = {"xentfast": xentfast_forward, "torch": torch_forward, "jax": jax_forward, "numpy": numpy_forward}
 BINARY = {"xentfast": xentfast_binary, "torch": torch_binary, "jax": jax_binary, "numpy": numpy_binary}
 SOFTMAX_FUNCTIONS = ("log_softmax", "softmax", "logsumexp")
-FAMILIES = {"fused": FUSED, "forward": FORWARD, "binary": BINARY}
+BINARY_PROBS = {"xentfast": xentfast_bce_probs, "torch": torch_bce_probs, "jax": jax_bce_probs,
+                "numpy": numpy_bce_probs}
+FAMILIES = {"fused": FUSED, "forward": FORWARD, "binary": BINARY, "binary-probs": BINARY_PROBS}
 FAMILIES.update({name: {"xentfast": _xentfast_softmax_function(name), "torch": _torch_softmax_function(name),
                         "jax": _jax_softmax_function(name), "numpy": _numpy_softmax_function(name)}
                  for name in SOFTMAX_FUNCTIONS})
-BYTES = {"fused": fused_bytes, "forward": forward_bytes, "binary": binary_bytes, "log_softmax": family_bytes,
+BYTES = {"fused": fused_bytes, "forward": forward_bytes, "binary": binary_bytes, "binary-probs": binary_bytes,
+         "log_softmax": family_bytes,
          "softmax": family_bytes, "logsumexp": logsumexp_bytes}
-PROBLEMS = {"fused": make_problem, "forward": make_problem, "binary": make_binary_problem}
+PROBLEMS = {"fused": make_problem, "forward": make_problem, "binary": make_binary_problem,
+            "binary-probs": make_prob_problem}
 PROBLEMS.update({name: make_problem for name in SOFTMAX_FUNCTIONS})
 for _base in ("fused", "forward"):
     for _kind in INPUT_KINDS:

@@ -45,6 +45,8 @@ ROWS = [
 FAMILY_ROWS = [(name, n, c, "float32") for name in peers.SOFTMAX_FUNCTIONS
                for n, c in ((16384, 100), (8192, 256), (4096, 1000), (1024, 4096))]
 FAMILY_ROWS += [(name, 4096, 1000, "float64") for name in peers.SOFTMAX_FUNCTIONS]
+# and BCE from probabilities (loss and gradient)
+FAMILY_ROWS += [("binary-probs", 4096, 1000, dtype) for dtype in ("float32", "float64")]
 # The inputs that cost more than ordinary rows (--inputs): no issue target, the README's times for them;
 # beside the plain 4096x1000 rows of ROWS (--inputs --only 4096x1000 shows them side by side)
 INPUT_ROWS = [(f"{family}[{kind}]", 4096, 1000, dtype) for family in ("fused", "forward")
@@ -243,8 +245,8 @@ def main(argv=None):
                     help="only rows whose label contains one of them (e.g. 'binary', '128256', 'float64', 'tiny')")
     ap.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
     ap.add_argument("--family", action="store_true",
-                    help="also log_softmax, softmax and logsumexp at 100-4096 classes (not issue targets: "
-                    "no checklist entries)")
+                    help="also log_softmax, softmax and logsumexp at 100-4096 classes and BCE from probabilities "
+                    "(not issue targets: no checklist entries)")
     ap.add_argument("--inputs", action="store_true",
                     help="also the inputs that cost more than ordinary rows: 30 %% of the classes masked (-inf or "
                     "-1e9), float64 rows with the target 800 above the rest, binary elements padded by -1e4 or -inf "

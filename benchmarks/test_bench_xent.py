@@ -8,7 +8,8 @@ is xentfast on one thread, for the thread-scaling target.  The shapes above 10^7
     XENTFAST_BENCH_LARGE=1 python -m pytest benchmarks -q             # every shape (about 10 minutes)
     python -m pytest benchmarks -q -k "binary and jax"                # a selection
     python -m pytest benchmarks -q -k options                         # smoothing, soft targets, z-loss
-    python -m pytest benchmarks -q -k softmax_function                # log_softmax, softmax, logsumexp
+    python -m pytest benchmarks -q -k softmax_function                # log_softmax, softmax, logsumexp,
+                                                                      # BCE from probabilities
 """
 import pytest
 
@@ -53,7 +54,8 @@ def test_target_shape(benchmark, row, impl, n_threads):
 @pytest.mark.parametrize("row", [_param(r) for r in FAMILY_ROWS])
 def test_softmax_function(benchmark, row, impl, n_threads):
     """log_softmax, softmax and logsumexp along the last axis (not issue targets; the README compares
-    them with torch): xentfast returns a new array, as every peer does."""
+    them with torch): xentfast returns a new array, as every peer does.  And BCE from probabilities (loss
+    and gradient, FAMILY_ROWS), beside them for want of a family of its own."""
     test_target_shape(benchmark, row, impl, n_threads)
 
 
