@@ -77,17 +77,37 @@ XF_HD const double *xf_bin_gather(const double *w, long long div, long long mod,
     if (full) {
         return w + off;
     }
+    /* in spans: a run of consecutive weights (div = 1, a weight per class broadcast over rows) or a run of
+     * one weight repeated (div > 1); element by element, with two tests each, the gather of a weight of
+     * shape (C,) had cost a float32 BCE call about as much as its kernel */
     long long idx = (off / div) % mod;
     long long r = off % div;
-    for (j = 0; j < n; j++) {
-        buf[j] = w[idx];
-        r += 1;
-        if (r == div) {
-            r = 0;
-            idx += 1;
-            if (idx == mod) {
-                idx = 0;
+    j = 0;
+    while (j < n) {
+        const long long left = n - j;
+        if (div == 1) {
+            const long long span = (mod - idx < left) ? mod - idx : left;
+            const double *src = w + idx;
+            double *dst = buf + j;
+            long long k;
+#pragma omp simd
+            for (k = 0; k < span; k++) {
+                dst[k] = src[k];
             }
+            j += span;
+            idx = 0;
+        } else {
+            const long long span = (div - r < left) ? div - r : left;
+            const double v = w[idx];
+            double *dst = buf + j;
+            long long k;
+#pragma omp simd
+            for (k = 0; k < span; k++) {
+                dst[k] = v;
+            }
+            j += span;
+            r = 0;
+            idx = (idx + 1 == mod) ? 0 : idx + 1;
         }
     }
     return buf;
