@@ -318,19 +318,26 @@ def _torch(n_threads):
     return torch
 
 
-def torch_fused(x, y, n_threads):
-    torch = _torch(n_threads)
-    if torch is None:
-        return None
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+def _torch_loss_and_grad(loss_name):
+    """A factory: torch.nn.functional.<loss_name>(input, target), mean, and its gradient by .backward()"""
+    def factory(x, y, n_threads):
+        torch = _torch(n_threads)
+        if torch is None:
+            return None
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        loss_fn = getattr(torch.nn.functional, loss_name)
 
-    def run():
-        xr = xt.detach().requires_grad_(True)
-        loss = torch.nn.functional.cross_entropy(xr, yt)
-        loss.backward()
-        return loss, xr.grad
+        def run():
+            xr = xt.detach().requires_grad_(True)
+            loss = loss_fn(xr, yt)
+            loss.backward()
+            return loss, xr.grad
 
-    return run
+        return run
+    return factory
+
+
+torch_fused = _torch_loss_and_grad("cross_entropy")
 
 
 # The options beside plain index targets: (problem, keyword arguments shared by xentfast and torch).
@@ -395,34 +402,8 @@ def _torch_softmax_function(name):
     return factory
 
 
-def torch_binary(x, t, n_threads):
-    torch = _torch(n_threads)
-    if torch is None:
-        return None
-    xt, tt = torch.from_numpy(x), torch.from_numpy(t)
-
-    def run():
-        xr = xt.detach().requires_grad_(True)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(xr, tt)
-        loss.backward()
-        return loss, xr.grad
-
-    return run
-
-
-def torch_bce_probs(p, t, n_threads):
-    torch = _torch(n_threads)
-    if torch is None:
-        return None
-    pt, tt = torch.from_numpy(p), torch.from_numpy(t)
-
-    def run():
-        pr = pt.detach().requires_grad_(True)
-        loss = torch.nn.functional.binary_cross_entropy(pr, tt)
-        loss.backward()
-        return loss, pr.grad
-
-    return run
+torch_binary = _torch_loss_and_grad("binary_cross_entropy_with_logits")
+torch_bce_probs = _torch_loss_and_grad("binary_cross_entropy")
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -750,7 +750,6 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_logits_mixed)(XF_BIN_FN(xf_bin_blk) c, lon
                                              unweighted, loss_d, loss_o, grad);
     }
 }
-#undef XF_BIN_OWN_CODE
 
 /* Elements [c0, c1) in the form their chunks decided (XF_BIN_CHUNK_*). */
 XF_HD void XF_BIN_FN(xf_bce_logits_run)(XF_BIN_FN(xf_bin_blk) b, long long c0, long long c1, int kind,
@@ -944,11 +943,6 @@ XF_HD int XF_BIN_FN(xf_focal_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c0, 
     return all_ok;
 }
 
-#if XF_CUDA
-#define XF_BIN_OWN_CODE XF_KERNEL
-#else
-#define XF_BIN_OWN_CODE XF_KERNEL __attribute__((noinline))
-#endif
 
 XF_BIN_OWN_CODE void XF_BIN_FN(xf_focal_mixed)(XF_BIN_FN(xf_bin_blk) b, long long n, const xf_bin_args *a,
                                               double *loss_d, XF_T *loss_o, XF_T *grad)
@@ -1002,7 +996,6 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_focal_run)(XF_BIN_FN(xf_bin_blk) c, long long 
         }
     }
 }
-#undef XF_BIN_OWN_CODE
 #endif
 
 /* sigmoid focal loss over elements [off, off + n) */
@@ -1193,11 +1186,6 @@ XF_HD int XF_BIN_FN(xf_bce_prob_chunk_fast)(XF_BIN_FN(xf_bin_blk) b, long long c
     return all_ok;
 }
 
-#if XF_CUDA
-#define XF_BIN_OWN_CODE XF_KERNEL
-#else
-#define XF_BIN_OWN_CODE XF_KERNEL __attribute__((noinline))
-#endif
 
 /* a chunk that is not all fast: its few odd elements (p = 0 or 1, NaN, a clipped or clamped p, a target
  * outside [0, 1], an extreme weight or upstream factor) redone in the general form after the fast loop,
@@ -1256,7 +1244,6 @@ XF_BIN_OWN_CODE void XF_BIN_FN(xf_bce_prob_run)(XF_BIN_FN(xf_bin_blk) c, long lo
         }
     }
 }
-#undef XF_BIN_OWN_CODE
 
 /* BCE from probabilities over elements [off, off + n) */
 XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long long off, long long n,
@@ -1379,6 +1366,7 @@ XF_KERNEL double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long lon
 }
 
 #undef XF_BIN_UNSWITCH
+#undef XF_BIN_OWN_CODE
 #undef XF_BIN_OUTPUTS
 #undef XF_BIN_CONVERT_LOSS
 #undef XF_BIN_FAST_CHUNK
