@@ -42,7 +42,7 @@ from xentfast import reference as ref
 from xentfast._core import _binary, _xent
 from xentfast._cuda import _nvrtc
 from xentfast.testing import (assert_ulp_close, binary_logits, binary_targets, binary_xent_cases, class_weights,
-                              element_weights, index_targets, logits, prob_targets, softmax_xent_cases,
+                              element_weights, index_targets, logits, prob_targets, softmax_xent_cases, ulp,
                               unit_probabilities)
 
 PKG = Path(xentfast.__file__).resolve().parent
@@ -803,7 +803,24 @@ def test_tree_order_within_one_ulp_of_the_cpu(tree_model, dtype, data):
         d_loss = ulp_distance(lt.astype(a.x.dtype), lc.astype(a.x.dtype))
     d_grad = ulp_distance(gt, gc)
     note(f"max ulp apart: loss {d_loss.max()}, gradient {d_grad.max()}")
-    assert d_loss.max() <= 1 and d_grad.max() <= 1
+    assert d_loss.max() <= 1
+    if d_grad.max() > 1:
+        # entries whose two terms cancel (p_j A against q_j: smoothing 1 over equal logits has gradient 0,
+        # which each order leaves as a different residue of ~2^-58) are apart by their terms' roundings:
+        # measured, as the contract measures them, in ulps of the terms' magnitude (the reference's scale
+        # times the row's factor)
+        n = a.x.shape[0]
+        target = a.y if a.y is not None else a.t
+        _, terms = ref.cross_entropy_grad(a.x, target, a.w, a.ignore_index, reduction="none",
+                                          label_smoothing=a.eps, z_loss=a.z, grad_output=np.ones(n),
+                                          return_scale=True)
+        factor = np.abs(a.scale * (a.row_scale if a.row_scale is not None else np.ones(n)))[:, None]
+        unit = np.maximum(factor * np.asarray(terms, dtype=np.float64), np.finfo(a.x.dtype).smallest_subnormal)
+        spacing = np.asarray(ulp(unit, a.x.dtype), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            apart = np.abs(gt.astype(np.float64) - gc.astype(np.float64)) / spacing
+        note(f"in ulps of the terms' magnitude: {np.nanmax(apart)}")
+        assert np.all((d_grad <= 1) | (apart <= 1))
 
 
 # ---------------------------------------------------------------------------------------------------
