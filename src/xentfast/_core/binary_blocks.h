@@ -59,6 +59,30 @@
         }                                                                                                 \
     } while (0)
 
+/* The fast-form decision per chunk of a block (b, n, a, loss_d, loss_o, grad in scope), then one call of
+ * `run` per run of chunks that decided alike (as xf_bce_logits_chunks does for BCE with logits):
+ * decide(b, c0, len, a, <extra> grad != 0) and run(blk, len, a, <extra> fast, loss_d, loss_o, grad), the
+ * extra arguments (with their trailing comma) in the variadic part, possibly empty. */
+#define XF_BIN_CHUNK_RUNS(decide, run, ...)                                                               \
+    do {                                                                                                  \
+        long long start_ = 0, c0_;                                                                        \
+        int run_fast_ = 0;                                                                                \
+        for (c0_ = 0; c0_ < n; c0_ += XF_BIN_FAST_CHUNK) {                                                \
+            const long long len_ = (n - c0_ < XF_BIN_FAST_CHUNK) ? n - c0_ : XF_BIN_FAST_CHUNK;           \
+            const int fast_ = decide(b, c0_, len_, a, __VA_ARGS__ grad != 0);                             \
+            if (c0_ > 0 && fast_ != run_fast_) {                                                          \
+                run(XF_BIN_FN(xf_bin_blk_from)(b, start_), c0_ - start_, a, __VA_ARGS__ run_fast_, loss_d, \
+                    loss_o, grad);                                                                        \
+                start_ = c0_;                                                                             \
+            }                                                                                             \
+            run_fast_ = fast_;                                                                            \
+        }                                                                                                 \
+        if (n > 0) {                                                                                      \
+            run(XF_BIN_FN(xf_bin_blk_from)(b, start_), n - start_, a, __VA_ARGS__ run_fast_, loss_d, loss_o, \
+                grad);                                                                                    \
+        }                                                                                                 \
+    } while (0)
+
 #define XF_BIN_UNSWITCH(body, ...)                                                                        \
     do {                                                                                                  \
         XF_BIN_OUTPUTS(body, __VA_ARGS__);                                                                \
@@ -1010,24 +1034,7 @@ XF_KERNEL void XF_BIN_FN(xf_focal_block)(const XF_T *x, const XF_T *t, long long
 #if XF_BIN_FAST == 1
     /* gamma beyond 20 or a loss scale: no element takes the fast form (the general form below) */
     if (xf_bin_focal_fast_ok(0.0, 0.0, a->gamma, a->loss_k)) {
-        /* the fast-form decision per chunk, then one call per run of chunks that decided alike (as
-         * xf_bce_logits_chunks) */
-        long long start = 0, c0;
-        int run_fast = 0;
-        for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
-            const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
-            const int fast = XF_BIN_FN(xf_focal_chunk_fast)(b, c0, len, a, grad != 0);
-            if (c0 > 0 && fast != run_fast) {
-                XF_BIN_FN(xf_focal_run)(XF_BIN_FN(xf_bin_blk_from)(b, start), c0 - start, a, run_fast, loss_d,
-                                        loss_o, grad);
-                start = c0;
-            }
-            run_fast = fast;
-        }
-        if (n > 0) {
-            XF_BIN_FN(xf_focal_run)(XF_BIN_FN(xf_bin_blk_from)(b, start), n - start, a, run_fast, loss_d, loss_o,
-                                    grad);
-        }
+        XF_BIN_CHUNK_RUNS(XF_BIN_FN(xf_focal_chunk_fast), XF_BIN_FN(xf_focal_run), );
         XF_BIN_CONVERT_LOSS();
         XF_BIN_FN(xf_bin_block_partial)(a, off, n, sum_scratch);
         return;
@@ -1260,24 +1267,7 @@ XF_KERNEL void XF_BIN_FN(xf_bce_prob_block)(const XF_T *x, const XF_T *t, long l
     const int stored_before =
         XF_BIN_FN(xf_bin_inf_upstream_before)(b, n, a, unweighted, XF_BIN_OP_BCE_PROB, rescued);
     if (a->loss_k == 0.0) {
-        /* the fast-form decision per chunk, then one call per run of chunks that decided alike (as
-         * xf_bce_logits_chunks) */
-        long long start = 0, c0;
-        int run_fast = 0;
-        for (c0 = 0; c0 < n; c0 += XF_BIN_FAST_CHUNK) {
-            const long long len = (n - c0 < XF_BIN_FAST_CHUNK) ? n - c0 : XF_BIN_FAST_CHUNK;
-            const int fast = XF_BIN_FN(xf_bce_prob_chunk_fast)(b, c0, len, a, unweighted, grad != 0);
-            if (c0 > 0 && fast != run_fast) {
-                XF_BIN_FN(xf_bce_prob_run)(XF_BIN_FN(xf_bin_blk_from)(b, start), c0 - start, a, unweighted,
-                                           run_fast, loss_d, loss_o, grad);
-                start = c0;
-            }
-            run_fast = fast;
-        }
-        if (n > 0) {
-            XF_BIN_FN(xf_bce_prob_run)(XF_BIN_FN(xf_bin_blk_from)(b, start), n - start, a, unweighted, run_fast,
-                                       loss_d, loss_o, grad);
-        }
+        XF_BIN_CHUNK_RUNS(XF_BIN_FN(xf_bce_prob_chunk_fast), XF_BIN_FN(xf_bce_prob_run), unweighted, );
         XF_BIN_CONVERT_LOSS();
     } else if (unweighted) {
         XF_BIN_UNSWITCH(XF_BIN_FN(xf_bce_prob_body), b, n, a, 1, 0);
@@ -1366,6 +1356,7 @@ XF_KERNEL double XF_BIN_FN(xf_ce_probs_row)(const XF_T *p, long long C, long lon
 }
 
 #undef XF_BIN_UNSWITCH
+#undef XF_BIN_CHUNK_RUNS
 #undef XF_BIN_OWN_CODE
 #undef XF_BIN_OUTPUTS
 #undef XF_BIN_CONVERT_LOSS

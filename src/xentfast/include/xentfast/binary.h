@@ -1134,12 +1134,23 @@ typedef struct {
     double clamp_hi;   /* greatest double <= 1 - e^c */
 } xf_bin_prob_mode;
 
+/* eps mode's clips, as real numbers: p < eps, and 1 - p < eps (1 - p exact there: p >= 1/2, Sterbenz) */
+XF_HD int xf_bin_prob_lo_clip(double pr, const xf_bin_prob_mode *m)
+{
+    return m->clip & (pr < m->eps);
+}
+
+XF_HD int xf_bin_prob_hi_clip(double pr, const xf_bin_prob_mode *m)
+{
+    return m->clip & (pr >= 0.5) & ((1.0 - pr) < m->eps);
+}
+
 XF_HD void xf_bin_prob_logs(double pr, const xf_bin_prob_mode *m, double *lp, double *l1p, int *dp, int *d1p)
 {
     double a = xf_log(pr);
     double b = xf_log1p(-pr);
-    int lo_clip = m->clip & (pr < m->eps);
-    int hi_clip = m->clip & (pr >= 0.5) & ((1.0 - pr) < m->eps);
+    int lo_clip = xf_bin_prob_lo_clip(pr, m);
+    int hi_clip = xf_bin_prob_hi_clip(pr, m);
     a = lo_clip ? m->log_eps : (hi_clip ? m->log1m_eps : a);
     b = hi_clip ? m->log_eps : (lo_clip ? m->log1m_eps : b);
     int ca = m->clamp & (pr < m->clamp_lo);
@@ -1232,7 +1243,7 @@ XF_HD double xf_bin_bce_prob_grad_inf(double pr, double y, double w, double s, c
  * the upstream factor), as for BCE with logits. */
 XF_HD int xf_bin_bce_prob_fast_mode_ok(double pr, const xf_bin_prob_mode *m)
 {
-    const int clipped = m->clip & ((pr < m->eps) | ((pr >= 0.5) & ((1.0 - pr) < m->eps)));
+    const int clipped = xf_bin_prob_lo_clip(pr, m) | xf_bin_prob_hi_clip(pr, m);
     const int clamped = m->clamp & ((pr < 2.0 * m->clamp_lo) | ((1.0 - pr) < 2.0 * (1.0 - m->clamp_hi)));
     return !(clipped | clamped);
 }
