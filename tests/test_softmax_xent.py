@@ -268,6 +268,14 @@ FIXED_FAILURES = [
     pytest.param(_case([[1.7976931348623157e308] * 2], [0], np.float64, weight=np.array([0.0, 1.0]),
                        eps=1.1830521861667747e-271, z=1.0),
                  id="zero-target-weight-with-z-loss-coef-overflow"),
+    # a tiny weight times a tiny smoothing mass underflowed to 0 while the mean over those weights made it
+    # a normal part of the gradient (xf_target_grad_q_from): 9 ULP
+    pytest.param(_case([[593.0] + [0.0] * 27], [27], np.float64, weight=np.full(28, 2.96936834e-159),
+                       eps=1.1830521861667747e-271),
+                 id="smoothing-mass-of-a-tiny-weight-underflowed"),
+    # the README's example of that limit, before it was fixed (0 for +-3.3e-231)
+    pytest.param(_case([[0.0, -1000.0, -1000.0]], [0], np.float64, weight=np.full(3, 1e-100), eps=1e-230),
+                 id="smoothing-mass-under-a-mean-over-weights-1e-100"),
 ]
 
 
@@ -323,6 +331,26 @@ def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_sm
     exact, scale = ref.cross_entropy_grad(x, y, grad_output=g, return_scale=True, **kw)
     for computed in (grad, xf.cross_entropy_backward(np.asarray(g), x, y, **kw)):
         assert_ulp_close(computed, exact, BOUND[np.dtype(dtype)] + 1, scale=scale if label_smoothing else None)
+
+
+@pytest.mark.parametrize("target, smoothing", [
+    (np.array([[0.5 - 1e-250, 1e-250, 3e-250, 0.5]]), 0.0),   # probabilities
+    (np.array([3]), 1e-250),                                  # an index target's smoothing mass
+], ids=["probability", "smoothing"])
+@pytest.mark.parametrize("reduction, grad_output", [("sum", 1e150), ("mean", 1e290), ("none", [-1e200])])
+def test_target_mass_of_a_tiny_weight_under_a_large_factor(target, smoothing, reduction, grad_output):
+    # w_j q_j underflows (3e-159 times 1e-250) where the upstream factor brings scale * w_j * q_j back
+    # to a normal number beside p_j's term (exp(-575) ~ 1e-250): it was dropped, which flipped the sign of
+    # the probability row's entries (xf_target_grad_q_from's second form)
+    x = np.array([[0.0, -575.0, -576.0, 1.0]])
+    kw = dict(weight=np.full(4, 2.97e-159), label_smoothing=smoothing)
+    g = np.asarray(grad_output, dtype=np.float64)
+    exact, scale = ref.cross_entropy_grad(x, target, reduction=reduction, grad_output=g, return_scale=True, **kw)
+    # the entries that matter are normal numbers, not zeros from an underflowing product
+    assert np.all(np.abs(exact[0, 1:3]) > 1e-300)
+    for computed in (xf.cross_entropy_with_grad(x, target, reduction=reduction, grad_output=g, **kw)[1],
+                     xf.cross_entropy_backward(g, x, target, reduction=reduction, **kw)):
+        assert_ulp_close(computed, exact, BOUND[np.dtype(np.float64)] + 1, scale=scale)
 
 
 @pytest.mark.parametrize("weight, target, logits, smoothing", [

@@ -31,6 +31,7 @@ from cython.parallel cimport parallel, prange
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 from cpython.pycapsule cimport PyCapsule_New
+from libc.math cimport INFINITY as _INF
 
 from ._openmp cimport omp_get_max_threads
 
@@ -61,6 +62,7 @@ cdef extern from "xent_kernels.h" nogil:
         int exp_normal
         double log_s
         double lse
+        double w_min_pos
     void xf_rowmax_init(xf_rowmax *st)
     void xf_rowmax_merge(xf_rowmax *st, const xf_rowmax *blk)
     void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, double z, double scale,
@@ -206,6 +208,7 @@ cdef struct XentArgs:
     double scale                # scalar upstream factor (grad_output / denominator)
     double loss_scale           # power of two applied to row losses (see xent_kernels.h)
     int prob
+    double w_min_pos            # least positive class weight (1 without weights, inf without one): xf_rowjob
 
 
 cdef inline bint _row_ignored(const XentArgs *a, Py_ssize_t i) noexcept nogil:
@@ -223,6 +226,17 @@ cdef inline void _row_job_init(const XentArgs *a, Py_ssize_t i, xf_rowjob *job) 
     if a.row_scale != NULL:
         s = s * a.row_scale[i]
     xf_rowjob_init(job, y, w_y, a.eps, a.z, s, a.loss_scale, a.prob)
+    job.w_min_pos = a.w_min_pos
+
+
+cdef double _least_positive(const double[::1] w) noexcept:
+    # XentArgs.w_min_pos: +inf where no weight is positive
+    cdef double lo = _INF
+    cdef Py_ssize_t j
+    for j in range(w.shape[0]):
+        if w[j] > 0.0 and w[j] < lo:
+            lo = w[j]
+    return lo
 
 
 cdef inline void _fill(floating *out, Py_ssize_t n, double v) noexcept nogil:
@@ -581,6 +595,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     xp = &x[0, 0]
     a.y = &y[0] if has_y else NULL
     a.w = &w[0] if has_w else NULL
+    a.w_min_pos = _least_positive(w) if has_w else 1.0
     a.row_scale = &row_scale[0] if has_row_scale else NULL
     a.ignore_index = ignore_index
     a.C = C
@@ -1150,6 +1165,7 @@ cdef object _plain_xent(object input, object target, object ignore_index, int re
         return NotImplemented
     a.y = yp
     a.w = NULL
+    a.w_min_pos = 1.0
     a.row_scale = NULL
     a.ignore_index = ign
     a.C = C

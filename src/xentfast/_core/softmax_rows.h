@@ -1097,10 +1097,11 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
     double g_y = 0.0;
     if (has_y) {
         double xv = (double)x[y];
-        double w_y = has_w ? w[y] : 1.0, fin_y = (xv > -XF_INF) ? 1.0 : 0.0, t_y = has_t ? (double)t[y] : 0.0;
+        /* t_y = 1 for an index target: xf_target_grad_q_from's mass a_y */
+        double w_y = has_w ? w[y] : 1.0, fin_y = (xv > -XF_INF) ? 1.0 : 0.0, t_y = has_t ? (double)t[y] : 1.0;
         double q_y = xf_row_target_q(job, job->y, w_y, fin_y, t_y);
         g_y = xf_general_grad_entry(XF_EXP_MINUS(x[y], m) * coef_per_S, mult,
-                                    xf_target_grad_q_from(has_t, eps, epc, scale, q_y, w_y, fin_y, t_y), q_y, scale,
+                                    xf_target_grad_q_from(has_t, eps, epc, scale, q_y, w_y, fin_y, t_y, 1), q_y, scale,
                                     mult);
     }
     long long j;
@@ -1113,7 +1114,8 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
         double fin = (xv > -XF_INF) ? 1.0 : 0.0;
         double tj = has_t ? (double)t[j] : 0.0;
         double q = xf_target_q_other(has_t, eps, epc, wc, fin, tj);
-        double sq = xf_target_grad_q_from(has_t, eps, epc, scale, q, wc, fin, tj);
+        /* index targets test in the rare loop only (xf_index_masses_may_underflow) */
+        double sq = xf_target_grad_q_from(has_t, eps, epc, scale, q, wc, fin, tj, apart);
         /* apart (a literal): xf_general_grad_entry's second form, for rows whose coef overflowed */
         out[j] = (XF_T)(apart ? xf_general_grad_entry(e * coef_per_S, mult, sq, q, scale, mult)
                               : (e * coef_per_S) * mult - sq);
@@ -1123,28 +1125,57 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general)
     }
 }
 
+/* Whether a class other than the index target can have a mass w_j eps/C_eff > 0 below 2^-1022 under a
+ * scale that xf_target_grad_q_from's second form serves.  From the call's least positive weight
+ * (xf_rowjob.w_min_pos; w NULL: all 1; not known: yes), so the rows it leaves out get the same bits with
+ * or without that form's test.  Index targets only; the target class itself is evaluated with the test.
+ * (A pass over the weights per row instead had cost weighted label smoothing 5-8 %, 4096x1000.) */
+XF_KERNEL inline int XF_FN(xf_index_masses_may_underflow)(const xf_rowjob *job, const double *w)
+{
+    const double epc = job->eps_per_class;
+    if (!(epc > 0.0) || !(xf_fabs(job->scale) >= 0x1p-400)) {
+        return 0;
+    }
+    /* fl(w_j epc) < 2^-1022 implies w_j epc < 2^-1022 (rounding is monotone) and so w_j < 2^-1022 / epc,
+     * below `below` (the quotient's rounding, 2^-53 relative, covered; inf for a subnormal epc) */
+    const double below = (0x1p-1022 / epc) * (1.0 + 0x1p-50);
+    const double least = w ? job->w_min_pos : 1.0;
+    return !(least > 0.0) || least < below;
+}
+
 /* xf_xent_grad_general for the row's targets and weights; keep: see xf_xent_grad_general (NULL or not is
  * a literal in each expansion, so the loop has no per-element test) */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_for)(
     const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
     const double *keep)
 {
-    if (job->coef_mult != 1.0) {
-        /* rare (coef overflowed, xf_rowjob_finish): entries whose two terms may both overflow, in one
-         * loop whatever the targets and weights */
-        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, job->prob, w != 0, keep, 1);
+    /* rare (coef overflowed, xf_rowjob_finish; a tiny weight's smoothing mass under a large scale):
+     * entries whose two terms may both overflow, and xf_target_grad_q_from's test for index targets
+     * (where g is not NaN, xf_general_grad_entry's bits are the ordinary loop's).  Targets and weights
+     * stay literals there too: read under a runtime test, they became masked loads (test_build). */
+    const int rare = (job->coef_mult != 1.0) || (!job->prob && XF_FN(xf_index_masses_may_underflow)(job, w));
+    if (rare) {
+        if (w) {
+            if (job->prob) {
+                XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep, 1);
+            } else {
+                XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep, 1);
+            }
+        } else if (job->prob) {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep, 1);
+        } else {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep, 1);
+        }
     } else if (w) {
         if (job->prob) {
             XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep, 0);
         } else {
             XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep, 0);
         }
+    } else if (job->prob) {
+        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep, 0);
     } else {
-        if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep, 0);
-        } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep, 0);
-        }
+        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep, 0);
     }
 }
 
@@ -1208,7 +1239,8 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
                 double fin = (xv > -XF_INF) ? 1.0 : 0.0;
                 double tj = t ? (double)t[j] : 0.0;
                 q = xf_row_target_q(job, offset + j, wc, fin, tj);
-                sq = xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin, tj);
+                sq = xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin,
+                                           xf_grad_mass_t(job, offset + j, tj), 1);
             }
             out[j] = (XF_T)xf_general_grad_entry(e * coef_per_S, unscale, sq, q, job->scale, mult);
         }

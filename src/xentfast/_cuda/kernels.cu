@@ -416,7 +416,8 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
             double fin = (xv > -XF_INF) ? 1.0 : 0.0;
             double tj = t ? xf_cu_load(t[j]) : 0.0;
             q = xf_row_target_q(job, j, wc, fin, tj);
-            sq = xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin, tj);
+            sq = xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin,
+                                       xf_grad_mass_t(job, j, tj), 1);
         }
         return xf_general_grad_entry(e * coef_per_S, unscale, sq, q, job->scale, mult);
     }
@@ -431,7 +432,7 @@ XF_HD double xf_cu_grad_elem(const xf_rowjob *job, T xj, long long j, const T *t
     double q = xf_row_target_q(job, j, wc, fin, tj);
     return xf_general_grad_entry(e * coef_per_S, mult,
                                  xf_target_grad_q_from(job->prob, job->eps, job->eps_per_class, job->scale, q, wc, fin,
-                                                       tj),
+                                                       xf_grad_mass_t(job, j, tj), 1),
                                  q, job->scale, mult);
 }
 

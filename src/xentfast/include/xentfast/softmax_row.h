@@ -71,6 +71,9 @@ typedef struct {
     double coef_per_S;   /* coef / S rounded once (xf_rowjob_div_S): coef p_j = e_j * coef_per_S */
     int grad_scaled;     /* float64 rows with subnormal p_j and |coef| > 1: see xf_exp_shifted_pow2 */
     int z_exact;         /* GPU row kernel: the z-loss needs what it leaves to a second kernel (kernels.cu) */
+    double w_min_pos;    /* CPU: the call's least positive class weight (1 without weights, inf without a
+                          * positive one), set by the driver after init; 0: not known (softmax_rows.h,
+                          * xf_index_masses_may_underflow) */
 } xf_rowjob;
 
 XF_HD void xf_rowmax_init(xf_rowmax *st)
@@ -130,6 +133,7 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->coef = 0.0;
     job->coef_mult = 1.0;
     job->coef_per_S = 0.0;
+    job->w_min_pos = 0.0;
 }
 
 /* A row has a softmax only if its max is finite and it holds no NaN; any other row is NaN throughout
@@ -361,16 +365,40 @@ XF_HD double xf_row_target_q_2p1200(const xf_rowjob *job, long long j, double w_
  * 2^-500, probability targets are evaluated with t_j and the smoothing mass scaled by 2^600 and scaled
  * back once at the end; a rounding then lands on the subnormal grid only in that last step.  This covers
  * w_j and scale of at least 2^-400 (then every intermediate is normal, or the result is far below the
- * smallest subnormal); subnormal weights times subnormal probabilities are not covered. */
+ * smallest subnormal).
+ * A tiny weight times a tiny smoothing mass under a large scale (a mean over tiny weights): q_j = w_j a_j
+ * itself subnormal or 0 while scale q_j is a normal number (weights 2.97e-159, label_smoothing 1.2e-271,
+ * 28 classes: q_j = 1.3e-431 became 0, 6.8 ULP of its gradient entry 2.6e-259, found by Hypothesis), for
+ * index targets as for probabilities.  There q_j 2^1200 = (w_j 2^600) (a_j 2^600) is normal (w_j a_j <
+ * 2^-1022 keeps it below 2^178; w_j >= 2^-1074 and a_j >= 2^-1074 above 2^-948) and scale 2^-600 exact
+ * (scale >= 2^-400), so two roundings before the last scaling, as for the form above.  Only for a_j > 0:
+ * a weight that took a large power of two (reduction='none' under tiny factors) beside a zero mass gave
+ * inf * 0 there, and a_j > 0 with w_j a_j < 2^-1022 bounds w_j 2^600 by 2^652.  a_j = (1 - eps)
+ * t_j + eps/C_eff [x_j > -inf], so index targets pass t_j = 1 at their target class and 0 elsewhere
+ * (q_j ignores t_j there).  Not covered: a smoothing mass eps/C_eff or a probability that is itself
+ * subnormal, with subnormal weights.  `check`: 0 lets index targets skip both forms (a literal in the
+ * CPU's vectorized loop, whose rows xf_index_masses_may_underflow in softmax_rows.h sends elsewhere; the
+ * test per element cost that loop 8-15 %); probability targets always test. */
 XF_HD double xf_target_grad_q_from(int prob, double eps, double eps_per_class, double scale, double q, double w_j,
-                                   double finite, double t_j)
+                                   double finite, double t_j, int check)
 {
     double sq = scale * q;
-    if (prob && xf_fabs(sq) < 0x1p-500 && xf_fabs(w_j) >= 0x1p-400 && xf_fabs(scale) >= 0x1p-400) {
+    if ((prob | check) && xf_fabs(sq) < 0x1p-500 && xf_fabs(scale) >= 0x1p-400) {
         double a = (1.0 - eps) * (t_j * 0x1p600) + (eps_per_class * finite) * 0x1p600;
-        sq = (scale * (w_j * a)) * 0x1p-600;
+        if (prob && xf_fabs(w_j) >= 0x1p-400) {
+            sq = (scale * (w_j * a)) * 0x1p-600;
+        } else if (xf_fabs(q) < 0x1p-1022 && a > 0.0) {
+            sq = ((scale * 0x1p-600) * ((w_j * 0x1p600) * a)) * 0x1p-600;
+        }
     }
     return sq;
+}
+
+/* xf_target_grad_q_from's t_j for class j of a row: its probability target, or for index targets 1 at
+ * the target class and 0 elsewhere */
+XF_HD double xf_grad_mass_t(const xf_rowjob *job, long long j, double t_j)
+{
+    return job->prob ? t_j : ((j == job->y) ? 1.0 : 0.0);
 }
 
 /* A gradient entry of the general path, p_j coef - scale q_j, from its two terms formed apart: e_cps =
