@@ -1144,38 +1144,36 @@ XF_KERNEL inline int XF_FN(xf_index_masses_may_underflow)(const xf_rowjob *job, 
 }
 
 /* xf_xent_grad_general for the row's targets and weights; keep: see xf_xent_grad_general (NULL or not is
- * a literal in each expansion, so the loop has no per-element test) */
+ * a literal in each expansion, so the loop has no per-element test), and so are the targets, the weights
+ * and `apart` (read under a runtime test, they became masked loads, test_build) */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_of)(
+    const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
+    const double *keep, const int apart)
+{
+    if (w) {
+        if (job->prob) {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep, apart);
+        } else {
+            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep, apart);
+        }
+    } else if (job->prob) {
+        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep, apart);
+    } else {
+        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep, apart);
+    }
+}
+
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_grad_general_for)(
     const XF_T *x, XF_T *out, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
     const double *keep)
 {
     /* rare (coef overflowed, xf_rowjob_finish; a tiny weight's smoothing mass under a large scale):
      * entries whose two terms may both overflow, and xf_target_grad_q_from's test for index targets
-     * (where g is not NaN, xf_general_grad_entry's bits are the ordinary loop's).  Targets and weights
-     * stay literals there too: read under a runtime test, they became masked loads (test_build). */
-    const int rare = (job->coef_mult != 1.0) || (!job->prob && XF_FN(xf_index_masses_may_underflow)(job, w));
-    if (rare) {
-        if (w) {
-            if (job->prob) {
-                XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep, 1);
-            } else {
-                XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep, 1);
-            }
-        } else if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep, 1);
-        } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep, 1);
-        }
-    } else if (w) {
-        if (job->prob) {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 1, keep, 0);
-        } else {
-            XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 1, keep, 0);
-        }
-    } else if (job->prob) {
-        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 1, 0, keep, 0);
+     * (where g is not NaN, xf_general_grad_entry's bits are the ordinary loop's) */
+    if (job->coef_mult != 1.0 || (!job->prob && XF_FN(xf_index_masses_may_underflow)(job, w))) {
+        XF_FN(xf_xent_grad_general_of)(x, out, n, offset, job, t, w, keep, 1);
     } else {
-        XF_FN(xf_xent_grad_general)(x, out, n, offset, job, t, w, 0, 0, keep, 0);
+        XF_FN(xf_xent_grad_general_of)(x, out, n, offset, job, t, w, keep, 0);
     }
 }
 
