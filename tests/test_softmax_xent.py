@@ -339,9 +339,10 @@ def test_mean_over_subnormal_class_weights_has_a_finite_gradient(dtype, label_sm
 ], ids=["probability", "smoothing"])
 @pytest.mark.parametrize("reduction, grad_output", [("sum", 1e150), ("mean", 1e290), ("none", [-1e200])])
 def test_target_mass_of_a_tiny_weight_under_a_large_factor(target, smoothing, reduction, grad_output):
-    # w_j q_j underflows (3e-159 times 1e-250) where the upstream factor brings scale * w_j * q_j back
-    # to a normal number beside p_j's term (exp(-575) ~ 1e-250): it was dropped, which flipped the sign of
-    # the probability row's entries (xf_target_grad_q_from's second form)
+    # the mass q_j = w_j a_j underflows (3e-159 times a probability or smoothing share near 1e-250) where
+    # the upstream factor brings scale * q_j back to a normal number beside p_j's term (exp(-575) ~
+    # 1e-250): it was dropped, which flipped the sign of the probability row's entries
+    # (xf_target_grad_q_from's second form)
     x = np.array([[0.0, -575.0, -576.0, 1.0]])
     kw = dict(weight=np.full(4, 2.97e-159), label_smoothing=smoothing)
     g = np.asarray(grad_output, dtype=np.float64)
