@@ -220,6 +220,87 @@ def test_paths_agree_bitwise_with_a_special_entry_in_a_long_row(cpu_path_back_mo
     _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))
 
 
+
+def _block_max_expected(x):
+    """NumPy's answer to the max pass: NaN-blind max, first index of it (0 if no entry is above -inf and
+    none equals the max), NaN count, count above -inf, least entry above -inf"""
+    seen = x[~np.isnan(x)]
+    m = seen.max() if seen.size else -np.inf
+    hits = np.flatnonzero(x == m)
+    above = x[x > -np.inf]
+    return (float(m), int(hits[0]) if hits.size else 0, int(np.isnan(x).sum()), int(above.size),
+            float(above.min()) if above.size else np.inf)
+
+
+def _block_max_rows(n, rng):
+    """Rows of length n whose max repeats: small integers (ties everywhere), the max placed twice at the
+    edges of the avx512 unit's steps (32 floats or 16 doubles), of the step after them and of the last
+    vector that ends at the row's end, and at random; every entry equal, signed zeros alone, -inf and
+    NaN around the max, and no entry above -inf."""
+    rows = [rng.integers(-3, 4, n).astype(float) for _ in range(4)]
+    edges = sorted({p for p in (0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 47, 48, n // 2, n - 33, n - 32, n - 17,
+                                n - 16, n - 15, n - 9, n - 8, n - 7, n - 2, n - 1) if 0 <= p < n})
+    for p in edges:
+        for q in (q for q in edges if q > p):
+            row = rng.standard_normal(n)
+            row[[p, q]] = 9.0
+            rows.append(row)
+    for _ in range(4):
+        row = rng.standard_normal(n)
+        row[rng.choice(n, size=min(n, 3), replace=False)] = 9.0
+        rows.append(row)
+    zeros = np.where(rng.random(n) < 0.5, -0.0, 0.0)
+    masked = rng.standard_normal(n)
+    masked[rng.random(n) < 0.5] = -np.inf
+    masked[rng.random(n) < 0.2] = np.nan
+    rows += [np.full(n, 2.5), zeros, np.where(rng.random(n) < 0.5, zeros, -np.inf), masked,
+             np.full(n, -np.inf), np.full(n, np.nan), np.where(rng.random(n) < 0.5, np.nan, -np.inf)]
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_max_pass_finds_the_first_index_of_the_max_on_every_path(cpu_path_back_module, dtype):
+    """The max pass's statistics against NumPy's on every path, block by block: the avx512 unit finds the
+    first index of the max inside the pass (each lane keeping where its max last rose), the other paths by
+    a scan after it.  Ties matter: the first index decides which exponential the sum leaves out, and a
+    later tie there changes no result by much, so only this test sees it."""
+    rng = np.random.default_rng(5)
+    for n in [*range(1, 72), 95, 96, 97, 300, 333, 500, 1000, 4095, 4096]:
+        for row in _block_max_rows(n, rng):
+            x = np.ascontiguousarray(row, dtype=dtype)
+            expected = _block_max_expected(x)
+            for path in PATHS:
+                _xent.set_cpu_path(path)
+                got = _xent.block_max(x)
+                assert got == expected, (path, n, got, expected)
+    with pytest.raises(ValueError, match="x: a block holds"):
+        _xent.block_max(np.zeros(_xent.BLOCK + 1, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_paths_agree_bitwise_on_rows_of_signed_zeros(cpu_path_back_module, dtype):
+    """Rows whose max is a zero held by entries of both signs: the paths' max passes may return either
+    zero (the avx512 unit reduces its lanes in another order), and no result may depend on which: where
+    two zeros tie, log S >= log 2 absorbs the sign of m + log S and of x_j - m - log S."""
+    rng = np.random.default_rng(6)
+    rows = []
+    for c in (3, 40, 300, 333, 500):
+        for frac_masked in (0.0, 0.5, 0.9):
+            for _ in range(4):
+                row = np.where(rng.random(c) < 0.5, -0.0, 0.0)
+                row[rng.random(c) < frac_masked] = -np.inf
+                row[rng.integers(c)] = rng.choice([-0.0, 0.0])
+                rows.append(row)
+        x = np.array(rows[-12:], dtype=dtype)
+        y = rng.integers(0, c, size=x.shape[0])
+        for results in (_on_each_path(lambda: xf.cross_entropy_with_grad(x, y, reduction="none")),
+                        _on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x)))):
+            _assert_same(results)
+            for path, res in results.items():
+                for a, b in zip(res, results["baseline"]):
+                    assert np.array_equal(np.signbit(a), np.signbit(b)), path
+
+
 # ---- binary family ----------------------------------------------------------------------------------------
 # The binary kernels follow the same path selection; here "same bits" is checked on the raw encodings
 # (signed zeros and NaN payloads included).

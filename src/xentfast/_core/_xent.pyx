@@ -48,6 +48,9 @@ cdef extern from "xent_kernels.h" nogil:
     ctypedef struct xf_rowmax:
         double m
         long long argmax
+        long long n_nan
+        long long n_finite
+        double min_finite
     ctypedef struct xf_rowjob:
         int status
         int has_nan
@@ -974,6 +977,21 @@ def dd_sum(const double[::1] v, int n_threads=-1):
         raise MemoryError()
     return hi, lo
 
+
+def block_max(const floating[::1] x):
+    """The max pass of one block of at most BLOCK entries on the selected CPU path (for the tests):
+    (max, first index of the max, NaN count, count above -inf, least entry above -inf), NaN-blind: a
+    block of NaNs alone gives the max -inf, index 0 and the least entry +inf."""
+    cdef xf_rowmax st
+    cdef Py_ssize_t n = x.shape[0]
+    if n < 1 or n > XF_BLOCK:
+        raise ValueError(f"x: a block holds 1 to {XF_BLOCK} entries, got {n}")
+    with nogil:
+        if floating is float:
+            K32.max_block(&x[0], n, 0, &st)
+        else:
+            K64.max_block(&x[0], n, 0, &st)
+    return st.m, st.argmax, st.n_nan, st.n_finite, st.min_finite
 
 def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignore_index, bint has_w,
                       long long C):

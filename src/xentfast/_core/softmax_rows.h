@@ -62,7 +62,9 @@
  * index off the compare masks; elsewhere a vectorized test per 64-entry chunk, then a scan of that chunk
  * (C microbenchmark, float32 rows of 1000 in cache: 55 -> 22 ns per row, ~4 % of the forward pass).  The
  * avx512 unit compares 64 floats (32 doubles) per step into mask registers: in a profile of the forward
- * pass at 4096x1000 float32, one thread, 6.5 -> 3.7 % of the samples. */
+ * pass at 4096x1000 float32, one thread, 6.5 -> 3.7 % of the samples.  Since 2026-12-07 the avx512
+ * unit's max pass finds the index itself (xf_max_argmax_ps512) and this scan serves its blocks of
+ * fewer than 16 floats (8 doubles), the other paths, and the next row's max read ahead. */
 XF_KERNEL long long XF_FN(xf_first_equal)(const XF_T *x, long long n, XF_T m)
 {
     long long j = 0;
@@ -248,6 +250,124 @@ static inline __attribute__((always_inline)) void xf_max_fold_pd(__m256d v, __m2
 }
 #endif
 
+#if defined(__AVX512F__) && !defined(XF_MAX_ARGMAX_PS512_DEFINED)
+#define XF_MAX_ARGMAX_PS512_DEFINED 1
+/* xf_max_block's float pass in the avx512 unit with the first index of the max found on the way (for
+ * 16 <= n < 2^31): each of 32 lanes keeps the position where its max last rose (a strictly greater entry
+ * replaces it, so among equal entries the first stays), and the lanes' positions only grow, the tail's
+ * last 16 entries included (they start past every position the main loop gave that lane).  The first
+ * index of the max is then the least position among the lanes holding it; -1 where no entry rose above
+ * -inf (every entry -inf or NaN: xf_first_equal decides).  The positions' selects stay off the max's
+ * chain (each compares against the running max before it is updated).  Replaces xf_first_equal's scan
+ * of the block after the pass (4.8 % of a profile of the forward pass at 4096x1000 float32, one thread,
+ * AMD Zen 5).  The max is the lanes' reduced in another order than the other paths' folds: a row whose
+ * max is a zero held by entries of both signs may get either zero here, which no result shows (two
+ * tied entries make log S >= log 2, which absorbs the sign; tests/test_dispatch.py).  One thread, AMD
+ * Zen 5, median of 5 alternated runs: forward 4096x1000 float32 1.53 -> 1.49 ms, float64 3.37 -> 3.13;
+ * fused float32 1.84 -> 1.76, float64 3.98 -> 3.67 (benchmarks/README.md, 2026-12-07, later). */
+static inline __attribute__((always_inline)) long long xf_max_argmax_ps512(const float *xf, long long n,
+                                                                         float *m_out, float *mn_out,
+                                                                         int *any_nan_out)
+{
+    const __m512i none = _mm512_set1_epi32(0x7fffffff), sixteen = _mm512_set1_epi32(16);
+    __m512 wm0 = _mm512_set1_ps(-XF_INF), wm1 = wm0, wn0 = _mm512_set1_ps(XF_INF), wn1 = wn0;
+    __m512i wi0 = none, wi1 = none;
+    __m512i pos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __mmask16 wnan = 0;
+    long long j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m512 a = _mm512_loadu_ps(xf + j), b = _mm512_loadu_ps(xf + j + 16);
+        __m512i pos_b = _mm512_add_epi32(pos, sixteen);
+        wi0 = _mm512_mask_mov_epi32(wi0, _mm512_cmp_ps_mask(a, wm0, _CMP_GT_OQ), pos);
+        wi1 = _mm512_mask_mov_epi32(wi1, _mm512_cmp_ps_mask(b, wm1, _CMP_GT_OQ), pos_b);
+        wm0 = _mm512_max_ps(a, wm0);
+        wn0 = _mm512_min_ps(a, wn0);
+        wm1 = _mm512_max_ps(b, wm1);
+        wn1 = _mm512_min_ps(b, wn1);
+        wnan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+        pos = _mm512_add_epi32(pos_b, sixteen);
+    }
+    if (j + 16 <= n) {
+        __m512 a = _mm512_loadu_ps(xf + j);
+        wi0 = _mm512_mask_mov_epi32(wi0, _mm512_cmp_ps_mask(a, wm0, _CMP_GT_OQ), pos);
+        wm0 = _mm512_max_ps(a, wm0);
+        wn0 = _mm512_min_ps(a, wn0);
+        wnan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        pos = _mm512_add_epi32(pos, sixteen);
+        j += 16;
+    }
+    if (j < n) {
+        __m512 b = _mm512_loadu_ps(xf + n - 16);
+        __m512i pos_b = _mm512_add_epi32(pos, _mm512_set1_epi32((int)(n - 16 - j)));
+        wi1 = _mm512_mask_mov_epi32(wi1, _mm512_cmp_ps_mask(b, wm1, _CMP_GT_OQ), pos_b);
+        wm1 = _mm512_max_ps(b, wm1);
+        wn1 = _mm512_min_ps(b, wn1);
+        wnan |= _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    }
+    const float m = _mm512_reduce_max_ps(_mm512_max_ps(wm1, wm0));
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512i at0 = _mm512_mask_mov_epi32(none, _mm512_cmp_ps_mask(wm0, mv, _CMP_EQ_OQ), wi0);
+    __m512i at1 = _mm512_mask_mov_epi32(none, _mm512_cmp_ps_mask(wm1, mv, _CMP_EQ_OQ), wi1);
+    const int first = _mm512_reduce_min_epi32(_mm512_min_epi32(at0, at1));
+    *m_out = m;
+    *mn_out = _mm512_reduce_min_ps(_mm512_min_ps(wn1, wn0));
+    *any_nan_out = wnan != 0;
+    return (first == 0x7fffffff) ? -1 : (long long)first;
+}
+
+/* the same for doubles (for 8 <= n < 2^31): 16 lanes, their positions as 32-bit integers in 256-bit
+ * vectors.  The other paths' double max pass runs 256-bit vectors. */
+static inline __attribute__((always_inline)) long long xf_max_argmax_pd512(const double *xd, long long n,
+                                                                         double *m_out, double *mn_out,
+                                                                         int *any_nan_out)
+{
+    const __m256i none = _mm256_set1_epi32(0x7fffffff), eight = _mm256_set1_epi32(8);
+    __m512d wm0 = _mm512_set1_pd(-XF_INF), wm1 = wm0, wn0 = _mm512_set1_pd(XF_INF), wn1 = wn0;
+    __m256i wi0 = none, wi1 = none;
+    __m256i pos = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __mmask8 wnan = 0;
+    long long j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512d a = _mm512_loadu_pd(xd + j), b = _mm512_loadu_pd(xd + j + 8);
+        __m256i pos_b = _mm256_add_epi32(pos, eight);
+        wi0 = _mm256_mask_mov_epi32(wi0, _mm512_cmp_pd_mask(a, wm0, _CMP_GT_OQ), pos);
+        wi1 = _mm256_mask_mov_epi32(wi1, _mm512_cmp_pd_mask(b, wm1, _CMP_GT_OQ), pos_b);
+        wm0 = _mm512_max_pd(a, wm0);
+        wn0 = _mm512_min_pd(a, wn0);
+        wm1 = _mm512_max_pd(b, wm1);
+        wn1 = _mm512_min_pd(b, wn1);
+        wnan |= _mm512_cmp_pd_mask(a, b, _CMP_UNORD_Q);
+        pos = _mm256_add_epi32(pos_b, eight);
+    }
+    if (j + 8 <= n) {
+        __m512d a = _mm512_loadu_pd(xd + j);
+        wi0 = _mm256_mask_mov_epi32(wi0, _mm512_cmp_pd_mask(a, wm0, _CMP_GT_OQ), pos);
+        wm0 = _mm512_max_pd(a, wm0);
+        wn0 = _mm512_min_pd(a, wn0);
+        wnan |= _mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q);
+        pos = _mm256_add_epi32(pos, eight);
+        j += 8;
+    }
+    if (j < n) {
+        __m512d b = _mm512_loadu_pd(xd + n - 8);
+        __m256i pos_b = _mm256_add_epi32(pos, _mm256_set1_epi32((int)(n - 8 - j)));
+        wi1 = _mm256_mask_mov_epi32(wi1, _mm512_cmp_pd_mask(b, wm1, _CMP_GT_OQ), pos_b);
+        wm1 = _mm512_max_pd(b, wm1);
+        wn1 = _mm512_min_pd(b, wn1);
+        wnan |= _mm512_cmp_pd_mask(b, b, _CMP_UNORD_Q);
+    }
+    const double m = _mm512_reduce_max_pd(_mm512_max_pd(wm1, wm0));
+    const __m512d mv = _mm512_set1_pd(m);
+    __m256i at = _mm256_min_epi32(_mm256_mask_mov_epi32(none, _mm512_cmp_pd_mask(wm0, mv, _CMP_EQ_OQ), wi0),
+                                  _mm256_mask_mov_epi32(none, _mm512_cmp_pd_mask(wm1, mv, _CMP_EQ_OQ), wi1));
+    const int first = _mm512_reduce_min_epi32(_mm512_inserti64x4(_mm512_set1_epi32(0x7fffffff), at, 0));
+    *m_out = m;
+    *mn_out = _mm512_reduce_min_pd(_mm512_min_pd(wn1, wn0));
+    *any_nan_out = wnan != 0;
+    return (first == 0x7fffffff) ? -1 : (long long)first;
+}
+#endif
+
 XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset, xf_rowmax *out)
 {
     /* in the storage type (8 float lanes per AVX2 vector instead of 4 doubles; float -> double is exact
@@ -261,39 +381,27 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
     const XF_T neg_inf = (XF_T)-XF_INF;
     XF_T m, mn;
     int any_nan;
-    long long j = 0;
+    long long j = 0, first = -1;
 #if defined(__AVX2__)
     /* the same lanes in registers (xf_max_fold_*), folded to one number at the end: a short row spent
      * ~40 ns here on the scalar tail and the lane-by-lane merge through memory */
+#if defined(__AVX512F__)
+    if (sizeof(XF_T) == sizeof(float) && n >= 16 && n < (1LL << 31)) {
+        float mf, mnf;
+        first = xf_max_argmax_ps512((const float *)x, n, &mf, &mnf, &any_nan);
+        m = (XF_T)mf;
+        mn = (XF_T)mnf;
+    } else if (sizeof(XF_T) == sizeof(double) && n >= 8 && n < (1LL << 31)) {
+        double md, mnd;
+        first = xf_max_argmax_pd512((const double *)x, n, &md, &mnd, &any_nan);
+        m = (XF_T)md;
+        mn = (XF_T)mnd;
+    } else
+#endif
     if (sizeof(XF_T) == sizeof(float)) {
         const float *xf = (const float *)x;
         __m256 vm0 = _mm256_set1_ps(-XF_INF), vm1 = vm0, vn0 = _mm256_set1_ps(XF_INF), vn1 = vn0;
         __m256 nan0 = _mm256_setzero_ps(), nan1 = nan0;
-#if defined(__AVX512F__)
-        /* the avx512 unit: 32 floats per step in two 512-bit lanes of max and min, one unordered compare
-         * of the two vectors for the NaN marker (a NaN in either), folded into the 256-bit lanes below
-         * (max and min in any order give the same number); fused 8192x32000 float32, one thread, 203 ->
-         * 198 ms (benchmarks/README.md, 2026-12-04, late) */
-        {
-            __m512 wm0 = _mm512_set1_ps(-XF_INF), wm1 = wm0, wn0 = _mm512_set1_ps(XF_INF), wn1 = wn0;
-            __mmask16 wnan = 0;
-            for (; j + 32 <= n; j += 32) {
-                __m512 a = _mm512_loadu_ps(xf + j), b = _mm512_loadu_ps(xf + j + 16);
-                wm0 = _mm512_max_ps(a, wm0);
-                wn0 = _mm512_min_ps(a, wn0);
-                wm1 = _mm512_max_ps(b, wm1);
-                wn1 = _mm512_min_ps(b, wn1);
-                wnan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
-            }
-            wm0 = _mm512_max_ps(wm1, wm0);
-            wn0 = _mm512_min_ps(wn1, wn0);
-            vm0 = _mm256_max_ps(_mm512_castps512_ps256(wm0), vm0);
-            vm1 = _mm256_max_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wm0), 1)), vm1);
-            vn0 = _mm256_min_ps(_mm512_castps512_ps256(wn0), vn0);
-            vn1 = _mm256_min_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wn0), 1)), vn1);
-            nan0 = wnan ? _mm256_castsi256_ps(_mm256_set1_epi32(-1)) : nan0;
-        }
-#endif
         for (; j + 16 <= n; j += 16) {
             xf_max_fold_ps(_mm256_loadu_ps(xf + j), &vm0, &vn0, &nan0);
             xf_max_fold_ps(_mm256_loadu_ps(xf + j + 8), &vm1, &vn1, &nan1);
@@ -386,7 +494,9 @@ XF_KERNEL void XF_FN(xf_max_block)(const XF_T *x, long long n, long long offset,
     if (any_nan || !(mn > neg_inf)) {
         XF_FN(xf_max_block_counted)(x, n, any_nan, &mn, &n_nan, &n_finite);
     }
-    long long first = XF_FN(xf_first_equal)(x, n, m);
+    if (first < 0) {
+        first = XF_FN(xf_first_equal)(x, n, m);
+    }
     out->m = (double)m;
     out->argmax = offset + (first < n ? first : 0);
     out->n_nan = n_nan;
