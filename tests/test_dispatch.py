@@ -220,7 +220,6 @@ def test_paths_agree_bitwise_with_a_special_entry_in_a_long_row(cpu_path_back_mo
     _assert_same(_on_each_path(lambda: (xf.log_softmax(x), xf.softmax(x), xf.logsumexp(x))))
 
 
-
 def _block_max_expected(x):
     """NumPy's answer to the max pass: NaN-blind max, first index of it (0 if no entry is above -inf and
     none equals the max), NaN count, count above -inf, least entry above -inf"""

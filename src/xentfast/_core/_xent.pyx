@@ -993,6 +993,7 @@ def block_max(const floating[::1] x):
             K64.max_block(&x[0], n, 0, &st)
     return st.m, st.argmax, st.n_nan, st.n_finite, st.min_finite
 
+
 def target_weight_sum(const int64_t[::1] y, const double[::1] w, long long ignore_index, bint has_w,
                       long long C):
     """Sum of w[y_i] over non-ignored rows (torch's `mean` denominator), double-double, rounded.
