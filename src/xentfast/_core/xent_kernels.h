@@ -241,7 +241,8 @@ typedef struct {
  * Cython driver's rows of XF_READ_AHEAD_MIN_CLASSES or more also keep the next row's max lanes there
  * (xf_next_max, xf_row_scratch_read_ahead): measured, reading ahead made fused float32 rows of 32000 and
  * 128256 classes 10-15 % faster, fused rows of 300-1000 classes, whose separate max pass is cheap, ~10 %
- * slower, and the forward pass alone no faster (benchmarks/README.md, 2026-12-05, fourth round). */
+ * slower, and the forward pass alone no faster (benchmarks/README.md, 2026-12-05, fourth round; on AMD
+ * Zen 5 15-17 % slower at 32000 and 128256 classes, 2026-12-07, later). */
 #ifndef XF_READ_AHEAD_MIN_CLASSES
 #define XF_READ_AHEAD_MIN_CLASSES 8192
 #endif
