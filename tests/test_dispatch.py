@@ -235,7 +235,7 @@ def _block_max_rows(n, rng):
     """Rows of length n whose max repeats: small integers (ties everywhere), the max placed twice at the
     edges of the avx512 unit's steps (32 floats or 16 doubles), of the step after them and of the last
     vector that ends at the row's end, and at random; every entry equal, signed zeros alone, -inf and
-    NaN around the max, and no entry above -inf."""
+    NaN around the max, +inf twice among them, and no entry above -inf."""
     rows = [rng.integers(-3, 4, n).astype(float) for _ in range(4)]
     edges = sorted({p for p in (0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 47, 48, n // 2, n - 33, n - 32, n - 17,
                                 n - 16, n - 15, n - 9, n - 8, n - 7, n - 2, n - 1) if 0 <= p < n})
@@ -252,7 +252,9 @@ def _block_max_rows(n, rng):
     masked = rng.standard_normal(n)
     masked[rng.random(n) < 0.5] = -np.inf
     masked[rng.random(n) < 0.2] = np.nan
-    rows += [np.full(n, 2.5), zeros, np.where(rng.random(n) < 0.5, zeros, -np.inf), masked,
+    infinite = masked.copy()
+    infinite[rng.choice(n, size=min(n, 2), replace=False)] = np.inf
+    rows += [np.full(n, 2.5), zeros, np.where(rng.random(n) < 0.5, zeros, -np.inf), masked, infinite,
              np.full(n, -np.inf), np.full(n, np.nan), np.where(rng.random(n) < 0.5, np.nan, -np.inf)]
     return rows
 
