@@ -233,8 +233,8 @@ def _block_max_expected(x):
 
 def _block_max_rows(n, rng):
     """Rows of length n whose max repeats: small integers (ties everywhere), the max placed twice at the
-    edges of the avx512 unit's steps (32 floats or 16 doubles), of the step after them and of the last
-    vector that ends at the row's end, and at random; every entry equal, signed zeros alone, -inf and
+    edges of the avx512 unit's steps (32 floats or 16 doubles) and the AVX2 unit's (16 floats), of the
+    step after them and of the last vector that ends at the row's end, and at random; every entry equal, signed zeros alone, -inf and
     NaN around the max, +inf twice among them, and no entry above -inf."""
     rows = [rng.integers(-3, 4, n).astype(float) for _ in range(4)]
     edges = sorted({p for p in (0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 47, 48, n // 2, n - 33, n - 32, n - 17,
@@ -261,9 +261,9 @@ def _block_max_rows(n, rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_max_pass_finds_the_first_index_of_the_max_on_every_path(cpu_path_back_module, dtype):
-    """The max pass's statistics against NumPy's on every path, block by block: the avx512 unit finds the
-    first index of the max inside the pass (each lane keeping where its max last rose), the other paths by
-    a scan after it.  Ties matter: the first index decides which exponential the sum leaves out, and a
+    """The max pass's statistics against NumPy's on every path, block by block: the avx512 unit and the
+    AVX2 unit's floats find the first index of the max inside the pass (each lane keeping where its max
+    last rose), the baseline path and the AVX2 unit's doubles by a scan after it.  Ties matter: the first index decides which exponential the sum leaves out, and a
     later tie there changes no result by much, so only this test sees it."""
     rng = np.random.default_rng(5)
     for n in [*range(1, 72), 95, 96, 97, 300, 333, 500, 1000, 4095, 4096]:
