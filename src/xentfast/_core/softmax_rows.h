@@ -372,15 +372,12 @@ static inline __attribute__((always_inline)) long long xf_max_argmax_pd512(const
 
 #if defined(__AVX2__) && !defined(__AVX512F__) && !defined(XF_MAX_ARGMAX_PS256_DEFINED)
 #define XF_MAX_ARGMAX_PS256_DEFINED 1
-/* the AVX2 unit's float pass with the first index (for 8 <= n < 2^31), as xf_max_argmax_ps512 with 16
- * lanes of 8 and the positions held as the bits of floats (blendv selects by the compare's sign bit).
+/* the AVX2 unit's float pass with the first index (for 8 <= n < 2^31), as xf_max_argmax_ps512 with two
+ * vectors of 8 lanes and the positions held as the bits of floats (blendv selects by the compare's sign
+ * bit).
  * One thread, on AMD Zen 5 with XENTFAST_CPU=avx2, median of 5 alternated runs: forward 4096x1000
  * float32 2.47 -> 2.38 ms (the scan had 3.8 % of its samples), fused 3.17 -> 3.14.  The AVX2 unit's
  * doubles keep the scan (2.3 % of that forward pass in float64). */
-static inline __attribute__((always_inline)) __m256 xf_blend_pos(__m256 held, __m256 pos, __m256 rose)
-{
-    return _mm256_blendv_ps(held, pos, rose);
-}
 static inline __attribute__((always_inline)) long long xf_max_argmax_ps256(const float *xf, long long n,
                                                                          float *m_out, float *mn_out,
                                                                          int *any_nan_out)
@@ -395,8 +392,8 @@ static inline __attribute__((always_inline)) long long xf_max_argmax_ps256(const
     for (; j + 16 <= n; j += 16) {
         __m256 a = _mm256_loadu_ps(xf + j), b = _mm256_loadu_ps(xf + j + 8);
         __m256i pos_b = _mm256_add_epi32(pos, eight);
-        vi0 = xf_blend_pos(vi0, _mm256_castsi256_ps(pos), _mm256_cmp_ps(a, vm0, _CMP_GT_OQ));
-        vi1 = xf_blend_pos(vi1, _mm256_castsi256_ps(pos_b), _mm256_cmp_ps(b, vm1, _CMP_GT_OQ));
+        vi0 = _mm256_blendv_ps(vi0, _mm256_castsi256_ps(pos), _mm256_cmp_ps(a, vm0, _CMP_GT_OQ));
+        vi1 = _mm256_blendv_ps(vi1, _mm256_castsi256_ps(pos_b), _mm256_cmp_ps(b, vm1, _CMP_GT_OQ));
         vm0 = _mm256_max_ps(a, vm0);
         vn0 = _mm256_min_ps(a, vn0);
         vm1 = _mm256_max_ps(b, vm1);
@@ -406,7 +403,7 @@ static inline __attribute__((always_inline)) long long xf_max_argmax_ps256(const
     }
     if (j + 8 <= n) {
         __m256 a = _mm256_loadu_ps(xf + j);
-        vi0 = xf_blend_pos(vi0, _mm256_castsi256_ps(pos), _mm256_cmp_ps(a, vm0, _CMP_GT_OQ));
+        vi0 = _mm256_blendv_ps(vi0, _mm256_castsi256_ps(pos), _mm256_cmp_ps(a, vm0, _CMP_GT_OQ));
         vm0 = _mm256_max_ps(a, vm0);
         vn0 = _mm256_min_ps(a, vn0);
         nan0 = _mm256_or_ps(nan0, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
@@ -416,7 +413,7 @@ static inline __attribute__((always_inline)) long long xf_max_argmax_ps256(const
     if (j < n) {
         __m256 b = _mm256_loadu_ps(xf + n - 8);
         __m256i pos_b = _mm256_add_epi32(pos, _mm256_set1_epi32((int)(n - 8 - j)));
-        vi1 = xf_blend_pos(vi1, _mm256_castsi256_ps(pos_b), _mm256_cmp_ps(b, vm1, _CMP_GT_OQ));
+        vi1 = _mm256_blendv_ps(vi1, _mm256_castsi256_ps(pos_b), _mm256_cmp_ps(b, vm1, _CMP_GT_OQ));
         vm1 = _mm256_max_ps(b, vm1);
         vn1 = _mm256_min_ps(b, vn1);
         nan0 = _mm256_or_ps(nan0, _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
