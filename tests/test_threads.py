@@ -430,6 +430,50 @@ def test_a_rows_results_do_not_depend_on_the_rows_after_it(cpu_path_back, path, 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [513, 1000, 2051, 8192])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_the_forward_passs_rows_in_batches_equal_each_row_alone(cpu_path_back, path, dtype, c):
+    """Without a gradient the row driver takes GROUP_ROWS rows a task and their logarithms side by side
+    (softmax_rows.h, xf_xent_rows_forward) once a call has enough rows of up to 8192 classes; a call of
+    one row goes through the row kernel alone.  Each row's loss must be the bits it gets alone, whatever rows share its batch:
+    ignored rows among them, NaN, +-inf, -inf and finite masks, ties, confident rows, a sum of subnormal
+    terms, a batch of ignored rows only, a last partial batch; with weights, smoothing, the z-loss and probability targets."""
+    _xent.set_cpu_path(path)
+    rng = np.random.default_rng(c)
+    n = 17 * _xent.GROUP_ROWS + 5
+    x = (rng.standard_normal((n, c)) * rng.choice([0.1, 3.0, 40.0], size=(n, 1))).astype(dtype)
+    x[3, c // 3] = np.nan
+    x[5, -1] = np.inf
+    x[6, ::5] = -np.inf
+    x[8, ::4] = -1e9
+    x[10, :] = x[10, 0]
+    x[11, 0] = 700.0
+    x[12, 7] = 1e4
+    x[13, :] = -np.inf
+    x[14] *= 1e-30
+    x[15] = x[15] * 1e-3 - 720.0                               # subnormal terms (float64's rescued sum)
+    x[15, 1] = 0.0
+    y = rng.integers(0, c, n)
+    y[[2, 9, n - 1]] = -100
+    y[2 * _xent.GROUP_ROWS:3 * _xent.GROUP_ROWS] = -100     # a batch with no row to compute
+    y[6] = 0                                                 # a target at -inf: loss +inf
+    y[15] = 1                                                # its loss is that sum
+    t = rng.random((n, c)).astype(dtype)
+    t /= t.sum(axis=1, keepdims=True)
+    w = np.linspace(0.25, 2.0, c)
+    calls = [(y, {}), (y, dict(weight=w)), (y, dict(label_smoothing=0.1, weight=w)), (y, dict(z_loss=1e-3)),
+             (t, {}), (t, dict(label_smoothing=0.05))]
+    for target, opts in calls:
+        alone = np.array([xf.cross_entropy(x[i:i + 1], target[i:i + 1], reduction="none", n_threads=1, **opts)[0]
+                          for i in range(n)])
+        # the comparison has teeth: rows of each kind were there
+        assert np.isnan(alone).any() and np.isinf(alone).any() and np.isfinite(alone).sum() > n // 2
+        for n_threads in (1, 2):
+            batched = xf.cross_entropy(x, target, reduction="none", n_threads=n_threads, **opts)
+            assert batched.tobytes() == alone.astype(batched.dtype).tobytes(), (opts, n_threads)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_short_row_groups_take_ordinary_rows_up_to_their_limits(cpu_path_back, path, dtype):
     # the group-versus-row tests compare bits, which would pass with no row grouped; here every ordinary

@@ -109,6 +109,8 @@ cdef extern from "xent_kernels.h" nogil:
         unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
         unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
+        void (*xent_rows_forward)(const float *, const float *, long long, const long long *, int, xf_rowjob *,
+                                  const double *, double *) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
         void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
         void (*sumexp_block)(const double *, long long, double, long long, int, double *, double *,
@@ -127,6 +129,8 @@ cdef extern from "xent_kernels.h" nogil:
         unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
                                double, double, const double *, double *) noexcept nogil
         unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
+        void (*xent_rows_forward)(const double *, const double *, long long, const long long *, int, xf_rowjob *,
+                                  const double *, double *) noexcept nogil
     enum: XF_PATH_BASELINE
     enum: XF_PATH_AVX2
     enum: XF_PATH_AVX512
@@ -315,6 +319,43 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
         xf_fp_ieee_leave(fp_thread)
 
 
+# _xent_rows takes the losses alone XF_GROUP_ROWS rows a task from this many tasks per thread (fewer rows
+# go one a task, so that a call of a few long rows still gives each thread its share), for rows of up to
+# _FORWARD_BATCH_MAX_C classes: one logarithm is ~30 ns of a row's ~370 at 1000 float32 classes, nothing
+# measurable at 32000, and the batches measured 4 % slower at 2048x128256 float32 on two threads (within
+# that VM's noise; benchmarks/README.md, 2026-12-07, third round)
+cdef enum:
+    _FORWARD_BATCHES_PER_THREAD = 8
+    _FORWARD_BATCH_MAX_C = 8192
+
+
+cdef void _xent_rows_forward(const floating *x, const floating *t, const XentArgs *a, Py_ssize_t N,
+                             Py_ssize_t b, double *loss) noexcept nogil:
+    # the losses of rows [b R, b R + R), R = XF_GROUP_ROWS, without a gradient: the row kernel's passes
+    # with the rows' logarithms side by side (xf_xent_rows_forward, softmax_rows.h), the same bits
+    cdef xf_rowjob jobs[XF_GROUP_ROWS]
+    cdef long long rows[XF_GROUP_ROWS]
+    cdef double row_loss[XF_GROUP_ROWS]
+    cdef int n = 0
+    cdef int r
+    cdef Py_ssize_t i
+    for i in range(b * XF_GROUP_ROWS, min(N, (b + 1) * XF_GROUP_ROWS)):
+        if _row_ignored(a, i):
+            loss[i] = 0.0
+        else:
+            _row_job_init(a, i, &jobs[n])
+            rows[n] = i
+            n += 1
+    if n == 0:
+        return
+    if floating is float:
+        K32.xent_rows_forward(x, t, a.C, rows, n, jobs, a.w, row_loss)
+    else:
+        K64.xent_rows_forward(x, t, a.C, rows, n, jobs, a.w, row_loss)
+    for r in range(n):
+        loss[rows[r]] = row_loss[r]
+
+
 cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const XentArgs *a, Py_ssize_t N,
                      double *loss, int n_threads, bint want_scratch) noexcept nogil:
     # every row of a call through the row kernel, on a team of n_threads but at most one thread per row
@@ -325,6 +366,16 @@ cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const
     cdef xf_fp_state fp_thread = 0
     cdef xf_row_scratch *scratch = NULL
     cdef bint streaming = True
+    cdef Py_ssize_t n_batches = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS
+    if grad == NULL and C <= _FORWARD_BATCH_MAX_C and n_batches >= _FORWARD_BATCHES_PER_THREAD * n_threads:
+        # the losses alone, XF_GROUP_ROWS rows a task (enough tasks per thread that the rows still
+        # share out evenly)
+        with parallel(num_threads=n_threads):
+            fp_thread = xf_fp_ieee_enter()
+            for i in prange(n_batches, schedule="guided"):
+                _xent_rows_forward(x, t, a, N, i, loss)
+            xf_fp_ieee_leave(fp_thread)
+        return
     if want_scratch and grad != NULL and <const floating *>grad != x:
         streaming = _streaming_stores(grad, N, C, sizeof(floating), floating is float)
     with parallel(num_threads=<int>min(<Py_ssize_t>n_threads, N)):

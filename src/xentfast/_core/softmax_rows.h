@@ -1666,9 +1666,12 @@ XF_KERNEL void XF_FN(xf_row_max_next)(const XF_T *x, long long C, xf_rowjob *job
 
 /* `pend` (or NULL): a pending gradient the sum pass writes as it goes (xf_pending_step).  `next` (or
  * NULL): the thread's scratch, where the sum pass leaves the next row's max lanes (xf_next_max) when
- * the driver allows it and that row lies inside the input. */
-XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep,
-                                         xf_row_scratch *pend, xf_row_scratch *next)
+ * the driver allows it and that row lies inside the input.  The row's double-double sum goes to (*s_hi,
+ * *s_lo), not yet into the job (xf_row_sum_writing puts it there with its logarithm); returns 0, with
+ * nothing summed, for a row that is not OK. */
+XF_KERNEL int XF_FN(xf_row_sum_parts)(const XF_T *x, long long C, const xf_rowjob *job, XF_T *store,
+                                      double *keep, xf_row_scratch *pend, xf_row_scratch *next, double *s_hi,
+                                      double *s_lo)
 {
     long long b0;
     XF_FN(xf_next_max) lanes, *ahead = 0;
@@ -1676,7 +1679,7 @@ XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *
         next->next_row = NULL;
     }
     if (job->status != XF_ROW_OK) {
-        return;
+        return 0;
     }
     if (next && next->x_end && C >= XF_READ_AHEAD_MIN_CLASSES &&
         (size_t)((const char *)next->x_end - (const char *)x) >= 2 * (size_t)C * sizeof(XF_T)) {
@@ -1700,16 +1703,39 @@ XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *
             xf_dd_add(&hi, &lo, bhi, blo);
         }
     }
-    xf_rowjob_set_sum(job, hi, lo);
+    *s_hi = hi;
+    *s_lo = lo;
     if (ahead) {
         memcpy(next->next_lanes, &lanes, sizeof lanes);
         next->next_done = C / XF_CHUNK * XF_CHUNK;
         next->next_row = x + C;
     }
+    return 1;
+}
+
+/* the row's sum and its logarithm into the job (`log_s`: xf_row_log_S of the sum, evaluated by the
+ * caller), then float64's rescue of a sum of subnormal terms */
+static inline void XF_FN(xf_row_sum_set)(const XF_T *x, long long C, xf_rowjob *job, double s_hi, double s_lo,
+                                         double log_s)
+{
+    xf_rowjob_set_sum_log(job, s_hi, s_lo, log_s);
 #if XF_COMPENSATED
     /* reads x again: rows that may need it are never given a store aliasing x (xf_rowjob_plan) */
-    xf_rowjob_rescue_tiny_sum(job, x, C);
+    xf_rowjob_rescue_tiny_sum(job, (const double *)x, C);
+#else
+    (void)x;
+    (void)C;
 #endif
+}
+
+/* the sum pass (xf_row_sum_parts) and its results into the job */
+XF_KERNEL void XF_FN(xf_row_sum_writing)(const XF_T *x, long long C, xf_rowjob *job, XF_T *store, double *keep,
+                                         xf_row_scratch *pend, xf_row_scratch *next)
+{
+    double hi, lo;
+    if (XF_FN(xf_row_sum_parts)(x, C, job, store, keep, pend, next, &hi, &lo)) {
+        XF_FN(xf_row_sum_set)(x, C, job, hi, lo, xf_row_log_S(hi, lo));
+    }
 }
 
 /* the sum pass alone (logsumexp, log_softmax): nothing kept, nothing pending */
@@ -1754,6 +1780,24 @@ XF_KERNEL void XF_FN(xf_row_z_lse)(const XF_T *x, long long C, xf_rowjob *job, c
     xf_rowjob_z_lse_row(job, (const float *)x, (const double *)0, (const float *)t, (const double *)0, w, C, exact,
                         terms);
 #endif
+}
+
+/* The loss of a row whose sum is in its job (xf_row_sum_writing): the loss-terms pass where the row needs
+ * one, float64's tiny-loss rerun, the z-loss's logsumexp, xf_rowjob_finish */
+XF_KERNEL double XF_FN(xf_row_loss)(const XF_T *x, long long C, xf_rowjob *job, const XF_T *t, const double *w)
+{
+    double terms[4] = {0.0, 0.0, 0.0, 0.0};
+    if (job->status == XF_ROW_OK && job->needs_terms) {
+        if (!XF_COMPENSATED && job->prob) {
+            job->targets_nonneg = XF_FN(xf_targets_nonneg)(t, C);
+        }
+        XF_FN(xf_row_terms)(x, C, job, t, w, terms);
+    }
+#if XF_COMPENSATED
+    xf_rowjob_tiny_loss_row(job, (const double *)x, (const double *)t, w, C, terms);
+#endif
+    XF_FN(xf_row_z_lse)(x, C, job, t, w, terms);
+    return xf_rowjob_finish(job, terms);
 }
 
 /* The one-thread-per-row driver: statistics, loss, gradient.  Returns the row loss (double; the
@@ -1819,18 +1863,7 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     /* float64 stored rows not streamed keep their exponentials in the gradient buffer (exact there) */
     XF_T *store = (XF_COMPENSATED && job->stored && !streamed) ? grad : 0;
     XF_FN(xf_row_sum_writing)(x, C, job, store, keep, pending, scratch);
-    double terms[4] = {0.0, 0.0, 0.0, 0.0};
-    if (job->status == XF_ROW_OK && job->needs_terms) {
-        if (!XF_COMPENSATED && job->prob) {
-            job->targets_nonneg = XF_FN(xf_targets_nonneg)(t, C);
-        }
-        XF_FN(xf_row_terms)(x, C, job, t, w, terms);
-    }
-#if XF_COMPENSATED
-    xf_rowjob_tiny_loss_row(job, (const double *)x, (const double *)t, w, C, terms);
-#endif
-    XF_FN(xf_row_z_lse)(x, C, job, t, w, terms);
-    double loss = xf_rowjob_finish(job, terms);
+    double loss = XF_FN(xf_row_loss)(x, C, job, t, w);
     if (grad) {
         if (job->status != XF_ROW_OK) {
             for (b0 = 0; b0 < C; b0++) {
@@ -1851,6 +1884,46 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
         }
     }
     return loss;
+}
+
+/* The forward pass (no gradient) of R <= XF_GROUP_ROWS rows of x, rows[r] the r-th one's index, with
+ * the jobs the driver set up for them: each row's max and sum passes as xf_xent_row makes them, then the R
+ * logarithms of the sums side by side (one vector; each had run scalar after its own sum pass, a chain of
+ * dependent operations that the next row's max pass did not hide: a build without the logarithm ran the
+ * forward pass at 4096x1000 7 % faster in float32, 3 % in float64, one thread, AMD Zen 5; this took
+ * 3-5 % off it, benchmarks/README.md, 2026-12-07, third round), then each row's loss as xf_xent_row
+ * finishes it (xf_row_loss).  The same functions on the same operands: every
+ * row's loss has the bits xf_xent_row gives it, whatever rows share its vector.  t: the targets at x's
+ * layout, or NULL. */
+XF_KERNEL void XF_FN(xf_xent_rows_forward)(const XF_T *x, const XF_T *t, long long C, const long long *rows,
+                                           int R, xf_rowjob *jobs, const double *w, double *loss)
+{
+    double hi[XF_GROUP_ROWS], lo[XF_GROUP_ROWS], log_s[XF_GROUP_ROWS];
+    int summed[XF_GROUP_ROWS];
+    int r;
+    for (r = 0; r < XF_GROUP_ROWS; r++) {
+        hi[r] = 0.0;
+        lo[r] = 0.0;
+        summed[r] = 0;
+    }
+    for (r = 0; r < R; r++) {
+        const XF_T *xr = x + rows[r] * C;
+        xf_rowjob *job = &jobs[r];
+        XF_FN(xf_row_max)(xr, C, job);
+        xf_rowjob_plan(job, (job->y >= 0) ? (double)xr[job->y] : 0.0, 0);
+        summed[r] = XF_FN(xf_row_sum_parts)(xr, C, job, 0, 0, 0, 0, &hi[r], &lo[r]);
+    }
+#pragma omp simd
+    for (r = 0; r < XF_GROUP_ROWS; r++) {
+        log_s[r] = xf_row_log_S(hi[r], lo[r]);
+    }
+    for (r = 0; r < R; r++) {
+        const XF_T *xr = x + rows[r] * C;
+        if (summed[r]) {
+            XF_FN(xf_row_sum_set)(xr, C, &jobs[r], hi[r], lo[r], log_s[r]);
+        }
+        loss[r] = XF_FN(xf_row_loss)(xr, C, &jobs[r], t ? t + rows[r] * C : 0, w);
+    }
 }
 
 /* ---- short rows, XF_GROUP_ROWS side by side ------------------------------------------------------------

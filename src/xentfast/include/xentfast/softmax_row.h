@@ -173,14 +173,21 @@ XF_HD double xf_row_log_S(double s_hi, double s_lo)
     return xf_log1p(s_hi) + s_lo / (1.0 + s_hi);
 }
 
-XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
+/* the row's sum with its logarithm log_s = xf_row_log_S(s_hi, s_lo), evaluated by the caller (the
+ * forward pass's rows take theirs side by side, softmax_rows.h xf_xent_rows_forward) */
+XF_HD void xf_rowjob_set_sum_log(xf_rowjob *job, double s_hi, double s_lo, double log_s)
 {
     job->s_hi = s_hi;
     job->s_lo = s_lo;
     job->S = 1.0 + s_hi;
-    job->log_s = xf_row_log_S(s_hi, s_lo);
+    job->log_s = log_s;
     job->lse = job->m + job->log_s;
     job->lse_lo = 0.0;
+}
+
+XF_HD void xf_rowjob_set_sum(xf_rowjob *job, double s_hi, double s_lo)
+{
+    xf_rowjob_set_sum_log(job, s_hi, s_lo, xf_row_log_S(s_hi, s_lo));
 }
 
 /* a / (1 + s) for the row's double-double s = s_hi + s_lo, rounded once (within 0.5 ULP plus ~2^-100
