@@ -430,14 +430,17 @@ def test_a_rows_results_do_not_depend_on_the_rows_after_it(cpu_path_back, path, 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("c", [513, 1000, 2051, 8192])
+@pytest.mark.parametrize("c", [100, 300, 513, 1000, 2051, 8192])
 @pytest.mark.parametrize("path", _xent.available_cpu_paths())
 def test_the_forward_passs_rows_in_batches_equal_each_row_alone(cpu_path_back, path, dtype, c):
     """Without a gradient the row driver takes GROUP_ROWS rows a task and their logarithms side by side
-    (softmax_rows.h, xf_xent_rows_forward) once a call has enough rows of up to 8192 classes; a call of
-    one row goes through the row kernel alone.  Each row's loss must be the bits it gets alone, whatever rows share its batch:
-    ignored rows among them, NaN, +-inf, -inf and finite masks, ties, confident rows, a sum of subnormal
-    terms, a batch of ignored rows only, a last partial batch; with weights, smoothing, the z-loss and probability targets."""
+    (softmax_rows.h, xf_xent_rows_forward, xf_rows_max_sum) once a call has enough rows of up to 8192
+    classes, and so does logsumexp; so are the rows a short-row group hands back (here the odd ones, and
+    every row beyond a path's group limit).  A call of one row goes through the row kernel
+    alone.  Each row's result must be the bits it gets alone, whatever rows share its batch: ignored rows
+    among them, NaN, +-inf, -inf and finite masks, ties, confident rows, a sum of subnormal terms, a
+    batch of ignored rows only, a last partial batch; with weights, smoothing, the z-loss and probability
+    targets."""
     _xent.set_cpu_path(path)
     rng = np.random.default_rng(c)
     n = 17 * _xent.GROUP_ROWS + 5
@@ -471,6 +474,11 @@ def test_the_forward_passs_rows_in_batches_equal_each_row_alone(cpu_path_back, p
         for n_threads in (1, 2):
             batched = xf.cross_entropy(x, target, reduction="none", n_threads=n_threads, **opts)
             assert batched.tobytes() == alone.astype(batched.dtype).tobytes(), (opts, n_threads)
+    for f in (xf.logsumexp, xf.log_softmax):
+        alone = np.concatenate([np.atleast_1d(f(x[i:i + 1], n_threads=1)) for i in range(n)])
+        assert np.isnan(alone).any() and np.isinf(alone).any()
+        for n_threads in (1, 2):
+            assert f(x, n_threads=n_threads).tobytes() == alone.tobytes(), (f, n_threads)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

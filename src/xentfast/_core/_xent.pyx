@@ -111,6 +111,7 @@ cdef extern from "xent_kernels.h" nogil:
         unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const float *, const float *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
+        void (*rows_max_sum)(const float *, long long, const long long *, int, xf_rowjob *) noexcept nogil
     ctypedef struct xf_softmax_table_f64:
         void (*max_block)(const double *, long long, long long, xf_rowmax *) noexcept nogil
         void (*sumexp_block)(const double *, long long, double, long long, int, double *, double *,
@@ -131,6 +132,7 @@ cdef extern from "xent_kernels.h" nogil:
         unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const double *, const double *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
+        void (*rows_max_sum)(const double *, long long, const long long *, int, xf_rowjob *) noexcept nogil
     enum: XF_PATH_BASELINE
     enum: XF_PATH_AVX2
     enum: XF_PATH_AVX512
@@ -286,6 +288,12 @@ cdef void _xent_row_group(const floating *x, floating *grad, const XentArgs *a, 
         else:
             done = K64.short_rows(x + i0 * a.C, group_grad, a.C, a.y + i0, a.ignore_index, a.w, a.loss_scale,
                                   a.scale, group_scale, loss + i0)
+    if done == (1u << XF_GROUP_ROWS) - 1:
+        return
+    if grad == NULL:
+        # the rows the group hands back, their logarithms side by side
+        _xent_rows_forward(x, <const floating *>NULL, a, i0, min(<Py_ssize_t>XF_GROUP_ROWS, N - i0), done, loss)
+        return
     for r in range(min(<Py_ssize_t>XF_GROUP_ROWS, N - i0)):
         if not ((done >> r) & 1):
             loss[i0 + r] = _xent_one_row(x, grad, NULL, a, i0 + r, scratch)
@@ -329,17 +337,20 @@ cdef enum:
     _FORWARD_BATCH_MAX_C = 8192
 
 
-cdef void _xent_rows_forward(const floating *x, const floating *t, const XentArgs *a, Py_ssize_t N,
-                             Py_ssize_t b, double *loss) noexcept nogil:
-    # the losses of rows [b R, b R + R), R = XF_GROUP_ROWS, without a gradient: the row kernel's passes
-    # with the rows' logarithms side by side (xf_xent_rows_forward, softmax_rows.h), the same bits
+cdef void _xent_rows_forward(const floating *x, const floating *t, const XentArgs *a, Py_ssize_t i0,
+                             Py_ssize_t n_rows, unsigned done, double *loss) noexcept nogil:
+    # the losses of rows [i0, i0 + n_rows), n_rows <= XF_GROUP_ROWS, without a gradient, but those whose
+    # bit r is set in done: the row kernel's passes with the rows' logarithms side by side
+    # (xf_xent_rows_forward, softmax_rows.h), the same bits
     cdef xf_rowjob jobs[XF_GROUP_ROWS]
     cdef long long rows[XF_GROUP_ROWS]
     cdef double row_loss[XF_GROUP_ROWS]
     cdef int n = 0
     cdef int r
     cdef Py_ssize_t i
-    for i in range(b * XF_GROUP_ROWS, min(N, (b + 1) * XF_GROUP_ROWS)):
+    for i in range(i0, i0 + n_rows):
+        if (done >> (i - i0)) & 1:
+            continue
         if _row_ignored(a, i):
             loss[i] = 0.0
         else:
@@ -373,7 +384,8 @@ cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const
         with parallel(num_threads=n_threads):
             fp_thread = xf_fp_ieee_enter()
             for i in prange(n_batches, schedule="guided"):
-                _xent_rows_forward(x, t, a, N, i, loss)
+                _xent_rows_forward(x, t, a, i * XF_GROUP_ROWS,
+                                   min(<Py_ssize_t>XF_GROUP_ROWS, N - i * XF_GROUP_ROWS), 0, loss)
             xf_fp_ieee_leave(fp_thread)
         return
     if want_scratch and grad != NULL and <const floating *>grad != x:
@@ -679,8 +691,6 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
 cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
                               Py_ssize_t i, xf_row_scratch *scratch) noexcept nogil:
     cdef xf_rowjob job
-    cdef Py_ssize_t b, b0, blen
-    cdef Py_ssize_t block = XF_BLOCK
     if mode == 2:
         # softmax is the cross-entropy gradient of a row without a target under an upstream factor of 1:
         # p_j = e_j * (1 / S), each entry rounded once, with that kernel's passes (the exponentials kept
@@ -699,12 +709,20 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
         else:
             K64.row_max(x + i * C, C, &job)
             K64.row_sum(x + i * C, C, &job)
+    _softmax_family_finish(x, out, lse, C, mode, i, &job)
+
+
+cdef void _softmax_family_finish(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
+                                 Py_ssize_t i, const xf_rowjob *job) noexcept nogil:
+    # a row of the family after its sum pass: logsumexp's value, log_softmax's entries
+    cdef Py_ssize_t b, b0, blen
+    cdef Py_ssize_t block = XF_BLOCK
     if lse != NULL:
         # rows where max x and log S cancel are redone to the result's own precision (softmax_row.h)
         if floating is float:
-            lse[i] = xf_rowjob_exact_lse_f32(&job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(&job)
+            lse[i] = xf_rowjob_exact_lse_f32(job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(job)
         else:
-            lse[i] = xf_rowjob_exact_lse_f64(&job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(&job)
+            lse[i] = xf_rowjob_exact_lse_f64(job, x + i * C, C) if job.status == XF_ROW_OK else _row_logsumexp(job)
     if mode != 1:
         return
     if job.status != XF_ROW_OK:
@@ -717,6 +735,33 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
             K32.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s, job.exp_normal == 1)
         else:
             K64.log_softmax_block(x + i * C + b0, out + i * C + b0, blen, job.m, job.log_s, job.exp_normal == 1)
+
+
+cdef void _softmax_family_rows_batch(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
+                                    Py_ssize_t i0, Py_ssize_t n_rows, unsigned done) noexcept nogil:
+    # logsumexp (mode 0; log_softmax, mode 1, would do too, but measured slower) of rows [i0, i0 + n_rows),
+    # n_rows <= XF_GROUP_ROWS, but those whose bit r is set in done: the rows' max and sum passes with
+    # their logarithms side by side (xf_rows_max_sum, softmax_rows.h), then each row as
+    # _softmax_family_row finishes it, the same bits
+    cdef xf_rowjob jobs[XF_GROUP_ROWS]
+    cdef long long rows[XF_GROUP_ROWS]
+    cdef int n = 0
+    cdef int r
+    cdef Py_ssize_t i
+    for i in range(i0, i0 + n_rows):
+        if (done >> (i - i0)) & 1:
+            continue
+        xf_rowjob_init(&jobs[n], -1, 1.0, 0.0, 0.0, 1.0, 1.0, 1)
+        rows[n] = i
+        n += 1
+    if n == 0:
+        return
+    if floating is float:
+        K32.rows_max_sum(x, C, rows, n, jobs)
+    else:
+        K64.rows_max_sum(x, C, rows, n, jobs)
+    for r in range(n):
+        _softmax_family_finish(x, out, lse, C, mode, rows[r], &jobs[r])
 
 
 cdef inline double _row_logsumexp(const xf_rowjob *job) noexcept nogil:
@@ -740,6 +785,12 @@ cdef void _softmax_family_group(const floating *x, floating *out, double *lse, P
             done = K32.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, mode)
         else:
             done = K64.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, mode)
+    if done == (1u << XF_GROUP_ROWS) - 1:
+        return
+    if mode == 0:
+        # the rows the group hands back, their logarithms side by side (_softmax_family_rows)
+        _softmax_family_rows_batch(x, out, lse, C, mode, i0, min(<Py_ssize_t>XF_GROUP_ROWS, N - i0), done)
+        return
     for r in range(min(<Py_ssize_t>XF_GROUP_ROWS, N - i0)):
         if not ((done >> r) & 1):
             _softmax_family_row(x, out, lse, C, mode, i0 + r, scratch)
@@ -875,7 +926,13 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
     cdef Py_ssize_t i
     cdef xf_fp_state fp_thread = 0
     cdef bint groups = row_groups and (mode == 0) == (lse != NULL) and C <= XF_GROUP_MAX_C
-    cdef Py_ssize_t n_tasks = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS if groups else N
+    # logsumexp's longer rows XF_GROUP_ROWS a task, as the losses' (_xent_rows): 4096x1000 one thread
+    # float32 1.45 -> 1.35 ms, float64 3.18 -> 3.12.  Not log_softmax's: its entries written after the
+    # batch's sum passes, not each row's right after its own, measured 6-7 % slower (float32 1.92 -> 2.06,
+    # float64 4.55 -> 4.81; benchmarks/README.md, 2026-12-07, third round)
+    cdef bint batches = (not groups and mode == 0 and C <= _FORWARD_BATCH_MAX_C and
+                         (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS >= _FORWARD_BATCHES_PER_THREAD * n_threads)
+    cdef Py_ssize_t n_tasks = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS if groups or batches else N
     cdef bint is_float = floating is float
     cdef bint want_scratch = mode == 2 and xf_xent_wants_scratch(True, False, is_float, False, C)
     cdef xf_row_scratch *scratch = NULL
@@ -894,6 +951,9 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
         for i in range(n_tasks):
             if groups:
                 _softmax_family_group(x, out, lse, C, mode, N, i, scratch)
+            elif batches:
+                _softmax_family_rows_batch(x, out, lse, C, mode, i * XF_GROUP_ROWS,
+                                           min(<Py_ssize_t>XF_GROUP_ROWS, N - i * XF_GROUP_ROWS), 0)
             else:
                 _softmax_family_row(x, out, lse, C, mode, i, scratch)
         xf_row_scratch_release(scratch)
@@ -906,6 +966,9 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
         for i in prange(n_tasks, schedule="guided"):
             if groups:
                 _softmax_family_group(x, out, lse, C, mode, N, i, scratch)
+            elif batches:
+                _softmax_family_rows_batch(x, out, lse, C, mode, i * XF_GROUP_ROWS,
+                                           min(<Py_ssize_t>XF_GROUP_ROWS, N - i * XF_GROUP_ROWS), 0)
             else:
                 _softmax_family_row(x, out, lse, C, mode, i, scratch)
         xf_row_scratch_release(scratch)

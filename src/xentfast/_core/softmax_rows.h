@@ -1886,17 +1886,15 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
     return loss;
 }
 
-/* The forward pass (no gradient) of R <= XF_GROUP_ROWS rows of x, rows[r] the r-th one's index, with
- * the jobs the driver set up for them: each row's max and sum passes as xf_xent_row makes them, then the R
- * logarithms of the sums side by side (one vector; each had run scalar after its own sum pass, a chain of
- * dependent operations that the next row's max pass did not hide: a build without the logarithm ran the
- * forward pass at 4096x1000 7 % faster in float32, 3 % in float64, one thread, AMD Zen 5; this took
- * 3-5 % off it, benchmarks/README.md, 2026-12-07, third round), then each row's loss as xf_xent_row
- * finishes it (xf_row_loss).  The same functions on the same operands: every
- * row's loss has the bits xf_xent_row gives it, whatever rows share its vector.  t: the targets at x's
- * layout, or NULL. */
-XF_KERNEL void XF_FN(xf_xent_rows_forward)(const XF_T *x, const XF_T *t, long long C, const long long *rows,
-                                           int R, xf_rowjob *jobs, const double *w, double *loss)
+/* The max and sum passes of R <= XF_GROUP_ROWS rows of x (rows[r] the r-th one's index) with the jobs the
+ * driver set up for them, as xf_xent_row makes them without a gradient, then the R logarithms of the
+ * sums side by side (one vector; each had run scalar after its own sum pass, a chain of dependent
+ * operations that the next row's max pass did not hide: a build without the logarithm ran the forward
+ * pass at 4096x1000 7 % faster in float32, 3 % in float64, one thread, AMD Zen 5; this took 3-5 % off it,
+ * benchmarks/README.md, 2026-12-07, third round), and each row's sum and logarithm into its job.  The
+ * same functions on the same operands: every row's job gets the bits the row kernel gives it, whatever
+ * rows share its vector. */
+XF_KERNEL void XF_FN(xf_rows_max_sum)(const XF_T *x, long long C, const long long *rows, int R, xf_rowjob *jobs)
 {
     double hi[XF_GROUP_ROWS], lo[XF_GROUP_ROWS], log_s[XF_GROUP_ROWS];
     int summed[XF_GROUP_ROWS];
@@ -1918,11 +1916,21 @@ XF_KERNEL void XF_FN(xf_xent_rows_forward)(const XF_T *x, const XF_T *t, long lo
         log_s[r] = xf_row_log_S(hi[r], lo[r]);
     }
     for (r = 0; r < R; r++) {
-        const XF_T *xr = x + rows[r] * C;
         if (summed[r]) {
-            XF_FN(xf_row_sum_set)(xr, C, &jobs[r], hi[r], lo[r], log_s[r]);
+            XF_FN(xf_row_sum_set)(x + rows[r] * C, C, &jobs[r], hi[r], lo[r], log_s[r]);
         }
-        loss[r] = XF_FN(xf_row_loss)(xr, C, &jobs[r], t ? t + rows[r] * C : 0, w);
+    }
+}
+
+/* The losses without a gradient of R <= XF_GROUP_ROWS rows (xf_rows_max_sum), each finished as xf_xent_row
+ * finishes it (xf_row_loss).  t: the targets at x's layout, or NULL. */
+XF_KERNEL void XF_FN(xf_xent_rows_forward)(const XF_T *x, const XF_T *t, long long C, const long long *rows,
+                                           int R, xf_rowjob *jobs, const double *w, double *loss)
+{
+    int r;
+    XF_FN(xf_rows_max_sum)(x, C, rows, R, jobs);
+    for (r = 0; r < R; r++) {
+        loss[r] = XF_FN(xf_row_loss)(x + rows[r] * C, C, &jobs[r], t ? t + rows[r] * C : 0, w);
     }
 }
 

@@ -186,6 +186,7 @@ static inline void xf_row_scratch_release(xf_row_scratch *s)
         unsigned (*short_rows_family)(const T *, T *, double *, long long, int);                          \
         void (*xent_rows_forward)(const T *, const T *, long long, const long long *, int, xf_rowjob *,    \
                                   const double *, double *);                                              \
+        void (*rows_max_sum)(const T *, long long, const long long *, int, xf_rowjob *);                  \
     } xf_softmax_table_##SFX;
 XF_DECLARE_TABLE(float, f32)
 XF_DECLARE_TABLE(double, f64)
@@ -297,7 +298,7 @@ static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_i
 #define XF_TABLE(SFX, PSFX)                                                                             \
     {xf_max_block_##PSFX, xf_sumexp_block_##PSFX, xf_xent_terms_block_##PSFX, xf_xent_grad_block_##PSFX, \
      xf_row_max_##PSFX, xf_row_sum_##PSFX, xf_xent_row_##PSFX, xf_row_z_lse_##PSFX, xf_log_softmax_block_##PSFX, \
-     xf_short_rows_##PSFX, xf_short_rows_family_##PSFX, xf_xent_rows_forward_##PSFX}
+     xf_short_rows_##PSFX, xf_short_rows_family_##PSFX, xf_xent_rows_forward_##PSFX, xf_rows_max_sum_##PSFX}
 #if defined(XF_AVX512_PATH_UNIT)
 /* the only symbols of the path's unit; hidden: each extension module links its own copy */
 __attribute__((visibility("hidden"))) const xf_softmax_table_f32 xf_softmax_f32_avx512 = XF_TABLE(f32, f32_avx512);
