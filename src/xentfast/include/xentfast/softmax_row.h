@@ -174,7 +174,7 @@ XF_HD double xf_row_log_S(double s_hi, double s_lo)
 }
 
 /* the row's sum with its logarithm log_s = xf_row_log_S(s_hi, s_lo), evaluated by the caller (the
- * forward pass's rows take theirs side by side, softmax_rows.h xf_xent_rows_forward) */
+ * forward pass's and logsumexp's rows take theirs side by side, softmax_rows.h xf_rows_max_sum) */
 XF_HD void xf_rowjob_set_sum_log(xf_rowjob *job, double s_hi, double s_lo, double log_s)
 {
     job->s_hi = s_hi;
