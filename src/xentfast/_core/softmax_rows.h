@@ -1897,26 +1897,26 @@ XF_KERNEL double XF_FN(xf_xent_row)(const XF_T *x, XF_T *grad, long long C, xf_r
 XF_KERNEL void XF_FN(xf_rows_max_sum)(const XF_T *x, long long C, const long long *rows, int R, xf_rowjob *jobs)
 {
     double hi[XF_GROUP_ROWS], lo[XF_GROUP_ROWS], log_s[XF_GROUP_ROWS];
-    int summed[XF_GROUP_ROWS];
     int r;
     for (r = 0; r < XF_GROUP_ROWS; r++) {
         hi[r] = 0.0;
         lo[r] = 0.0;
-        summed[r] = 0;
     }
     for (r = 0; r < R; r++) {
         const XF_T *xr = x + rows[r] * C;
         xf_rowjob *job = &jobs[r];
         XF_FN(xf_row_max)(xr, C, job);
+        /* logsumexp's jobs (no target) get x_y = 0 and no stored form here, which nothing of theirs reads */
         xf_rowjob_plan(job, (job->y >= 0) ? (double)xr[job->y] : 0.0, 0);
-        summed[r] = XF_FN(xf_row_sum_parts)(xr, C, job, 0, 0, 0, 0, &hi[r], &lo[r]);
+        XF_FN(xf_row_sum_parts)(xr, C, job, 0, 0, 0, 0, &hi[r], &lo[r]);
     }
 #pragma omp simd
     for (r = 0; r < XF_GROUP_ROWS; r++) {
         log_s[r] = xf_row_log_S(hi[r], lo[r]);
     }
     for (r = 0; r < R; r++) {
-        if (summed[r]) {
+        /* the rows the sum pass summed (xf_row_sum_parts: those OK after the max pass) */
+        if (jobs[r].status == XF_ROW_OK) {
             XF_FN(xf_row_sum_set)(x + rows[r] * C, C, &jobs[r], hi[r], lo[r], log_s[r]);
         }
     }
