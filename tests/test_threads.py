@@ -121,30 +121,36 @@ def test_the_phased_split_reads_nothing_at_an_ignored_rows_label(ignore_index):
     assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()
 
 
-@pytest.mark.parametrize("path", _xent.available_cpu_paths())
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("mode", [0, 1, 2], ids=["logsumexp", "log_softmax", "softmax"])
-def test_phased_split_of_the_softmax_family_equals_the_row_path(cpu_path_back, path, dtype, mode):
-    # few long rows of logsumexp / log_softmax / softmax as (row, block) tasks (_softmax_family_phased):
-    # the statistics merged in block order, the output block by block, the row path's bits.  Rows with
-    # NaN, +inf, all -inf, -inf and finite masks, a dominant logit, a max past the first block, ties, a
-    # logsumexp that cancels (log-probabilities), float64 sums of subnormal terms only
-    _xent.set_cpu_path(path)
-    rng = np.random.default_rng(mode)
-    n, c = 12, 2 * _xent.BLOCK + 333
-    x = (rng.standard_normal((n, c)) * 3).astype(dtype)
+def _family_rows(dtype, c, seed):
+    # 12 rows of c classes: NaN, +inf, all -inf, -inf and finite masks, a dominant logit, a max past
+    # the first block (c > BLOCK + 17; else the last entry), ties, a logsumexp that cancels
+    # (log-probabilities), float64 sums of subnormal terms only, tiny logits
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((12, c)) * 3).astype(dtype)
     x[1, 7] = np.nan
     x[2, -1] = np.inf
     x[3] = -np.inf
     x[4, rng.random(c) < 0.3] = -np.inf
     x[5, rng.random(c) < 0.3] = dtype(-1e9)
     x[6, 3] = 200.0
-    x[7, _xent.BLOCK + 17] = 30.0
+    x[7, min(_xent.BLOCK + 17, c - 1)] = 30.0
     x[8, ::97] = x[8].max()
     x[9] = x[9] - np.logaddexp.reduce(x[9].astype(np.float64))
     x[10] = dtype(-745.0) if dtype == np.float64 else x[10]
     x[10, 0] = 0.0 if dtype == np.float64 else x[10, 0]
     x[11] = x[11] * dtype(1e-30)
+    return x
+
+
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["logsumexp", "log_softmax", "softmax"])
+def test_phased_split_of_the_softmax_family_equals_the_row_path(cpu_path_back, path, dtype, mode):
+    # few long rows of logsumexp / log_softmax / softmax as (row, block) tasks (_softmax_family_phased):
+    # the statistics merged in block order, the output block by block, the row path's bits (_family_rows)
+    _xent.set_cpu_path(path)
+    x = _family_rows(dtype, 2 * _xent.BLOCK + 333, seed=mode)
+    n = x.shape[0]
     outs = []
     for force in (False, True):
         out = np.full_like(x, 7.0)
@@ -157,6 +163,31 @@ def test_phased_split_of_the_softmax_family_equals_the_row_path(cpu_path_back, p
     else:
         assert outs[0][0].tobytes() == outs[1][0].tobytes()
         assert not (outs[1][0] == 7.0).all(axis=1).any()
+
+
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [300, 1000, _xent.BLOCK + 18, 3 * _xent.BLOCK + 5])
+@pytest.mark.parametrize("mode", [1, 2], ids=["log_softmax", "softmax"])
+def test_the_familys_logsumexp_beside_its_rows_is_logsumexps(cpu_path_back, path, dtype, c, mode):
+    # softmax's row kernel skips log S where nothing reads it (job.log_s_unused, set only without a
+    # logsumexp output): asked for one beside the rows, a call gets logsumexp's bits, and the rows are
+    # those of the call without it, on the row path and in the phased split
+    _xent.set_cpu_path(path)
+    x = _family_rows(dtype, c, seed=c + mode)
+    n = x.shape[0]
+    want_lse = np.full(n, 7.0)
+    want_out = np.full_like(x, 7.0)
+    with np.errstate(all="ignore"):
+        _xent.softmax_family(x, np.empty((0, 0), dtype=dtype), want_lse, 0, 1, True, False)
+        _xent.softmax_family(x, want_out, np.empty(0), mode, 1, False, False)
+        for force in (False, True):
+            out, lse = np.full_like(x, 7.0), np.full(n, 7.0)
+            _xent.softmax_family(x, out, lse, mode, 1, True, False, force)
+            assert np.array_equal(lse.view(np.uint8), want_lse.view(np.uint8)), force
+            assert np.array_equal(out.view(np.uint8), want_out.view(np.uint8)), force
+    # the comparison has teeth: finite logsumexps (the cancelling row's near 0) and NaN rows
+    assert np.isfinite(want_lse).sum() >= 8 and abs(want_lse[9]) < 1e-3 and np.isnan(want_lse[1])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -65,6 +65,7 @@ cdef extern from "xent_kernels.h" nogil:
         int exp_normal
         double log_s
         double lse
+        int log_s_unused
         double w_min_pos
     void xf_rowmax_init(xf_rowmax *st)
     void xf_rowmax_merge(xf_rowmax *st, const xf_rowmax *blk)
@@ -695,8 +696,10 @@ cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_
         # softmax is the cross-entropy gradient of a row without a target under an upstream factor of 1:
         # p_j = e_j * (1 / S), each entry rounded once, with that kernel's passes (the exponentials kept
         # in the scratch row or the output, long rows written during the next row's sum pass).  NaN rows
-        # come back NaN throughout; the row loss it returns has no meaning here.
+        # come back NaN throughout; the row loss it returns has no meaning here, and without a logsumexp
+        # output nothing reads log S either (log_s_unused: the sum pass skips it).
         xf_rowjob_init(&job, -1, 1.0, 0.0, 0.0, 1.0, 1.0, 0)
+        job.log_s_unused = lse == NULL
         if floating is float:
             K32.xent_row(x + i * C, out + i * C, C, &job, NULL, NULL, scratch)
         else:

@@ -64,6 +64,9 @@ typedef struct {
     double s_scaled;
     double log_s;        /* log S = log1p(s) */
     double lse;          /* m + log S */
+    int log_s_unused;    /* CPU row kernel: the driver reads neither log S, lse nor the loss (softmax
+                          * without its logsumexp), and the sum pass leaves the first two NaN rather than
+                          * spend a scalar log1p and division on them (softmax_rows.h, xf_row_sum_writing) */
     double lse_lo;       /* z-loss rows: lse + lse_lo carries the logsumexp beyond a double (xf_rowjob_z_lse) */
     /* set by finish */
     double coef;         /* gradient: coef * p_j * coef_mult - scale * q_j */
@@ -129,6 +132,7 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->log_s = 0.0;
     job->lse = 0.0;
     job->lse_lo = 0.0;
+    job->log_s_unused = 0;
     job->z_exact = 0;
     job->coef = 0.0;
     job->coef_mult = 1.0;
