@@ -191,6 +191,42 @@ def test_ffi_short_row_groups_give_numpys_bits(cpu_path_back, cpu_path, C, dtype
     assert_same_bits(dx, xf.cross_entropy_backward(g, x, y_np, reduction="none"))
 
 
+@pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
+@pytest.mark.parametrize("C", [300, 1000])
+def test_ffi_forward_rows_in_batches_give_numpys_bits(cpu_path_back, cpu_path, C, dtype, monkeypatch):
+    """The loss without its gradient (the forward pass of value_and_grad, a jitted loss) takes the rows
+    GROUP_ROWS a task in the handlers as in the NumPy API (xf_forward_in_batches: their logarithms side
+    by side): integer labels (beyond the short-row groups, or handed back by them: 300 classes on the avx2
+    path), with the z-loss, probability targets; rows masked by `where`, a last partial batch, and the
+    rows the groups hand back (NaN, +inf, a -inf label, a spread beyond the exponentials' range)."""
+    if xfj._ffi is None:
+        _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
+    monkeypatch.setattr(xfj, "CALLBACK", "ffi")
+    n = 16 * _xent.GROUP_ROWS + 5
+    rng = np.random.default_rng(C)
+    x = (3 * rng.standard_normal((n, C))).astype(dtype)
+    y = rng.integers(0, C, n)
+    t = rng.random((n, C)).astype(dtype)
+    t /= t.sum(-1, keepdims=True)
+    odd = x[[1, 9, 18, 26]]
+    odd[0, -1], odd[1, -1], odd[2, y[18]], odd[3, -1] = np.nan, np.inf, -np.inf, 720.0
+    x[[1, 9, 18, 26]] = odd
+    keep = rng.random(n) < 0.8
+    keep[[1, 9, 18, 26]] = True
+    y_np = np.where(keep, y, -100)
+    _xent.set_cpu_path(cpu_path)
+    X, Y, K, T = jnp.asarray(x), jnp.asarray(y), jnp.asarray(keep), jnp.asarray(t)
+    f = xfj.softmax_cross_entropy_with_integer_labels
+    with np.errstate(all="ignore"):
+        assert_same_bits(jax.jit(lambda x: f(x, Y, where=K))(X), xf.cross_entropy(x, y_np, reduction="none"))
+        assert_same_bits(jax.jit(lambda x: f(x, Y, z_loss=1e-2))(X),
+                         xf.cross_entropy(x, y, reduction="none", z_loss=1e-2))
+        assert_same_bits(jax.jit(xfj.softmax_cross_entropy)(X, T), xf.cross_entropy(x, t, reduction="none"))
+    # the rows the groups hand back were there, and the masked rows
+    want = xf.cross_entropy(x, y_np, reduction="none")
+    assert np.isnan(want).sum() >= 2 and (want[~keep] == 0).all() and (~keep).sum() > 5
+
+
 def test_special_values_same_bits(path, dtype):
     """The README's special-value rows go through every path unchanged (NaN bits included)."""
     inf, nan = np.inf, np.nan

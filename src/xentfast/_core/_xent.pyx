@@ -143,6 +143,7 @@ cdef extern from "xent_kernels.h" nogil:
     const xf_softmax_table_f64 *xf_softmax_table_for_f64(int path)
     bint xf_xent_wants_scratch(bint has_grad, bint general, bint storage_is_float, bint grad_is_logits,
                                long long n_classes)
+    bint xf_forward_in_batches(long long n_rows, long long n_classes, int n_threads)
     long long XF_STREAM_MIN_CLASSES_FOR(bint storage_is_float, int path)
     long long XF_SCRATCH_MAX_CLASSES
     ctypedef struct xf_softmax_exports:
@@ -328,16 +329,6 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
         xf_fp_ieee_leave(fp_thread)
 
 
-# _xent_rows takes the losses alone XF_GROUP_ROWS rows a task from this many tasks per thread (fewer rows
-# go one a task, so that a call of a few long rows still gives each thread its share), for rows of up to
-# _FORWARD_BATCH_MAX_C classes: one logarithm is ~30 ns of a row's ~370 at 1000 float32 classes, nothing
-# measurable at 32000, and the batches measured 4 % slower at 2048x128256 float32 on two threads (within
-# that VM's noise; benchmarks/README.md, 2026-12-07, third round)
-cdef enum:
-    _FORWARD_BATCHES_PER_THREAD = 8
-    _FORWARD_BATCH_MAX_C = 8192
-
-
 cdef void _xent_rows_forward(const floating *x, const floating *t, const XentArgs *a, Py_ssize_t i0,
                              Py_ssize_t n_rows, unsigned done, double *loss) noexcept nogil:
     # the losses of rows [i0, i0 + n_rows), n_rows <= XF_GROUP_ROWS, without a gradient, but those whose
@@ -379,9 +370,8 @@ cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const
     cdef xf_row_scratch *scratch = NULL
     cdef bint streaming = True
     cdef Py_ssize_t n_batches = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS
-    if grad == NULL and C <= _FORWARD_BATCH_MAX_C and n_batches >= _FORWARD_BATCHES_PER_THREAD * n_threads:
-        # the losses alone, XF_GROUP_ROWS rows a task (enough tasks per thread that the rows still
-        # share out evenly)
+    if grad == NULL and xf_forward_in_batches(N, C, n_threads):
+        # the losses alone, XF_GROUP_ROWS rows a task
         with parallel(num_threads=n_threads):
             fp_thread = xf_fp_ieee_enter()
             for i in prange(n_batches, schedule="guided"):
@@ -933,8 +923,7 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
     # float32 1.45 -> 1.35 ms, float64 3.18 -> 3.12.  Not log_softmax's: its entries written after the
     # batch's sum passes, not each row's right after its own, measured 6-7 % slower (float32 1.92 -> 2.06,
     # float64 4.55 -> 4.81; benchmarks/README.md, 2026-12-07, third round)
-    cdef bint batches = (not groups and mode == 0 and C <= _FORWARD_BATCH_MAX_C and
-                         (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS >= _FORWARD_BATCHES_PER_THREAD * n_threads)
+    cdef bint batches = not groups and mode == 0 and xf_forward_in_batches(N, C, n_threads)
     cdef Py_ssize_t n_tasks = (N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS if groups or batches else N
     cdef bint is_float = floating is float
     cdef bint want_scratch = mode == 2 and xf_xent_wants_scratch(True, False, is_float, False, C)

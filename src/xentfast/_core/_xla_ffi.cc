@@ -141,8 +141,16 @@ void on_threads(int nt, long long n_tasks, const Body &body)
     }
 }
 
-// _xent.pyx's _xent_one_row with: no class weights, no smoothing, scale 1, loss_scale 1 (reduction
-// "none"), the row's upstream factor g[i] (double, exact) when there is one.  Returns the row's loss.
+// _xent.pyx's _row_job_init with: no class weights, no smoothing, scale 1, loss_scale 1 (reduction
+// "none"), the row's upstream factor g[i] (double, exact) when there is one
+template <typename T, typename L>
+void row_job_init(const L *y, const T *g, long long i, double z, xf_rowjob *job)
+{
+    const double s = g != nullptr ? 1.0 * static_cast<double>(g[i]) : 1.0;
+    xf_rowjob_init(job, y != nullptr ? y[i] : -1, 1.0, 0.0, z, s, 1.0, y == nullptr);
+}
+
+// _xent.pyx's _xent_one_row (row_job_init's job).  Returns the row's loss.
 template <typename T, typename L>
 double xent_one_row(const T *x, const L *y, const T *t, const T *g, long long i, long long C, double z,
                     T *grad, xf_row_scratch *scratch)
@@ -154,10 +162,39 @@ double xent_one_row(const T *x, const L *y, const T *t, const T *g, long long i,
         return 0.0;
     }
     xf_rowjob job;
-    const double s = g != nullptr ? 1.0 * static_cast<double>(g[i]) : 1.0;
-    xf_rowjob_init(&job, y != nullptr ? y[i] : -1, 1.0, 0.0, z, s, 1.0, y == nullptr);
+    row_job_init<T, L>(y, g, i, z, &job);
     return Tables<T>::softmax()->xent_row(x + i * C, grad != nullptr ? grad + i * C : nullptr, C, &job,
                                           t != nullptr ? t + i * C : nullptr, nullptr, scratch);
+}
+
+// _xent.pyx's _xent_rows_forward: the losses without a gradient of rows [i0, i0 + n), n <= XF_GROUP_ROWS,
+// but those whose bit r is set in done, the rows' logarithms side by side (xf_xent_rows_forward,
+// softmax_rows.h: the row kernel's bits)
+template <typename T, typename L>
+void xent_rows_forward(const T *x, const L *y, const T *t, long long C, double z, long long i0, long long n,
+                       unsigned done, T *loss)
+{
+    xf_rowjob jobs[XF_GROUP_ROWS];
+    long long rows[XF_GROUP_ROWS];
+    double losses[XF_GROUP_ROWS];
+    int n_left = 0;
+    for (long long i = i0; i < i0 + n; ++i) {
+        if ((done >> (i - i0)) & 1u) {
+            continue;
+        }
+        if (y != nullptr && y[i] == kSkip) {
+            loss[i] = static_cast<T>(0.0);
+            continue;
+        }
+        row_job_init<T, L>(y, nullptr, i, z, &jobs[n_left]);
+        rows[n_left++] = i;
+    }
+    if (n_left > 0) {
+        Tables<T>::softmax()->xent_rows_forward(x, t, C, rows, n_left, jobs, nullptr, losses);
+    }
+    for (int r = 0; r < n_left; ++r) {
+        loss[rows[r]] = static_cast<T>(losses[r]);  // the NumPy API's astype, as below
+    }
 }
 
 // _xent.pyx's _xent_row_group: rows of index targets without the z-loss, XF_GROUP_ROWS at a time side by
@@ -182,6 +219,16 @@ void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long 
             done = Tables<T>::softmax()->short_rows(x + i0 * C, grad != nullptr ? grad + i0 * C : nullptr, C,
                                                     labels, kSkip, nullptr, 1.0, 1.0,
                                                     g != nullptr ? factors : nullptr, losses);
+        }
+        if (grad == nullptr && loss != nullptr) {
+            // the rows the group hands back, their logarithms side by side (_xent.pyx's _xent_row_group)
+            for (long long r = 0; r < n; ++r) {
+                if ((done >> r) & 1u) {
+                    loss[i0 + r] = static_cast<T>(losses[r]);
+                }
+            }
+            xent_rows_forward<T, L>(x, y, nullptr, C, 0.0, i0, n, done, loss);
+            return;
         }
         // the rows left to the row kernel get a scratch row as xent_rows' do (float32 keeps its
         // exponentials there; without it they are evaluated twice), made only where one is left
@@ -210,6 +257,15 @@ void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long
         return;
     }
     const int nt = threads_for(N * C);
+    if (grad == nullptr && loss != nullptr && xf_forward_in_batches(N, C, nt)) {
+        // the losses alone, XF_GROUP_ROWS rows a task (_xent.pyx's _xent_rows)
+        on_threads(nt, (N + XF_GROUP_ROWS - 1) / XF_GROUP_ROWS, [=](long long k) {
+            const long long i0 = k * XF_GROUP_ROWS;
+            xent_rows_forward<T, L>(x, y, t, C, z, i0, std::min(N - i0, static_cast<long long>(XF_GROUP_ROWS)), 0u,
+                                    loss);
+        });
+        return;
+    }
     // exponentials kept between passes (xent_kernels.h: the general gradient's, every float32 row's,
     // long float64 stored rows'); no label smoothing here
     const bool want_scratch = xf_xent_wants_scratch(grad != nullptr, t != nullptr || z != 0.0,

@@ -262,6 +262,22 @@ static inline int xf_xent_wants_scratch(int has_grad, int general, int storage_i
            (storage_is_float || (general && grad_is_logits) || n_classes >= XF_STREAM_MIN_CLASSES(storage_is_float));
 }
 
+/* Whether a row driver hands out the losses without a gradient XF_GROUP_ROWS rows a task (softmax_rows.h,
+ * xf_xent_rows_forward and xf_rows_max_sum: the rows' logarithms side by side) rather than one: rows of up
+ * to XF_FORWARD_BATCH_MAX_C classes, in calls of at least XF_FORWARD_BATCHES_PER_THREAD such tasks per
+ * thread (fewer rows go one a task, so that a call of a few long rows still gives each thread its share).
+ * One logarithm is ~30 ns of a row's ~370 at 1000 float32 classes, nothing measurable at 32000, and the
+ * batches measured 4 % slower at 2048x128256 float32 on two threads (within that VM's noise;
+ * benchmarks/README.md, 2026-12-07, third round).  The Cython drivers (the losses, logsumexp) and the FFI
+ * handlers both ask here. */
+#define XF_FORWARD_BATCH_MAX_C 8192
+#define XF_FORWARD_BATCHES_PER_THREAD 8
+static inline int xf_forward_in_batches(long long n_rows, long long n_classes, int n_threads)
+{
+    return n_classes <= XF_FORWARD_BATCH_MAX_C &&
+           (n_rows + XF_GROUP_ROWS - 1) / XF_GROUP_ROWS >= (long long)XF_FORWARD_BATCHES_PER_THREAD * n_threads;
+}
+
 /* XF_KERNEL_TABLES_ONLY: the types above without the kernels (the FFI handlers' unit) */
 #ifndef XF_KERNEL_TABLES_ONLY
 
