@@ -162,6 +162,20 @@ def test_ffi_handlers_give_numpys_bits_on_every_cpu_path(cpu_path_back, cpu_path
     assert_same_bits(bce, xf.binary_cross_entropy_with_logits(x, yb, reduction="none"))
 
 
+def _rows_with_odd_ones(rng, n, C, dtype):
+    """n rows of C logits and their labels, rows 1, 9, 18 and 26 odd ones that the short-row groups hand
+    back (NaN, +inf, a -inf label, a spread beyond the exponentials' range), and a `where` mask of about
+    80 % of the rows."""
+    x = (3 * rng.standard_normal((n, C))).astype(dtype)
+    y = rng.integers(0, C, n)
+    odd = x[[1, 9, 18, 26]]
+    odd[0, -1], odd[1, -1], odd[2, y[18]] = np.nan, np.inf, -np.inf
+    odd[3, -1] = 720.0 if C > 1 else 0.0
+    x[[1, 9, 18, 26]] = odd
+    keep = rng.random(n) < 0.8
+    return x, y, keep
+
+
 @pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
 @pytest.mark.parametrize("C", [1, 10, 48, 49, 64, 65, 80, 81, 128, 129, 144, 145, 160, 161, 208, 209, 256, 257])
 def test_ffi_short_row_groups_give_numpys_bits(cpu_path_back, cpu_path, C, dtype, monkeypatch):
@@ -172,15 +186,9 @@ def test_ffi_short_row_groups_give_numpys_bits(cpu_path_back, cpu_path, C, dtype
     if xfj._ffi is None:
         _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
     monkeypatch.setattr(xfj, "CALLBACK", "ffi")
-    n = 5 * _xent.GROUP_ROWS + 3
     rng = np.random.default_rng(C)
-    x = (3 * rng.standard_normal((n, C))).astype(dtype)
-    y = rng.integers(0, C, n)
-    odd = x[[1, 9, 18, 26]]
-    odd[0, -1], odd[1, -1], odd[2, y[18]] = np.nan, np.inf, -np.inf
-    odd[3, -1] = 720.0 if C > 1 else 0.0
-    x[[1, 9, 18, 26]] = odd
-    keep = rng.random(n) < 0.8
+    x, y, keep = _rows_with_odd_ones(rng, 5 * _xent.GROUP_ROWS + 3, C, dtype)
+    n = len(x)
     g = (0.5 + rng.random(n)).astype(dtype)
     g[[3, 12, 30]] = 0.0, -1.5, np.inf
     _xent.set_cpu_path(cpu_path)
@@ -202,17 +210,11 @@ def test_ffi_forward_rows_in_batches_give_numpys_bits(cpu_path_back, cpu_path, C
     if xfj._ffi is None:
         _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
     monkeypatch.setattr(xfj, "CALLBACK", "ffi")
-    n = 16 * _xent.GROUP_ROWS + 5
     rng = np.random.default_rng(C)
-    x = (3 * rng.standard_normal((n, C))).astype(dtype)
-    y = rng.integers(0, C, n)
-    t = rng.random((n, C)).astype(dtype)
-    t /= t.sum(-1, keepdims=True)
-    odd = x[[1, 9, 18, 26]]
-    odd[0, -1], odd[1, -1], odd[2, y[18]], odd[3, -1] = np.nan, np.inf, -np.inf, 720.0
-    x[[1, 9, 18, 26]] = odd
-    keep = rng.random(n) < 0.8
+    x, y, keep = _rows_with_odd_ones(rng, 16 * _xent.GROUP_ROWS + 5, C, dtype)
     keep[[1, 9, 18, 26]] = True
+    t = rng.random(x.shape).astype(dtype)
+    t /= t.sum(-1, keepdims=True)
     y_np = np.where(keep, y, -100)
     _xent.set_cpu_path(cpu_path)
     X, Y, K, T = jnp.asarray(x), jnp.asarray(y), jnp.asarray(keep), jnp.asarray(t)
