@@ -211,7 +211,8 @@ def test_ffi_forward_rows_in_batches_give_numpys_bits(cpu_path_back, cpu_path, C
         _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
     monkeypatch.setattr(xfj, "CALLBACK", "ffi")
     rng = np.random.default_rng(C)
-    x, y, keep = _rows_with_odd_ones(rng, 16 * _xent.GROUP_ROWS + 5, C, dtype)
+    # 8 batches per thread for up to 8 threads (the handlers' rule, threads_for), and a partial one
+    x, y, keep = _rows_with_odd_ones(rng, 64 * _xent.GROUP_ROWS + 5, C, dtype)
     keep[[1, 9, 18, 26]] = True
     t = rng.random(x.shape).astype(dtype)
     t /= t.sum(-1, keepdims=True)

@@ -12,7 +12,9 @@
 // (b) Rows, and groups of short rows.  _xent.pyx also has a "phased" split for fewer rows than threads;
 //     it gives the same bits as the row loop (tests/test_threads.py) and only changes which thread runs
 //     which block, so the handlers keep to the row loop.  Short rows of index targets go side by side,
-//     XF_GROUP_ROWS at a time, as the NumPy API runs them (the row kernel's bits, several times faster).
+//     XF_GROUP_ROWS at a time, as the NumPy API runs them (the row kernel's bits, several times faster),
+//     and so do the losses without a gradient of longer rows, each row's passes as alone, then their
+//     logarithms side by side (xf_forward_in_batches; the same bits again).
 // (c) Threads: OpenMP, with the NumPy API's rule (xentfast._threads.threads_for): all of OpenMP's
 //     threads, but one per 16384 elements at most.  A row's result never depends on the count, nor
 //     on which thread runs it: the loops are schedule(guided), as _xent.pyx (c) explains.
@@ -198,7 +200,8 @@ void xent_rows_forward(const T *x, const L *y, const T *t, long long C, double z
 }
 
 // _xent.pyx's _xent_row_group: rows of index targets without the z-loss, XF_GROUP_ROWS at a time side by
-// side where they qualify (xf_short_rows, softmax_rows.h: the row kernel's bits), the rest one by one.
+// side where they qualify (xf_short_rows, softmax_rows.h: the row kernel's bits), the rest one by one
+// (without a gradient, as a batch: xent_rows_forward).
 // The group takes the skip label as its ignore_index, labels widened to int64 and the upstream factors
 // to double, the row kernel's scale 1 * g[i] (exact) as the group's scale 1 times its row factor.
 template <typename T, typename L>

@@ -47,6 +47,10 @@ typedef struct {
                           * xf_xent_row: rows beyond the plan's spread, out of place) */
     int has_grad;        /* a gradient follows (xf_rowjob_plan; 1 until planned): finish forms coef_per_S */
     double x_y;          /* target logit, read before any pass may overwrite the logits (inplace) */
+    int log_s_unused;    /* set by the driver after init (0 until then), CPU row kernel: it reads neither
+                          * log S, lse nor the loss (softmax without its logsumexp), and the sum pass leaves
+                          * the first two NaN rather than spend a scalar log1p and division on them
+                          * (softmax_rows.h, xf_row_sum_writing) */
     /* set by the max pass */
     int status;
     int has_nan;
@@ -64,9 +68,6 @@ typedef struct {
     double s_scaled;
     double log_s;        /* log S = log1p(s) */
     double lse;          /* m + log S */
-    int log_s_unused;    /* CPU row kernel: the driver reads neither log S, lse nor the loss (softmax
-                          * without its logsumexp), and the sum pass leaves the first two NaN rather than
-                          * spend a scalar log1p and division on them (softmax_rows.h, xf_row_sum_writing) */
     double lse_lo;       /* z-loss rows: lse + lse_lo carries the logsumexp beyond a double (xf_rowjob_z_lse) */
     /* set by finish */
     double coef;         /* gradient: coef * p_j * coef_mult - scale * q_j */
