@@ -47,10 +47,6 @@ typedef struct {
                           * xf_xent_row: rows beyond the plan's spread, out of place) */
     int has_grad;        /* a gradient follows (xf_rowjob_plan; 1 until planned): finish forms coef_per_S */
     double x_y;          /* target logit, read before any pass may overwrite the logits (inplace) */
-    int log_s_unused;    /* set by the driver after init (0 until then), CPU row kernel: it reads neither
-                          * log S, lse nor the loss (softmax without its logsumexp), and the sum pass leaves
-                          * the first two NaN rather than spend a scalar log1p and division on them
-                          * (softmax_rows.h, xf_row_sum_writing) */
     /* set by the max pass */
     int status;
     int has_nan;
@@ -68,6 +64,13 @@ typedef struct {
     double s_scaled;
     double log_s;        /* log S = log1p(s) */
     double lse;          /* m + log S */
+    int log_s_unused;    /* set by the driver after init (0 until then), CPU row kernel: it reads neither
+                          * log S, lse nor the loss (softmax without its logsumexp), and the sum pass leaves
+                          * the first two NaN rather than spend a scalar log1p and division on them
+                          * (softmax_rows.h, xf_row_sum_writing).  Here, not beside the driver's other
+                          * fields: the CUDA row kernel, which never reads it, spills by the layout
+                          * (tests/test_cuda.py, XENT_KERNEL_SPILL_BYTES): after x_y 44 bytes (budget 32),
+                          * here the 28 (float32: 24) it spilled without the field */
     double lse_lo;       /* z-loss rows: lse + lse_lo carries the logsumexp beyond a double (xf_rowjob_z_lse) */
     /* set by finish */
     double coef;         /* gradient: coef * p_j * coef_mult - scale * q_j */
