@@ -289,11 +289,20 @@ NVCC_JOBS_OF_CHECK = {
 }
 
 
-def _run_nvcc_job(nvcc, args, unit, out):
+def _run_nvcc_job(nvcc, args, unit, out, spawn_tries=3):
     src = out.parent / "instantiate.cu"
     src.write_text(unit)
     cmd = [nvcc, "-std=c++17", *[f"-I{d}" for d in INCLUDES], *args, "-o", str(out), str(src)]
-    return cmd, subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent)
+    # A failure to start the process says nothing about the source: once in a fresh CI run (2026-12-07)
+    # one of the jobs, spawned beside the others from the pool, failed with "[Errno 14] Bad address" for
+    # nvcc itself and passed on every run after.  Starting again is harmless; nvcc's own failures (a
+    # returncode) are never retried, and a spawn error that persists is raised.
+    for attempt in range(spawn_tries):
+        try:
+            return cmd, subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent)
+        except OSError:
+            if attempt + 1 == spawn_tries:
+                raise
 
 
 class _NvccRuns(dict):
