@@ -226,7 +226,7 @@ extensions = [
         extra_compile_args=cflags,
         extra_link_args=ldflags,
     )
-    for name in ("_binary", "_xent", "_scalar", "_openmp_helpers")
+    for name in ("_binary", "_xent", "_scalar", "_layout", "_openmp_helpers")
 ]
 
 

@@ -5,6 +5,7 @@ Bounds (README table): per-row loss, log_softmax, logsumexp, softmax and index-t
 ulp(|p_j A| + |q_j|); mean and sum <= 4 ULP.  Gradients are compared with the exact derivative, never
 with finite differences (the founding Paddle bug hid behind a loose finite-difference tolerance).
 """
+import math
 from fractions import Fraction
 
 import mpmath
@@ -1051,6 +1052,77 @@ def test_class_axis_and_layout_do_not_change_bits(dtype):
     assert np.array_equal(xf.cross_entropy_with_grad(fortran, y, reduction="none")[1], grad_last)
     strided = np.ascontiguousarray(np.repeat(last, 2, axis=-1))[..., ::2]
     assert np.array_equal(xf.cross_entropy_with_grad(strided, y, reduction="none")[1], grad_last)
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+@pytest.mark.parametrize("shape", [(2, 37, 5, 29), (3, 70, 130), (1, 1, 1), (4, 33, 1), (1, 2, 200)])
+def test_class_axis_move_is_numpys_copy_bit_for_bit(shape, itemsize):
+    # the parallel tiled transposition (xentfast._core._layout) against NumPy's copy: tiles of 32 x 64
+    # items, so these shapes have partial tiles on both sides, several tiles per matrix, one-item axes;
+    # random words (NaN payloads, signed zeros, subnormals among them) must arrive unchanged
+    from xentfast._core import _layout
+    rng = np.random.default_rng(sum(shape) + itemsize)
+    words = rng.integers(0, 2**63, size=shape, dtype=np.uint64)
+    src = words.astype(np.uint32) if itemsize == 4 else words
+    for axis in range(len(shape)):
+        want = np.ascontiguousarray(np.moveaxis(src, axis, -1))
+        n_mats, C, D = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+        for n_threads in (1, 2, 3):
+            rows = np.empty_like(want)
+            _layout.transpose_batched(src, rows, n_mats, C, D, n_threads)
+            assert np.array_equal(rows, want), (axis, n_threads)
+            back = np.empty_like(src)
+            _layout.transpose_batched(rows, back, n_mats, D, C, n_threads)
+            assert np.array_equal(back, src), (axis, n_threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_class_axis_elsewhere_gives_the_rows_bits(dtype):
+    # torch's (N, C, d1, d2) layout and axis 0, several tiles of the transposition each way: every
+    # function equals the call on the moved C-contiguous rows, for any thread count, also into out=
+    # (C-contiguous or not) and inplace
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((3, 45, 9, 11)) * 4).astype(dtype)
+    x[0, :, 0, 0] = np.nan
+    x[1, 3, 2, 2] = -np.inf
+    p = rng.random(x.shape).astype(dtype)
+    p /= p.sum(axis=1, keepdims=True)
+    for axis in (1, 0):
+        moved = np.ascontiguousarray(np.moveaxis(x, axis, -1))
+        pm = np.ascontiguousarray(np.moveaxis(p, axis, -1))
+        y = rng.integers(0, x.shape[axis], size=moved.shape[:-1])
+        y[0, 0, 1] = -100
+
+        def back(a):
+            return np.moveaxis(a, -1, axis)
+
+        for n_threads in (1, 2, 3):
+            for target, t_moved in ((y, y), (p, pm)):
+                kw = dict(reduction="none", label_smoothing=0.1, n_threads=n_threads)
+                loss, grad = xf.cross_entropy_with_grad(x, target, axis=axis, **kw)
+                loss_m, grad_m = xf.cross_entropy_with_grad(moved, t_moved, **kw)
+                assert np.array_equal(loss, loss_m, equal_nan=True)
+                assert grad.flags.c_contiguous and np.array_equal(grad, back(grad_m), equal_nan=True)
+                for out in (np.empty_like(x), np.empty_like(np.repeat(x, 2, axis=-1))[..., ::2]):
+                    g_out = xf.cross_entropy_with_grad(x, target, axis=axis, out=out, **kw)[1]
+                    assert g_out is out and np.array_equal(out, grad, equal_nan=True)
+                x_in = x.copy()
+                assert xf.cross_entropy_with_grad(x_in, target, axis=axis, inplace=True, **kw)[1] is x_in
+                assert np.array_equal(x_in, grad, equal_nan=True)
+                assert np.array_equal(xf.cross_entropy(x, target, axis=axis, **kw),
+                                      xf.cross_entropy(moved, t_moved, **kw), equal_nan=True)
+            for fn in (xf.log_softmax, xf.softmax):
+                got = fn(x, axis=axis, n_threads=n_threads)
+                assert got.flags.c_contiguous
+                assert np.array_equal(got, back(fn(moved, n_threads=n_threads)), equal_nan=True)
+            assert np.array_equal(xf.logsumexp(x, axis=axis, n_threads=n_threads),
+                                  xf.logsumexp(moved, n_threads=n_threads), equal_nan=True)
+            probs = xf.softmax(x, axis=axis)
+            probs[np.isnan(probs)] = 0.5
+            loss, grad = xf.cross_entropy_from_probs_with_grad(probs, p, axis=axis, n_threads=n_threads)
+            loss_m, grad_m = xf.cross_entropy_from_probs_with_grad(
+                np.ascontiguousarray(np.moveaxis(probs, axis, -1)), pm, n_threads=n_threads)
+            assert loss == loss_m and np.array_equal(grad, back(grad_m))
 
 
 @pytest.mark.parametrize("axis", [-1, 1])

@@ -1033,11 +1033,11 @@ class _ProbsProblem(_api._Problem):
         self.z = 0.0
         self.clip_eps = _check_eps(eps)
         self.ignore_index = _api._check_ignore_index(ignore_index)
-        self.rows, self.batch_shape, self.C = _rows(x, self.axis)
+        self.rows, self.batch_shape, self.C = _rows(x, self.axis, n_threads)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
         self.y, self.t, self._kept = _split_target(target, x, self.axis, self.batch_shape, self.C,
-                                                   self.ignore_index, self.backend, checks)
+                                                   self.ignore_index, self.backend, checks, n_threads)
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_probabilities(x, backend=self.backend, checks=checks, n_threads=n_threads)
         _api._check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks,
