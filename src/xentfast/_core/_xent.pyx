@@ -108,7 +108,7 @@ cdef extern from "xent_kernels.h" nogil:
                           double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double, int) noexcept nogil
         unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
-                               double, double, const double *, double *) noexcept nogil
+                               double, double, const double *, double *, double, double) noexcept nogil
         unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const float *, const float *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
@@ -129,7 +129,7 @@ cdef extern from "xent_kernels.h" nogil:
                           double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double, int) noexcept nogil
         unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
-                               double, double, const double *, double *) noexcept nogil
+                               double, double, const double *, double *, double, double) noexcept nogil
         unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const double *, const double *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
@@ -275,9 +275,9 @@ cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, 
 
 cdef void _xent_row_group(const floating *x, floating *grad, const XentArgs *a, Py_ssize_t N, Py_ssize_t g,
                           double *loss, xf_row_scratch *scratch) noexcept nogil:
-    # Rows [g R, g R + R) of a call with index targets, no smoothing and no z-loss: side by side where they
-    # qualify (xf_short_rows, softmax_rows.h), the others and a last partial group one by one through the row
-    # kernel, whose bits the group reproduces
+    # Rows [g R, g R + R) of a call with index targets and no z-loss: side by side where they qualify
+    # (xf_short_rows, softmax_rows.h; label smoothing too), the others and a last partial group one by one
+    # through the row kernel, whose bits the group reproduces
     cdef Py_ssize_t i0 = g * XF_GROUP_ROWS
     cdef Py_ssize_t r
     cdef unsigned done = 0
@@ -286,10 +286,10 @@ cdef void _xent_row_group(const floating *x, floating *grad, const XentArgs *a, 
     if i0 + XF_GROUP_ROWS <= N:
         if floating is float:
             done = K32.short_rows(x + i0 * a.C, group_grad, a.C, a.y + i0, a.ignore_index, a.w, a.loss_scale,
-                                  a.scale, group_scale, loss + i0)
+                                  a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
         else:
             done = K64.short_rows(x + i0 * a.C, group_grad, a.C, a.y + i0, a.ignore_index, a.w, a.loss_scale,
-                                  a.scale, group_scale, loss + i0)
+                                  a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
     if done == (1u << XF_GROUP_ROWS) - 1:
         return
     if grad == NULL:
@@ -310,7 +310,7 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
     cdef Py_ssize_t g
     cdef xf_fp_state fp_thread = 0
     cdef xf_row_scratch *scratch = NULL
-    cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, False, floating is float,
+    cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, a.eps != 0.0, floating is float,
                                                    <const floating *>grad == x, a.C)
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
@@ -665,7 +665,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         tp = &t[0, 0]
     if has_grad:
         gp = &grad[0, 0]
-    groups = row_groups and has_y and not has_t and eps == 0.0 and z == 0.0 and C <= XF_GROUP_MAX_C
+    groups = row_groups and has_y and not has_t and z == 0.0 and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
     with nogil:
@@ -970,8 +970,9 @@ cdef void _softmax_family_rows(const floating *x, floating *out, double *lse, Py
 def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     """The rows of x's first GROUP_ROWS that the current path's short-row groups take, as a bit mask (0: no
     group applies); out (x's shape) takes what they write.  kind 0, 1, 2: logsumexp, log_softmax, softmax;
-    3: cross-entropy with index targets 0, forward; 4: the same with its gradient.  For the tests:
-    comparing groups with rows bit for bit shows nothing where no row was grouped."""
+    3: cross-entropy with index targets 0, forward; 4: the same with its gradient; 5, 6: 3 and 4 with label
+    smoothing 0.1.  For the tests: comparing groups with rows bit for bit shows nothing where no row was
+    grouped."""
     cdef Py_ssize_t C = x.shape[1]
     cdef int64_t y[XF_GROUP_ROWS]
     cdef double loss[XF_GROUP_ROWS]     # cross-entropy's row losses, or logsumexp's values
@@ -981,11 +982,12 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     cdef int r
     if x.shape[0] < XF_GROUP_ROWS or C == 0 or out.shape[0] != x.shape[0] or out.shape[1] != C:
         raise ValueError(f"x needs {XF_GROUP_ROWS} rows and a class, out x's shape")
-    if not 0 <= kind <= 4:
-        raise ValueError("kind: 0-4")
+    cdef double eps = 0.1 if kind >= 5 else 0.0
+    if not 0 <= kind <= 6:
+        raise ValueError("kind: 0-6")
     for r in range(XF_GROUP_ROWS):
         y[r] = 0
-    if kind in (1, 2, 4):
+    if kind in (1, 2, 4, 6):
         op = &out[0, 0]
     fp_thread = xf_fp_ieee_enter()
     if kind <= 2:
@@ -995,9 +997,9 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
             done = K64.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, kind)
     else:
         if floating is float:
-            done = K32.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss)
+            done = K32.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
         else:
-            done = K64.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss)
+            done = K64.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
     xf_fp_ieee_leave(fp_thread)
     return done
 
