@@ -412,15 +412,15 @@ def _short_rows(dtype, n, c, seed, ignore):
 
 # The classes up to which each path's short-row groups take ordinary rows (softmax_rows.h,
 # XF_GROUP_C_LIMIT and XF_GROUP_FAMILY_MAX_C; README, "Threads and determinism"), per kind: logsumexp,
-# log_softmax, softmax, cross-entropy forward, with its gradient, and those two with label smoothing
-# (XF_GROUP_SMOOTH_MAX_C).  x86's baseline path takes none.
+# log_softmax, softmax, cross-entropy forward, with its gradient, and those two with label smoothing and
+# with probability targets (XF_GROUP_TERMS_MAX_C).  x86's baseline path takes none.
 _GROUP_LIMITS = {
-    ("avx512", np.float32): (512, 512, 448, 512, 448, 160, 160),
-    ("avx512", np.float64): (240, 240, 160, 240, 160, 96, 96),
-    ("avx2", np.float32): (256, 128, 144, 256, 144, 160, 144),
-    ("avx2", np.float64): (64, 64, 80, 64, 80, 64, 80),
-    ("baseline", np.float32): (0, 0, 0, 0, 0, 0, 0),
-    ("baseline", np.float64): (0, 0, 0, 0, 0, 0, 0),
+    ("avx512", np.float32): (512, 512, 448, 512, 448, 160, 160, 112, 112),
+    ("avx512", np.float64): (240, 240, 160, 240, 160, 96, 96, 64, 64),
+    ("avx2", np.float32): (256, 128, 144, 256, 144, 160, 144, 112, 112),
+    ("avx2", np.float64): (64, 64, 80, 64, 80, 64, 80, 64, 64),
+    ("baseline", np.float32): (0, 0, 0, 0, 0, 0, 0, 0, 0),
+    ("baseline", np.float64): (0, 0, 0, 0, 0, 0, 0, 0, 0),
 }
 
 
@@ -577,7 +577,7 @@ def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back
 def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, eps, weighted):
     # xf_short_rows puts GROUP_ROWS rows side by side and must give each row the row kernel's bits (loss, and
     # gradient in place or not, with a per-row upstream factor); the rows it does not take (and a last
-    # partial group) go through the row kernel itself.  With label smoothing (xf_short_rows_smooth_form)
+    # partial group) go through the row kernel itself.  With label smoothing (xf_short_rows_terms_form)
     # the weights hold a zero (no smoothing mass) and one tiny enough for the terms pass's rare form
     _xent.set_cpu_path(path)
     n = 50 * _xent.GROUP_ROWS + 3
@@ -616,3 +616,73 @@ def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, ep
     _xent.softmax_xent(x, y, none2, w, ignore, eps, 0.0, np.empty(0), 1.0, loss, grad, 1, True, False, weighted,
                        False, True, False, 1.0, False)
     assert np.array_equal(api_grad, grad, equal_nan=True)
+
+
+def _probability_rows(dtype, n, c, seed):
+    """Probability targets of every kind the short-row groups meet beside _short_rows's logits: random
+    rows of the simplex, one-hot rows, zeros, rows summing above 1, a negative entry (float32 groups hand
+    such a row back: the row kernel sums it compensated), a NaN, subnormal masses (the terms pass's rare
+    form)."""
+    rng = np.random.default_rng(seed + 1000)
+    t = rng.random((n, c))
+    t /= t.sum(axis=1, keepdims=True)
+    for i in range(n):
+        kind, j = rng.integers(0, 10), rng.integers(0, c)
+        if kind == 0:
+            t[i] = 0.0
+            t[i, j] = 1.0
+        elif kind == 1:
+            t[i, j] = 0.0
+        elif kind == 2:
+            t[i] *= 3.0
+        elif kind == 3:
+            t[i, j] = -0.25
+        elif kind == 4:
+            t[i, j] = np.nan
+        elif kind == 5:
+            t[i, j] = 1e-310 if dtype == np.float64 else 1e-40
+    return t.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [1, 2, 7, 10, 17, 33, 64, 65, 96, 97, 112, 113, 160, 161])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_short_row_groups_of_probability_targets_equal_the_row_kernel(cpu_path_back, path, dtype, c, eps,
+                                                                       weighted):
+    # xf_short_rows with probability targets (xf_short_rows_terms_form's has_t): each row's loss and gradient
+    # (in place or not, a per-row upstream factor, smoothing on top) with the row kernel's bits
+    _xent.set_cpu_path(path)
+    n = 40 * _xent.GROUP_ROWS + 5
+    x, _ = _short_rows(dtype, n, c, seed=c, ignore=-100)
+    t = _probability_rows(dtype, n, c, seed=c)
+    w = np.linspace(0.0, 3.0, c) if weighted else np.empty(0)
+    if weighted and c > 2:
+        w[1] = 1e-300
+    row_scale = np.geomspace(1e-3, 1e3, n)
+    row_scale[5] = np.inf
+    none2, no_y = np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.int64)
+    for loss_scale, grad_kind in ((0.5, None), (1.0, None), (1.0, "grad"), (0.25, "inplace")):
+        outs = []
+        for groups in (True, False):
+            loss = np.empty(n)
+            xx = x.copy()
+            grad = {None: none2, "grad": np.full_like(x, 7.0), "inplace": xx}[grad_kind]
+            _xent.softmax_xent(xx, no_y, t, w, -100, eps, 0.0, row_scale, 0.75, loss, grad, 1, False, True,
+                               weighted, grad_kind is not None, grad_kind is not None, False, loss_scale, groups)
+            outs.append((loss, grad))
+        assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True), grad_kind
+        assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True), grad_kind
+    # and the API takes that path, one thread or two
+    weight = w if weighted else None
+    kw = dict(weight=weight, reduction="none", label_smoothing=eps)
+    loss, grad = np.empty(n), np.empty_like(x)
+    _xent.softmax_xent(x, no_y, t, w, -100, eps, 0.0, np.empty(0), 1.0, loss, grad, 1, False, True, weighted,
+                       False, True, False, 1.0, False)
+    for n_threads in (1, 2):
+        api_loss, api_grad = xf.cross_entropy_with_grad(x, t, n_threads=n_threads, **kw)
+        with np.errstate(over="ignore"):
+            assert np.array_equal(api_loss, loss.astype(dtype), equal_nan=True)
+        assert np.array_equal(api_grad, grad, equal_nan=True)
+        assert np.array_equal(xf.cross_entropy(x, t, n_threads=n_threads, **kw), api_loss, equal_nan=True)

@@ -77,8 +77,8 @@ def _transposable(a):
 
 
 def _rows(x, axis, n_threads=None):
-    """(N, C) C-contiguous view or copy of x with the class axis last; batch shape.  A copy is made on
-    n_threads (the call's argument, validated here)."""
+    """(N, C) C-contiguous view or copy of x with the class axis last; batch shape.  A copy of a NumPy
+    array with the class axis elsewhere is made on n_threads (the callers pass their validated count)."""
     C = x.shape[axis] if x.ndim else 0
     if axis == x.ndim - 1 and C and x.flags.c_contiguous:
         # the common layout: a view, decided without the array module (each step below costs ~0.5 us)
@@ -549,11 +549,13 @@ class _Problem:
         self.eps = _check_smoothing(label_smoothing)
         self.z = _check_real(z_loss, "z_loss", 0.0)
         self.ignore_index = _check_ignore_index(ignore_index)
-        self.rows, self.batch_shape, self.C = _rows(self.x_orig, self.axis, n_threads)
+        # before the layout's copy, which runs on these threads (the same count for any layout: N C = size)
+        self.n_threads = _threads_for(n_threads, self.x_orig.size)
+        self.rows, self.batch_shape, self.C = _rows(self.x_orig, self.axis, self.n_threads)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
         self.y, self.t, self._kept = _split_target(target, self.x_orig, self.axis, self.batch_shape, self.C,
-                                                   self.ignore_index, self.backend, checks, n_threads)
+                                                   self.ignore_index, self.backend, checks, self.n_threads)
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks,
                           labels=self.y, ignore_index=self.ignore_index)
@@ -562,7 +564,6 @@ class _Problem:
             _check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
                               "target probability")
         self.N = self.rows.shape[0]
-        self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
 
     def read_arrays(self):

@@ -1033,11 +1033,13 @@ class _ProbsProblem(_api._Problem):
         self.z = 0.0
         self.clip_eps = _check_eps(eps)
         self.ignore_index = _api._check_ignore_index(ignore_index)
-        self.rows, self.batch_shape, self.C = _rows(x, self.axis, n_threads)
+        # before the layout's copy, which runs on these threads (the same count for any layout)
+        self.n_threads = _threads_for(n_threads, x.size)
+        self.rows, self.batch_shape, self.C = _rows(x, self.axis, self.n_threads)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
         self.y, self.t, self._kept = _split_target(target, x, self.axis, self.batch_shape, self.C,
-                                                   self.ignore_index, self.backend, checks, n_threads)
+                                                   self.ignore_index, self.backend, checks, self.n_threads)
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_probabilities(x, backend=self.backend, checks=checks, n_threads=n_threads)
         _api._check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks,
@@ -1046,7 +1048,6 @@ class _ProbsProblem(_api._Problem):
             _api._check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
                                    "target probability")
         self.N = self.rows.shape[0]
-        self.n_threads = _threads_for(n_threads, self.N * self.C)
         self._finish_checks(checks)
 
     def _lift_fits(self):

@@ -107,8 +107,9 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double, int) noexcept nogil
-        unsigned (*short_rows)(const float *, float *, long long, const int64_t *, long long, const double *,
-                               double, double, const double *, double *, double, double) noexcept nogil
+        unsigned (*short_rows)(const float *, const float *, float *, long long, const int64_t *, long long,
+                               const double *, double, double, const double *, double *, double,
+                               double) noexcept nogil
         unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const float *, const float *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
@@ -128,8 +129,9 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double, int) noexcept nogil
-        unsigned (*short_rows)(const double *, double *, long long, const int64_t *, long long, const double *,
-                               double, double, const double *, double *, double, double) noexcept nogil
+        unsigned (*short_rows)(const double *, const double *, double *, long long, const int64_t *, long long,
+                               const double *, double, double, const double *, double *, double,
+                               double) noexcept nogil
         unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const double *, const double *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
@@ -273,36 +275,38 @@ cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, 
                                t + i * C if t != NULL else NULL, a.w, scratch)
 
 
-cdef void _xent_row_group(const floating *x, floating *grad, const XentArgs *a, Py_ssize_t N, Py_ssize_t g,
-                          double *loss, xf_row_scratch *scratch) noexcept nogil:
-    # Rows [g R, g R + R) of a call with index targets and no z-loss: side by side where they qualify
-    # (xf_short_rows, softmax_rows.h; label smoothing too), the others and a last partial group one by one
-    # through the row kernel, whose bits the group reproduces
+cdef void _xent_row_group(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+                          Py_ssize_t N, Py_ssize_t g, double *loss, xf_row_scratch *scratch) noexcept nogil:
+    # Rows [g R, g R + R) of a call without a z-loss: side by side where they qualify (xf_short_rows,
+    # softmax_rows.h; index targets, label smoothing, probability targets t or NULL), the others and a last
+    # partial group one by one through the row kernel, whose bits the group reproduces
     cdef Py_ssize_t i0 = g * XF_GROUP_ROWS
     cdef Py_ssize_t r
     cdef unsigned done = 0
     cdef floating *group_grad = grad + i0 * a.C if grad != NULL else NULL
+    cdef const floating *group_t = t + i0 * a.C if t != NULL else NULL
+    cdef const int64_t *group_y = a.y + i0 if a.y != NULL else NULL
     cdef const double *group_scale = a.row_scale + i0 if a.row_scale != NULL else NULL
     if i0 + XF_GROUP_ROWS <= N:
         if floating is float:
-            done = K32.short_rows(x + i0 * a.C, group_grad, a.C, a.y + i0, a.ignore_index, a.w, a.loss_scale,
-                                  a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
+            done = K32.short_rows(x + i0 * a.C, group_t, group_grad, a.C, group_y, a.ignore_index, a.w,
+                                  a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
         else:
-            done = K64.short_rows(x + i0 * a.C, group_grad, a.C, a.y + i0, a.ignore_index, a.w, a.loss_scale,
-                                  a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
+            done = K64.short_rows(x + i0 * a.C, group_t, group_grad, a.C, group_y, a.ignore_index, a.w,
+                                  a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
     if done == (1u << XF_GROUP_ROWS) - 1:
         return
     if grad == NULL:
         # the rows the group hands back, their logarithms side by side
-        _xent_rows_forward(x, <const floating *>NULL, a, i0, min(<Py_ssize_t>XF_GROUP_ROWS, N - i0), done, loss)
+        _xent_rows_forward(x, t, a, i0, min(<Py_ssize_t>XF_GROUP_ROWS, N - i0), done, loss)
         return
     for r in range(min(<Py_ssize_t>XF_GROUP_ROWS, N - i0)):
         if not ((done >> r) & 1):
-            loss[i0 + r] = _xent_one_row(x, grad, NULL, a, i0 + r, scratch)
+            loss[i0 + r] = _xent_one_row(x, grad, t, a, i0 + r, scratch)
 
 
-cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a, Py_ssize_t N, double *loss,
-                          int n_threads) noexcept nogil:
+cdef void _xent_row_groups(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+                           Py_ssize_t N, double *loss, int n_threads) noexcept nogil:
     # every group of a call (softmax_xent, the plain-call lane): on the calling thread for one thread (no
     # team to start: the lane's small calls take ~3 us in all), else on a team of n_threads.  The rows left
     # to the row kernel get the thread's scratch row as the main driver's do (float32 keeps its
@@ -310,13 +314,13 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
     cdef Py_ssize_t g
     cdef xf_fp_state fp_thread = 0
     cdef xf_row_scratch *scratch = NULL
-    cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, a.eps != 0.0, floating is float,
+    cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, a.eps != 0.0 or t != NULL, floating is float,
                                                    <const floating *>grad == x, a.C)
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
         scratch = xf_row_scratch_new(a.C) if want_scratch else NULL
         for g in range((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
-            _xent_row_group(x, grad, a, N, g, loss, scratch)
+            _xent_row_group(x, grad, t, a, N, g, loss, scratch)
         xf_row_scratch_release(scratch)
         xf_fp_ieee_leave(fp_thread)
         return
@@ -324,7 +328,7 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const XentArgs *a,
         fp_thread = xf_fp_ieee_enter()
         scratch = xf_row_scratch_new(a.C) if want_scratch else NULL
         for g in prange((N + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS, schedule="guided"):
-            _xent_row_group(x, grad, a, N, g, loss, scratch)
+            _xent_row_group(x, grad, t, a, N, g, loss, scratch)
         xf_row_scratch_release(scratch)
         xf_fp_ieee_leave(fp_thread)
 
@@ -665,14 +669,14 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         tp = &t[0, 0]
     if has_grad:
         gp = &grad[0, 0]
-    groups = row_groups and has_y and not has_t and z == 0.0 and C <= XF_GROUP_MAX_C
+    groups = row_groups and z == 0.0 and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
     with nogil:
         if force_phased or _use_phased(N, C, n_threads, _xent_phased_min(floating is float, has_grad)):
             ok = _xent_phased(xp, gp, tp, &a, N, &loss[0], n_threads)
         elif groups:
-            _xent_row_groups(xp, gp, &a, N, &loss[0], n_threads)
+            _xent_row_groups(xp, gp, tp, &a, N, &loss[0], n_threads)
         else:
             _xent_rows(xp, gp, tp, &a, N, &loss[0], n_threads, want_scratch)
     if not ok:
@@ -971,8 +975,8 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     """The rows of x's first GROUP_ROWS that the current path's short-row groups take, as a bit mask (0: no
     group applies); out (x's shape) takes what they write.  kind 0, 1, 2: logsumexp, log_softmax, softmax;
     3: cross-entropy with index targets 0, forward; 4: the same with its gradient; 5, 6: 3 and 4 with label
-    smoothing 0.1.  For the tests: comparing groups with rows bit for bit shows nothing where no row was
-    grouped."""
+    smoothing 0.1; 7, 8: 3 and 4 with uniform probability targets instead.  For the tests: comparing groups
+    with rows bit for bit shows nothing where no row was grouped."""
     cdef Py_ssize_t C = x.shape[1]
     cdef int64_t y[XF_GROUP_ROWS]
     cdef double loss[XF_GROUP_ROWS]     # cross-entropy's row losses, or logsumexp's values
@@ -980,14 +984,20 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     cdef xf_fp_state fp_thread = 0
     cdef floating *op = NULL
     cdef int r
+    cdef double eps = 0.1 if 5 <= kind <= 6 else 0.0
+    cdef const floating[:, ::1] t_rows = x
+    cdef const floating *tp = NULL
     if x.shape[0] < XF_GROUP_ROWS or C == 0 or out.shape[0] != x.shape[0] or out.shape[1] != C:
         raise ValueError(f"x needs {XF_GROUP_ROWS} rows and a class, out x's shape")
-    cdef double eps = 0.1 if kind >= 5 else 0.0
-    if not 0 <= kind <= 6:
-        raise ValueError("kind: 0-6")
+    if kind >= 7:
+        import numpy
+        t_rows = numpy.full((x.shape[0], C), 1.0 / C, dtype=numpy.asarray(x).dtype)
+        tp = &t_rows[0, 0]
+    if not 0 <= kind <= 8:
+        raise ValueError("kind: 0-8")
     for r in range(XF_GROUP_ROWS):
         y[r] = 0
-    if kind in (1, 2, 4, 6):
+    if kind in (1, 2, 4, 6, 8):
         op = &out[0, 0]
     fp_thread = xf_fp_ieee_enter()
     if kind <= 2:
@@ -997,9 +1007,9 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
             done = K64.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, kind)
     else:
         if floating is float:
-            done = K32.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
+            done = K32.short_rows(&x[0, 0], tp, op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
         else:
-            done = K64.short_rows(&x[0, 0], op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
+            done = K64.short_rows(&x[0, 0], tp, op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
     xf_fp_ieee_leave(fp_thread)
     return done
 
@@ -1208,9 +1218,9 @@ cdef void _plain_rows(const void *xp, void *gp, const XentArgs *a, Py_ssize_t N,
         _xent_rows(<const double *>xp, <double *>gp, NULL, a, N, loss, n_team,
                    xf_xent_wants_scratch(gp != NULL, False, False, False, a.C))
     elif f32:
-        _xent_row_groups(<const float *>xp, <float *>gp, a, N, loss, n_team)
+        _xent_row_groups(<const float *>xp, <float *>gp, NULL, a, N, loss, n_team)
     else:
-        _xent_row_groups(<const double *>xp, <double *>gp, a, N, loss, n_team)
+        _xent_row_groups(<const double *>xp, <double *>gp, NULL, a, N, loss, n_team)
 
 
 def lane_threads(n_threads, Py_ssize_t n_elements):

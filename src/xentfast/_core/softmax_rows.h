@@ -2043,13 +2043,17 @@ XF_KERNEL void XF_FN(xf_xent_rows_forward)(const XF_T *x, const XF_T *t, long lo
 /* a group's transposed buffers, on the stack: float64 groups stop at 240 classes on every path, so their
  * buffers (64 KB at 512 classes) take 256 */
 #define XF_GROUP_BUF_C (XF_COMPENSATED ? 256 : XF_GROUP_MAX_C)
-/* label smoothing's groups (xf_short_rows_smooth_form), within XF_GROUP_C_LIMIT: one core, ns per entry,
+/* the loss-terms pass's groups (xf_short_rows_terms_form), label smoothing, within XF_GROUP_C_LIMIT: one core, ns per entry,
  * 2^21 entries, label_smoothing=0.1, groups / row kernel (benchmarks/README.md, 2026-12-07, sixth round),
  * avx512: float32 forward C = 128 1.45 / 1.69, 160 1.51 / 1.57, 192 1.45 / 1.56, 256 1.37 / 1.21, fused 160
  * 1.76 / 2.00, 192 1.76 / 1.71; float64 forward 96 2.34 / 2.73, 128 2.29 / 2.22, fused 96 3.05 / 3.39, 128
  * 2.99 / 2.76.  avx2 (its own group limits: float64 64 and 80): float32 forward 96 2.24 / 2.35, 128 2.13 /
- * 2.07, fused 128 2.48 / 2.52, 160 2.40 / 2.44 */
-#define XF_GROUP_SMOOTH_MAX_C (XF_COMPENSATED ? 96 : 160)
+ * 2.07, fused 128 2.48 / 2.52, 160 2.40 / 2.44.  Probability targets (has_t), the same measurement
+ * (benchmarks/README.md, 2026-12-07, seventh round): avx512 float32 forward 96 2.01 / 2.17, 112 2.05 /
+ * 2.09, 128 1.99 / 1.84, fused 96 2.69 / 2.74, 112 2.66 / 2.58; float64 forward 64 3.21 / 3.41, 80 3.31 /
+ * 3.20, fused 64 4.18 / 4.27, 80 4.42 / 3.88; avx2 float32 forward 128 2.69 / 2.73, 144 2.78 / 2.69, fused
+ * 128 3.53 / 3.68, 144 3.60 / 3.40 */
+#define XF_GROUP_TERMS_MAX_C(has_t) ((has_t) ? (XF_COMPENSATED ? 64 : 112) : (XF_COMPENSATED ? 96 : 160))
 typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_GROUP_BUF_C &&
                                                       XF_GROUP_C_LIMIT(1) <= XF_GROUP_BUF_C &&
                                                       XF_GROUP_BUF_C <= XF_GROUP_MAX_C) ? 1 : -1];
@@ -2538,7 +2542,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     return done;
 }
 
-/* Label smoothing (index targets, eps > 0, no z-loss) of XF_GROUP_ROWS rows side by side, with the row
+/* The rows whose loss takes the loss-terms pass, label smoothing (index targets, eps > 0) or probability
+ * targets (t, has_t; smoothed or not), no z-loss, XF_GROUP_ROWS of them side by side, with the row
  * kernel's bits.  A row of few classes spent most of its time in the loss-terms pass's bookkeeping, one row
  * at a time: a chunk shorter than XF_CHUNK, the argmax's and the target's terms redone, two lane merges of
  * seven dependent double-double additions (~200 ns a row of 21 float32 classes on one core, 7x the same
@@ -2552,21 +2557,24 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
  * entries are all finite (C_eff = C) within the groups' spread, whose masses take no rare form (a mass
  * below 2^-969: xf_xent_terms_chunk's slow chunk; xf_index_masses_may_underflow) and, with a gradient,
  * whose coefficient is finite without its power of two (coef_mult = 1); the others go back to the row
- * kernel.  Ignored rows count as done (loss 0, gradient 0). */
-XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smooth_form)(
-    const XF_T *x, XF_T *grad, long long C, const int64_t *y, long long ignore_index, const double *w,
-    double loss_scale, double scale, const double *row_scale, double *loss, double eps, double w_min_pos,
-    const int has_grad, const int has_w)
+ * kernel; float32 rows of probability targets also where one of them is negative (the row kernel's
+ * compensated lanes there, xf_terms_plain).  Ignored rows count as done (loss 0, gradient 0). */
+XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_terms_form)(
+    const XF_T *x, const XF_T *t, XF_T *grad, long long C, const int64_t *y, long long ignore_index,
+    const double *w, double loss_scale, double scale, const double *row_scale, double *loss, double eps,
+    double w_min_pos, const int has_grad, const int has_w, const int has_t)
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_BUF_C][R];
+    /* the target probabilities, transposed as xt (has_t) */
+    XF_T tt[XF_GROUP_BUF_C][R];
     /* the exponentials as the row kernel keeps them, then the gradient's entries in their place */
     double kept[XF_GROUP_BUF_C][R];
     double m[R], mn[R], hi[R], lo[R], log_s[R], epc[R], cps[R], scale_r[R], g_y[R];
     double term_am[R], q_am[R], term_y[R], q_y[R];
     double acc[XF_LANES][R], cmp[XF_LANES][R], qacc[XF_LANES][R], qcmp[XF_LANES][R];
     long long argmax[R], target[R];
-    int ok[R], ignored[R], rare[R];
+    int ok[R], ignored[R], rare[R], nonneg[R];
     xf_rowjob jobs[R];
     unsigned done = 0;
     long long j;
@@ -2586,17 +2594,26 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smo
             mn[r] = (v < mn[r]) ? v : mn[r];
         }
     }
+    if (has_t) {
+        for (j = 0; j < C; j++) {
+            for (r = 0; r < R; r++) {
+                tt[j][r] = t[r * C + j];
+            }
+        }
+    }
     for (r = 0; r < R; r++) {
         xf_rowjob *job = &jobs[r];
-        const long long y_r = (long long)y[r];
-        ignored[r] = (y_r == ignore_index);
+        /* probability targets: no target index (-1), nothing ignored */
+        const long long y_r = has_t ? -1 : (long long)y[r];
+        ignored[r] = !has_t && (y_r == ignore_index);
         target[r] = ignored[r] ? 0 : y_r;
         scale_r[r] = row_scale ? scale * row_scale[r] : scale;
         /* _row_job_init, then what xf_xent_row's passes leave in the job of a row whose entries are all
          * finite: the max pass's statistics (n_finite = C; min_finite, which only the plan's stored
          * form and the scaled float64 gradient read, both out of reach within the spread), the plan,
          * the sum and its logarithm */
-        xf_rowjob_init(job, target[r], has_w ? w[target[r]] : 1.0, eps, 0.0, scale_r[r], loss_scale, 0);
+        xf_rowjob_init(job, target[r], (has_w && !has_t) ? w[target[r]] : 1.0, eps, 0.0, scale_r[r], loss_scale,
+                       has_t);
         job->w_min_pos = w_min_pos;
         xf_rowmax st;
         st.m = m[r];
@@ -2606,7 +2623,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smo
         st.min_finite = mn[r];
         xf_rowjob_set_max(job, &st);
         xf_rowjob_set_exp_form(job, C);
-        xf_rowjob_plan(job, (double)xt[target[r]][r], has_grad);
+        xf_rowjob_plan(job, has_t ? 0.0 : (double)xt[target[r]][r], has_grad);
         xf_rowjob_set_sum_log(job, hi[r], lo[r], log_s[r]);
 #if XF_COMPENSATED
         xf_rowjob_rescue_tiny_sum(job, (const double *)(x + r * C), C);
@@ -2616,11 +2633,14 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smo
         epc[r] = job->eps_per_class;
         /* the pass's two terms it takes from xf_xent_term: the argmax's, then the target's (a simd loop of
          * their own measured no faster) */
-        term_am[r] = xf_xent_term(job, argmax[r], (double)xt[argmax[r]][r], has_w ? w[argmax[r]] : 1.0, 0.0,
-                                  &q_am[r]);
-        term_y[r] = xf_xent_term(job, target[r], (double)xt[target[r]][r], has_w ? w[target[r]] : 1.0, 0.0,
-                                 &q_y[r]);
+        term_am[r] = xf_xent_term(job, argmax[r], (double)xt[argmax[r]][r], has_w ? w[argmax[r]] : 1.0,
+                                  has_t ? (double)tt[argmax[r]][r] : 0.0, &q_am[r]);
+        term_y[r] = has_t ? 0.0
+                          : xf_xent_term(job, target[r], (double)xt[target[r]][r], has_w ? w[target[r]] : 1.0, 0.0,
+                                         &q_y[r]);
+        q_y[r] = has_t ? 0.0 : q_y[r];
         rare[r] = 0;
+        nonneg[r] = 1;
     }
     for (k = 0; k < XF_LANES; k++) {
         for (r = 0; r < R; r++) {
@@ -2633,14 +2653,18 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smo
         const double wc = has_w ? w[j] : 1.0;
 #pragma omp simd
         for (r = 0; r < R; r++) {
-            /* xf_xent_terms_chunk's index-target loop; every entry is finite here */
+            /* xf_xent_terms_chunk's loops (every entry is finite here); its slow chunks' tests as `rare` */
             const double xv = (double)xt[j][r];
             const double fin = (xv > -XF_INF) ? 1.0 : 0.0;
-            double q = xf_target_q_other(0, eps, epc[r], wc, fin, 0.0);
+            const double tj = has_t ? (double)tt[j][r] : 0.0;
+            double q = xf_target_q_other(has_t, eps, epc[r], wc, fin, tj);
             const double nlp = xf_neg_log_prob(xv, m[r], log_s[r]);
-            const int has_mass = xf_target_has_mass_from(0, eps, epc[r], 0, 0.0, wc, fin, 0.0);
+            const int has_mass = xf_target_has_mass_from(has_t, eps, epc[r], 0, 0.0, wc, fin, tj);
             double tb = has_mass ? (q * ls) * nlp : 0.0;
-            rare[r] |= (has_mass & (q < 0x1p-969)) | (nlp - nlp != 0.0);
+            rare[r] |= has_t ? ((xf_fabs(q) < 0x1p-969) & ((q != 0.0) | has_mass)) |
+                                   ((nlp - nlp != 0.0) & (has_mass | (xv > -XF_INF)))
+                             : (has_mass & (q < 0x1p-969)) | (nlp - nlp != 0.0);
+            nonneg[r] &= !has_t || (tj >= 0.0);
             tb = (j == argmax[r]) ? term_am[r] : ((j == target[r]) ? term_y[r] : tb);
             q = (j == argmax[r]) ? q_am[r] : ((j == target[r]) ? q_y[r] : q);
 #if XF_COMPENSATED
@@ -2665,22 +2689,26 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smo
         const double row_blk[4] = {blk[0][r], blk[1][r], blk[2][r], blk[3][r]};
         xf_terms_merge(terms, row_blk);
 #if XF_COMPENSATED
-        xf_rowjob_tiny_loss_row(job, (const double *)(x + r * C), (const double *)0, w, C, terms);
+        xf_rowjob_tiny_loss_row(job, (const double *)(x + r * C), has_t ? (const double *)(t + r * C) : 0, w, C,
+                                terms);
 #endif
         const double ce = xf_rowjob_finish(job, terms);
-        ok[r] &= !rare[r];
+        /* float32 probability rows with a negative target sum their terms compensated (xf_terms_plain) */
+        ok[r] &= !rare[r] & (XF_COMPENSATED || nonneg[r]);
         loss[r] = ignored[r] ? 0.0 : ce;
         if (has_grad) {
             /* xf_xent_grad_general_for's ordinary form (apart = 0) and its target entry */
             ok[r] &= (job->coef_mult == 1.0) & (job->coef - job->coef == 0.0) & !job->grad_scaled &
-                     !XF_FN(xf_index_masses_may_underflow)(job, w);
+                     (has_t || !XF_FN(xf_index_masses_may_underflow)(job, w));
             cps[r] = job->coef_per_S;
-            const double w_y = has_w ? w[target[r]] : 1.0;
-            const double q_t = xf_row_target_q(job, target[r], w_y, 1.0, 1.0);
-            g_y[r] = xf_general_grad_entry(
-                XF_EXP_MINUS(xt[target[r]][r], m[r]) * cps[r], job->coef_mult,
-                xf_target_grad_q_from(0, eps, epc[r], scale_r[r], q_t, w_y, 1.0, 1.0, 1), q_t, scale_r[r],
-                job->coef_mult);
+            if (!has_t) {
+                const double w_y = has_w ? w[target[r]] : 1.0;
+                const double q_t = xf_row_target_q(job, target[r], w_y, 1.0, 1.0);
+                g_y[r] = xf_general_grad_entry(
+                    XF_EXP_MINUS(xt[target[r]][r], m[r]) * cps[r], job->coef_mult,
+                    xf_target_grad_q_from(0, eps, epc[r], scale_r[r], q_t, w_y, 1.0, 1.0, 1), q_t, scale_r[r],
+                    job->coef_mult);
+            }
         }
         ok[r] |= ignored[r];
     }
@@ -2690,8 +2718,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smo
             const double wc = has_w ? w[j] : 1.0;
 #pragma omp simd
             for (r = 0; r < R; r++) {
-                const double q = xf_target_q_other(0, eps, epc[r], wc, 1.0, 0.0);
-                const double sq = xf_target_grad_q_from(0, eps, epc[r], scale_r[r], q, wc, 1.0, 0.0, 0);
+                const double tj = has_t ? (double)tt[j][r] : 0.0;
+                const double q = xf_target_q_other(has_t, eps, epc[r], wc, 1.0, tj);
+                const double sq = xf_target_grad_q_from(has_t, eps, epc[r], scale_r[r], q, wc, 1.0, tj, 0);
                 /* coef_mult is 1 in the rows kept: (e cps) 1 - sq, the row kernel's operations */
                 kept[j][r] = (kept[j][r] * cps[r]) * 1.0 - sq;
             }
@@ -2716,7 +2745,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_smo
                 for (j = j_vec; j < C; j++) {
                     g[j] = (XF_T)kept[j][r];
                 }
-                g[target[r]] = (XF_T)g_y[r];
+                if (!has_t) {
+                    g[target[r]] = (XF_T)g_y[r];
+                }
             }
         }
     }
@@ -2842,26 +2873,34 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double 
 }
 
 /* grad (or NULL: the loss alone) may be x itself: the group reads its rows whole before it writes them.
- * row_scale (or NULL) is the group's own (its first row's entry first). */
-XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, const int64_t *y,
-                                        long long ignore_index, const double *w, double loss_scale, double scale,
-                                        const double *row_scale, double *loss, double eps, double w_min_pos)
+ * row_scale (or NULL) is the group's own (its first row's entry first).  t (or NULL): probability targets
+ * at x's layout, y then unread (may be NULL); eps: label smoothing; w_min_pos: xf_rowjob's. */
+XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad, long long C,
+                                        const int64_t *y, long long ignore_index, const double *w, double loss_scale,
+                                        double scale, const double *row_scale, double *loss, double eps,
+                                        double w_min_pos)
 {
     if (C < 1 || C > XF_GROUP_C_LIMIT(grad != 0)) {
         return 0;
     }
-    if (eps != 0.0) {
-        if (C > XF_GROUP_SMOOTH_MAX_C) {
+    if (eps != 0.0 || t) {
+        if (C > XF_GROUP_TERMS_MAX_C(t != 0)) {
             return 0;
         }
-#define XF_SMOOTH_FORM(G, HW)                                                                               \
-    XF_FN(xf_short_rows_smooth_form)(x, grad, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, eps, \
-                                     w_min_pos, G, HW)
-        if (grad) {
-            return w ? XF_SMOOTH_FORM(1, 1) : XF_SMOOTH_FORM(1, 0);
+#define XF_TERMS_FORM(G, HW, HT)                                                                            \
+    XF_FN(xf_short_rows_terms_form)(x, t, grad, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, eps, \
+                                    w_min_pos, G, HW, HT)
+        if (t) {
+            if (grad) {
+                return w ? XF_TERMS_FORM(1, 1, 1) : XF_TERMS_FORM(1, 0, 1);
+            }
+            return w ? XF_TERMS_FORM(0, 1, 1) : XF_TERMS_FORM(0, 0, 1);
         }
-        return w ? XF_SMOOTH_FORM(0, 1) : XF_SMOOTH_FORM(0, 0);
-#undef XF_SMOOTH_FORM
+        if (grad) {
+            return w ? XF_TERMS_FORM(1, 1, 0) : XF_TERMS_FORM(1, 0, 0);
+        }
+        return w ? XF_TERMS_FORM(0, 1, 0) : XF_TERMS_FORM(0, 0, 0);
+#undef XF_TERMS_FORM
     }
     if (grad) {
         return XF_FN(xf_short_rows_form)(x, grad, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, 1);
@@ -2876,7 +2915,7 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, XF_T *grad, long long C, 
 #undef XF_GROUP_CHAINS_FROM_C
 #undef XF_GROUP_FAMILY_MAX_C
 #undef XF_GROUP_BUF_C
-#undef XF_GROUP_SMOOTH_MAX_C
+#undef XF_GROUP_TERMS_MAX_C
 #undef XF_STREAMED_ROWS
 #undef XF_STREAM_LANES
 #undef XF_EXP_MINUS
