@@ -568,6 +568,32 @@ def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back
         assert np.array_equal(public(x, n_threads=2).view(np.uint8), want.view(np.uint8)), mode
 
 
+def _groups_equal_rows(x, y, t, w, ignore, eps):
+    """softmax_xent with and without the short-row groups, bit for bit: the losses alone (two loss scales),
+    with a gradient, in place; a per-row upstream factor with an infinite entry (a coefficient the groups
+    leave to the row kernel).  Index targets y, or probability targets t (y empty).  Returns the losses
+    of the call without a gradient at loss scale 1."""
+    n = x.shape[0]
+    row_scale = np.geomspace(1e-3, 1e3, n)
+    row_scale[5] = np.inf
+    none2 = np.empty((0, 0), dtype=x.dtype)
+    has_y = y.size > 0
+    for loss_scale, grad_kind in ((0.5, None), (1.0, None), (1.0, "grad"), (0.25, "inplace")):
+        outs = []
+        for groups in (True, False):
+            loss = np.empty(n)
+            xx = x.copy()
+            grad = {None: none2, "grad": np.full_like(x, 7.0), "inplace": xx}[grad_kind]
+            _xent.softmax_xent(xx, y, t, w, ignore, eps, 0.0, row_scale, 0.75, loss, grad, 1, has_y, not has_y,
+                               w.size > 0, grad_kind is not None, grad_kind is not None, False, loss_scale, groups)
+            outs.append((loss, grad))
+        assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True), grad_kind
+        assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True), grad_kind
+        if grad_kind is None and loss_scale == 1.0:
+            plain_loss = outs[0][0]
+    return plain_loss
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("c,eps", [(c, eps) for eps in (0.0, 0.1) for c in (
     1, 2, 7, 8, 9, 10, 17, 32, 33, 48, 49, 64, 65, 79, 80, 81, 100, 128, 129, 144, 145, 160, 161, 208, 209, 240,
@@ -586,22 +612,8 @@ def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, ep
     w = np.linspace(0.0, 3.0, c) if weighted else np.empty(0)
     if weighted and eps and c > 2:
         w[1] = 1e-300
-    row_scale = np.geomspace(1e-3, 1e3, n)
-    row_scale[5] = np.inf                         # a coefficient the groups leave to the row kernel
     none2 = np.empty((0, 0), dtype=dtype)
-    for loss_scale, grad_kind in ((0.5, None), (1.0, None), (1.0, "grad"), (0.25, "inplace")):
-        outs = []
-        for groups in (True, False):
-            loss = np.empty(n)
-            xx = x.copy()
-            grad = {None: none2, "grad": np.full_like(x, 7.0), "inplace": xx}[grad_kind]
-            _xent.softmax_xent(xx, y, none2, w, ignore, eps, 0.0, row_scale, 0.75, loss, grad, 1, True, False,
-                               weighted, grad_kind is not None, grad_kind is not None, False, loss_scale, groups)
-            outs.append((loss, grad))
-        assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True), grad_kind
-        assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True), grad_kind
-        if grad_kind is None and loss_scale == 1.0:
-            plain_loss = outs[0][0]
+    plain_loss = _groups_equal_rows(x, y, none2, w, ignore, eps)
     # the comparison has teeth: rows of each kind were there; and the API takes the same path
     assert np.isnan(plain_loss).any() and np.isfinite(plain_loss).sum() > n // 2
     weight = w if weighted else None
@@ -660,20 +672,8 @@ def test_short_row_groups_of_probability_targets_equal_the_row_kernel(cpu_path_b
     w = np.linspace(0.0, 3.0, c) if weighted else np.empty(0)
     if weighted and c > 2:
         w[1] = 1e-300
-    row_scale = np.geomspace(1e-3, 1e3, n)
-    row_scale[5] = np.inf
-    none2, no_y = np.empty((0, 0), dtype=dtype), np.empty(0, dtype=np.int64)
-    for loss_scale, grad_kind in ((0.5, None), (1.0, None), (1.0, "grad"), (0.25, "inplace")):
-        outs = []
-        for groups in (True, False):
-            loss = np.empty(n)
-            xx = x.copy()
-            grad = {None: none2, "grad": np.full_like(x, 7.0), "inplace": xx}[grad_kind]
-            _xent.softmax_xent(xx, no_y, t, w, -100, eps, 0.0, row_scale, 0.75, loss, grad, 1, False, True,
-                               weighted, grad_kind is not None, grad_kind is not None, False, loss_scale, groups)
-            outs.append((loss, grad))
-        assert np.array_equal(outs[0][0], outs[1][0], equal_nan=True), grad_kind
-        assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True), grad_kind
+    no_y = np.empty(0, dtype=np.int64)
+    _groups_equal_rows(x, no_y, t, w, -100, eps)
     # and the API takes that path, one thread or two
     weight = w if weighted else None
     kw = dict(weight=weight, reduction="none", label_smoothing=eps)

@@ -2144,6 +2144,33 @@ XF_KERNEL inline __attribute__((always_inline)) long long XF_FN(xf_group_grad_co
 typedef char XF_FN(xf_group_grad_columns_wants_8_rows)[(XF_GROUP_ROWS == 8) ? 1 : -1];
 #endif
 
+/* A group's gradient rows once xf_group_grad_columns wrote their columns [0, j_vec): an ignored row all
+ * zeros, a row done its other entries from kept[j][r] (with `stored`, a literal, xf_stored_entry's product
+ * by f[r]; else kept holds the entries themselves, rounded once here) and, with_target (a literal), its
+ * target entry g_y[r]; the other rows are the caller's. */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_grad_rows)(
+    XF_T *grad, long long C, double (*kept)[XF_GROUP_ROWS], const double *f, const int *ok, const int *ignored,
+    const long long *target, const double *g_y, long long j_vec, const int stored, const int with_target)
+{
+    long long j;
+    int r;
+    for (r = 0; r < XF_GROUP_ROWS; r++) {
+        XF_T *g = grad + r * C;
+        if (ignored[r]) {
+            for (j = 0; j < C; j++) {
+                g[j] = (XF_T)0.0;
+            }
+        } else if (ok[r]) {
+            for (j = j_vec; j < C; j++) {
+                g[j] = stored ? XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0) : (XF_T)kept[j][r];
+            }
+            if (with_target) {
+                g[target[r]] = (XF_T)g_y[r];
+            }
+        }
+    }
+}
+
 /* The group's sums of exp(x_j - m) in the exponential form `form` (a literal: 1 normal, 2 masked, see
  * XF_EXP_FORM), as xf_sumexp_block_form adds them: element j into lane j % XF_LANES, in order, the argmax
  * as 0.0; with want_kept (a literal) each exponential also kept in `kept_d` as the double it is (the
@@ -2474,7 +2501,6 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
     long long argmax[R], target[R];
     int ok[R], ignored[R], y_is_max[R];
     unsigned done = 0;
-    long long j;
     int r;
     /* finite masks (float32) with a gradient too: the row kernel gives such a row the masked form and
      * the formula of the kept doubles (xf_stored_entry) whether it keeps them or evaluates them again, so
@@ -2522,19 +2548,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 #if defined(__AVX2__)
         j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, grad);
 #endif
-        for (r = 0; r < R; r++) {
-            XF_T *g = grad + r * C;
-            if (ignored[r]) {
-                for (j = 0; j < C; j++) {
-                    g[j] = (XF_T)0.0;
-                }
-            } else if (ok[r]) {
-                for (j = j_vec; j < C; j++) {
-                    g[j] = XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0);
-                }
-                g[target[r]] = (XF_T)g_y[r];
-            }
-        }
+        XF_FN(xf_group_grad_rows)(grad, C, kept, f, ok, ignored, target, g_y, j_vec, 1, 1);
     }
     for (r = 0; r < R; r++) {
         done |= (unsigned)(ok[r] != 0) << r;
@@ -2735,21 +2749,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
             j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, ones, ok, ignored, grad);
         }
 #endif
-        for (r = 0; r < R; r++) {
-            XF_T *g = grad + r * C;
-            if (ignored[r]) {
-                for (j = 0; j < C; j++) {
-                    g[j] = (XF_T)0.0;
-                }
-            } else if (ok[r]) {
-                for (j = j_vec; j < C; j++) {
-                    g[j] = (XF_T)kept[j][r];
-                }
-                if (!has_t) {
-                    g[target[r]] = (XF_T)g_y[r];
-                }
-            }
-        }
+        XF_FN(xf_group_grad_rows)(grad, C, kept, cps, ok, ignored, target, g_y, j_vec, 0, !has_t);
     }
     for (r = 0; r < R; r++) {
         done |= (unsigned)(ok[r] != 0) << r;
