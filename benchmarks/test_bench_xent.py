@@ -8,12 +8,15 @@ is xentfast on one thread, for the thread-scaling target.  The shapes above 10^7
     XENTFAST_BENCH_LARGE=1 python -m pytest benchmarks -q             # every shape (about 10 minutes)
     python -m pytest benchmarks -q -k "binary and jax"                # a selection
     python -m pytest benchmarks -q -k options                         # smoothing, soft targets, z-loss
+    python -m pytest benchmarks -q -k torch_layout                    # (N, C, d1, d2) with axis=1
     python -m pytest benchmarks -q -k softmax_function                # log_softmax, softmax, logsumexp,
                                                                       # BCE from probabilities
 """
+import numpy as np
 import pytest
 
 import peers
+import xentfast
 from ratio_table import FAMILY_ROWS, QUICK_MAX_ELEMENTS, ROWS, TINY
 
 IMPLS = ["xentfast", "xentfast-1t", "torch", "jax", "numpy"]
@@ -71,16 +74,47 @@ def test_tiny(benchmark, row, impl, n_threads):
 
 @pytest.mark.parametrize("impl", ["xentfast", "xentfast-1t", "torch"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(4096, 1000), (131072, 21)], ids=["4096x1000", "131072x21"])
 @pytest.mark.parametrize("option", list(peers.OPTIONS))
-def test_options(benchmark, option, dtype, impl, n_threads):
-    """Fused cross-entropy at 4096x1000 with label smoothing, probability targets or the z-loss: the
-    paths beside plain index targets, against torch's (not an issue target; tracked, see README)."""
-    a, b = peers.OPTIONS[option][0](4096, 1000, dtype)
+def test_options(benchmark, option, shape, dtype, impl, n_threads):
+    """Fused cross-entropy with label smoothing, probability targets or the z-loss: the paths beside plain
+    index targets, against torch's, on long rows and on rows of few classes (the short-row groups; not an
+    issue target; tracked, see README and benchmarks/README.md, 2026-12-07, sixth and seventh rounds)."""
+    a, b = peers.OPTIONS[option][0](*shape, dtype)
     nt = 1 if impl == "xentfast-1t" else n_threads
     run = (peers.torch_option(option, a, b, nt) if impl == "torch"
            else peers.xentfast_option(option, a, b, nt))
     if run is None:
         pytest.skip(f"{impl} not installed")
-    benchmark.group = f"options-{option}-{dtype}-4096x1000"
+    benchmark.group = f"options-{option}-{dtype}-{shape[0]}x{shape[1]}"
     benchmark.extra_info["threads"] = nt
+    benchmark.pedantic(run, rounds=10, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("impl", ["xentfast", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_torch_layout(benchmark, dtype, impl, n_threads):
+    """Fused cross-entropy in torch's (N, C, d1, d2) layout, a segmentation batch 8x21x128x128 (xentfast:
+    axis=1, the class axis moved on the call's threads; benchmarks/README.md, 2026-12-07, fifth round)."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((8, 21, 128, 128)) * 3).astype(dtype)
+    y = rng.integers(0, 21, size=(8, 128, 128))
+    if impl == "torch":
+        torch = peers._torch(n_threads)
+        if torch is None:
+            pytest.skip("torch not installed")
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+        def run():
+            xr = xt.detach().requires_grad_(True)
+            loss = torch.nn.functional.cross_entropy(xr, yt)
+            loss.backward()
+            return loss, xr.grad
+    else:
+        out = np.empty_like(x)
+
+        def run():
+            return xentfast.cross_entropy_with_grad(x, y, axis=1, out=out, n_threads=n_threads)
+    benchmark.group = f"torch-layout-{dtype}-8x21x128x128"
+    benchmark.extra_info["threads"] = n_threads
     benchmark.pedantic(run, rounds=10, iterations=1, warmup_rounds=1)
