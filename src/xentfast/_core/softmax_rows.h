@@ -2043,16 +2043,15 @@ XF_KERNEL void XF_FN(xf_xent_rows_forward)(const XF_T *x, const XF_T *t, long lo
 /* a group's transposed buffers, on the stack: float64 groups stop at 240 classes on every path, so their
  * buffers (64 KB at 512 classes) take 256 */
 #define XF_GROUP_BUF_C (XF_COMPENSATED ? 256 : XF_GROUP_MAX_C)
-/* the loss-terms pass's groups (xf_short_rows_terms_form), label smoothing, within XF_GROUP_C_LIMIT: one core, ns per entry,
- * 2^21 entries, label_smoothing=0.1, groups / row kernel (benchmarks/README.md, 2026-12-07, sixth round),
- * avx512: float32 forward C = 128 1.45 / 1.69, 160 1.51 / 1.57, 192 1.45 / 1.56, 256 1.37 / 1.21, fused 160
- * 1.76 / 2.00, 192 1.76 / 1.71; float64 forward 96 2.34 / 2.73, 128 2.29 / 2.22, fused 96 3.05 / 3.39, 128
- * 2.99 / 2.76.  avx2 (its own group limits: float64 64 and 80): float32 forward 96 2.24 / 2.35, 128 2.13 /
- * 2.07, fused 128 2.48 / 2.52, 160 2.40 / 2.44.  Probability targets (has_t), the same measurement
- * (benchmarks/README.md, 2026-12-07, seventh round): avx512 float32 forward 96 2.01 / 2.17, 112 2.05 /
- * 2.09, 128 1.99 / 1.84, fused 96 2.69 / 2.74, 112 2.66 / 2.58; float64 forward 64 3.21 / 3.41, 80 3.31 /
- * 3.20, fused 64 4.18 / 4.27, 80 4.42 / 3.88; avx2 float32 forward 128 2.69 / 2.73, 144 2.78 / 2.69, fused
- * 128 3.53 / 3.68, 144 3.60 / 3.40 */
+/* the loss-terms pass's groups (xf_short_rows_terms_form), within XF_GROUP_C_LIMIT.  Label smoothing, one core, ns
+ * per entry, 2^21 entries, label_smoothing=0.1, groups / row kernel (benchmarks/README.md, 2026-12-07, sixth
+ * round), avx512: float32 forward C = 128 1.45 / 1.69, 160 1.51 / 1.57, 192 1.45 / 1.56, 256 1.37 / 1.21, fused 160
+ * 1.76 / 2.00, 192 1.76 / 1.71; float64 forward 96 2.34 / 2.73, 128 2.29 / 2.22, fused 96 3.05 / 3.39, 128 2.99 /
+ * 2.76.  avx2 (its own group limits: float64 64 and 80): float32 forward 96 2.24 / 2.35, 128 2.13 / 2.07, fused 128
+ * 2.48 / 2.52, 160 2.40 / 2.44.  Probability targets (has_t), the same measurement (benchmarks/README.md,
+ * 2026-12-07, seventh round): avx512 float32 forward 96 2.01 / 2.17, 112 2.05 / 2.09, 128 1.99 / 1.84, fused 96
+ * 2.69 / 2.74, 112 2.66 / 2.58; float64 forward 64 3.21 / 3.41, 80 3.31 / 3.20, fused 64 4.18 / 4.27, 80 4.42 /
+ * 3.88; avx2 float32 forward 128 2.69 / 2.73, 144 2.78 / 2.69, fused 128 3.53 / 3.68, 144 3.60 / 3.40 */
 #define XF_GROUP_TERMS_MAX_C(has_t) ((has_t) ? (XF_COMPENSATED ? 64 : 112) : (XF_COMPENSATED ? 96 : 160))
 typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_GROUP_BUF_C &&
                                                       XF_GROUP_C_LIMIT(1) <= XF_GROUP_BUF_C &&
@@ -2649,10 +2648,11 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
          * their own measured no faster) */
         term_am[r] = xf_xent_term(job, argmax[r], (double)xt[argmax[r]][r], has_w ? w[argmax[r]] : 1.0,
                                   has_t ? (double)tt[argmax[r]][r] : 0.0, &q_am[r]);
-        term_y[r] = has_t ? 0.0
-                          : xf_xent_term(job, target[r], (double)xt[target[r]][r], has_w ? w[target[r]] : 1.0, 0.0,
-                                         &q_y[r]);
-        q_y[r] = has_t ? 0.0 : q_y[r];
+        term_y[r] = q_y[r] = 0.0;
+        if (!has_t) {
+            term_y[r] = xf_xent_term(job, target[r], (double)xt[target[r]][r], has_w ? w[target[r]] : 1.0, 0.0,
+                                     &q_y[r]);
+        }
         rare[r] = 0;
         nonneg[r] = 1;
     }
