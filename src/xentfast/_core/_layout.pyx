@@ -15,32 +15,13 @@ import numpy as np
 from cython.parallel cimport prange
 from libc.stdint cimport uint32_t, uint64_t
 
-ctypedef fused word:
-    uint32_t
-    uint64_t
+from ._tiles cimport transpose_tile, word
 
 cdef enum:
     # a tile reads TILE_ROWS runs of TILE_COLS consecutive items and writes TILE_COLS runs of TILE_ROWS:
     # 8 KB of float32 (16 KB of float64) on either side
     TILE_ROWS = 32
     TILE_COLS = 64
-
-
-cdef inline void _tile(const word *src, word *dst, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t r0,
-                       Py_ssize_t r1, Py_ssize_t c0, Py_ssize_t c1) noexcept nogil:
-    # The inner loop runs along the long side's rows, consecutive items there: the short side's are
-    # near each other (a tile's worth lies in a few lines), while the long side's lie a row apart, often
-    # a power of two of bytes (D = 128 * 128), the same L1 set for every row of the tile: stepping
-    # across them item by item thrashed that set (0.9 ns per float32 item, 7x a plain copy).
-    cdef Py_ssize_t r, c
-    if cols >= rows:
-        for r in range(r0, r1):
-            for c in range(c0, c1):
-                dst[c * rows + r] = src[r * cols + c]
-    else:
-        for c in range(c0, c1):
-            for r in range(r0, r1):
-                dst[c * rows + r] = src[r * cols + c]
 
 
 cdef void _transpose(const word *src, word *dst, Py_ssize_t n_mats, Py_ssize_t rows, Py_ssize_t cols,
@@ -56,8 +37,8 @@ cdef void _transpose(const word *src, word *dst, Py_ssize_t n_mats, Py_ssize_t r
         tc = t % tiles_c
         r0 = tr * TILE_ROWS
         c0 = tc * TILE_COLS
-        _tile(src + a * size, dst + a * size, rows, cols, r0, min(r0 + TILE_ROWS, rows), c0,
-              min(c0 + TILE_COLS, cols))
+        transpose_tile(src + a * size + r0 * cols + c0, cols, dst + a * size + c0 * rows + r0, rows,
+                       min(TILE_ROWS, rows - r0), min(TILE_COLS, cols - c0))
 
 
 def transpose_batched(src, dst, Py_ssize_t n_mats, Py_ssize_t rows, Py_ssize_t cols, int n_threads):
