@@ -1125,6 +1125,55 @@ def test_class_axis_elsewhere_gives_the_rows_bits(dtype):
             assert loss == loss_m and np.array_equal(grad, back(grad_m))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C", [1, 3, 21, 150, 512, 513])
+def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
+    # (B, C, d1, d2) with index targets: the kernel reads the logits and writes the gradient as they lie
+    # (tiles of up to 256 positions copied into a thread's block, XF_GROUP_ROWS of them side by side),
+    # with no copy of the rows made (513 classes are beyond its limit and are moved first).  Partial
+    # tiles and groups, and rows every group hands back to the row kernel (NaN, +inf, a -inf target,
+    # masked classes, spreads beyond the groups', ignored rows), must keep the bits of the moved rows,
+    # for every option the kernel takes, into out= as well, on any thread count.
+    from xentfast import api
+    rng = np.random.default_rng(C)
+    x = (rng.standard_normal((2, C, 9, 59)) * 3).astype(dtype)
+    y = rng.integers(0, C, size=(2, 9, 59))
+    y[0, 0, :5] = -100
+    x[0, :, 1, 3] = np.nan
+    x[1, 0, 2, 7] = np.inf
+    x[1, C - 1, 4, 10] = -np.inf
+    y[1, 4, 10] = C - 1
+    x[0, C // 2, 5, 20:30] = -np.inf
+    x[1, 0, 8, 40:44] = dtype(3e4)
+    w = rng.random(C) + 0.25
+    g_rows = rng.random(y.shape)
+    moved = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    made = []
+    real_rows = api._rows
+
+    def rows_of(a, axis, n_threads=None):
+        made.append(a is x)
+        return real_rows(a, axis, n_threads)
+
+    monkeypatch.setattr(api, "_rows", rows_of)
+    for kw in (dict(), dict(weight=w), dict(reduction="sum", weight=w), dict(reduction="none"),
+               dict(label_smoothing=0.2), dict(z_loss=1e-3)):
+        for n_threads in (1, 2, 3):
+            go = g_rows if kw.get("reduction") == "none" else 0.5
+            loss, grad = xf.cross_entropy_with_grad(x, y, axis=1, grad_output=go, n_threads=n_threads, **kw)
+            loss_m, grad_m = xf.cross_entropy_with_grad(moved, y, grad_output=go, n_threads=n_threads, **kw)
+            assert np.array_equal(loss, loss_m, equal_nan=True), (kw, n_threads)
+            assert grad.flags.c_contiguous
+            assert np.array_equal(grad, np.moveaxis(grad_m, -1, 1), equal_nan=True), (kw, n_threads)
+            out = np.empty_like(x)
+            assert xf.cross_entropy_with_grad(x, y, axis=1, grad_output=go, n_threads=n_threads, out=out,
+                                              **kw)[1] is out
+            assert np.array_equal(out, grad, equal_nan=True)
+            assert np.array_equal(xf.cross_entropy(x, y, axis=1, n_threads=n_threads, **kw),
+                                  xf.cross_entropy(moved, y, n_threads=n_threads, **kw), equal_nan=True)
+    assert any(made) == (C > 512)
+
+
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_out_and_inplace(axis):
     rng = np.random.default_rng(6)

@@ -99,6 +99,17 @@ def _rows(x, axis, n_threads=None):
     return rows, batch_shape, C
 
 
+def _channels(x, axis):
+    """(B, C, D) where the kernels can read x's rows in place, torch's (N, C, d1, ...) layout (the class
+    axis neither last nor alone): a C-contiguous NumPy float32/float64 array, B = prod(x.shape[:axis])
+    matrices (C, D) whose columns are the rows (_xent.softmax_xent_channels), at most
+    CHANNELS_MAX_CLASSES classes; else None (the rows are moved first, _rows)."""
+    if not (type(x) is np.ndarray and axis != x.ndim - 1 and x.size and x.flags.c_contiguous and x.flags.aligned
+            and (x.dtype == _F32 or x.dtype == _F64) and x.shape[axis] <= _xent.CHANNELS_MAX_CLASSES):
+        return None
+    return math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
+
+
 def _restore(rows, batch_shape, axis, ndim):
     shaped = rows.reshape(batch_shape + (rows.shape[-1],))
     return shaped if axis == ndim - 1 else _xp(rows).moveaxis(shaped, -1, axis)
@@ -200,8 +211,8 @@ _HOST_VALUES = (np.ndarray, int, float)
 # Zero-size stand-ins for the kernels' absent arguments, made once for NumPy (np.empty costs ~0.4 us, and
 # a call passes three or four); keyed by the scalar type and by the dtype, so that neither needs
 # converting.  Nothing is ever written through them: they have no element.
-_CPU_PLACEHOLDERS = {(ndim, key): np.empty((0,) * ndim, dtype=dt)
-                     for ndim in (1, 2) for dt in (np.int64, np.float32, np.float64) for key in (dt, np.dtype(dt))}
+_CPU_PLACEHOLDERS = {(ndim, key): np.empty((0,) * ndim, dtype=dt) for ndim in (1, 2, 3)
+                     for dt in (np.int64, np.float32, np.float64) for key in (dt, np.dtype(dt))}
 
 
 def _placeholder(xp, ndim, dtype):
@@ -484,6 +495,23 @@ class _Problem:
     # launch may read them
     input_overwritten = False
     _k = None  # loss_scale(), once known
+    # (B, C, D) where the kernel reads the input in torch's layout in place (_channels), and the gradient
+    # buffer it then writes in that layout (_grad_target); None otherwise
+    channels = None
+    layout_grad = None
+    _rows = None
+
+    @property
+    def rows(self):
+        """The (N, C) C-contiguous rows the kernels read: in torch's layout (channels) made on first use,
+        by the launches that cannot read the input in place (a probe's rows, a gradient buffer of rows)."""
+        if self._rows is None:
+            self._rows = _rows(self.x_orig, self.axis, self.n_threads)[0]
+        return self._rows
+
+    @rows.setter
+    def rows(self, value):
+        self._rows = value
 
     def __init__(self, input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss,
                  empty_mean, nan_policy, n_threads, inplace=False, grad_output=None, out=None):
@@ -551,19 +579,26 @@ class _Problem:
         self.ignore_index = _check_ignore_index(ignore_index)
         # before the layout's copy, which runs on these threads (the same count for any layout: N C = size)
         self.n_threads = _threads_for(n_threads, self.x_orig.size)
-        self.rows, self.batch_shape, self.C = _rows(self.x_orig, self.axis, self.n_threads)
+        channels = _channels(self.x_orig, self.axis)
+        if channels is not None:
+            # the kernel reads the input as it lies: no rows yet (rows)
+            self.channels = channels
+            self.batch_shape = self.x_orig.shape[:self.axis] + self.x_orig.shape[self.axis + 1:]
+            self.C = channels[1]
+        else:
+            self.rows, self.batch_shape, self.C = _rows(self.x_orig, self.axis, self.n_threads)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
         self.y, self.t, self._kept = _split_target(target, self.x_orig, self.axis, self.batch_shape, self.C,
                                                    self.ignore_index, self.backend, checks, self.n_threads)
         self.w = _class_weights(weight, self.C, self.backend, checks)
-        _check_nan_policy(nan_policy, self.rows, self.batch_shape, backend=self.backend, checks=checks,
-                          labels=self.y, ignore_index=self.ignore_index)
+        _check_nan_policy(nan_policy, self.rows if nan_policy == "raise" else None, self.batch_shape,
+                          backend=self.backend, checks=checks, labels=self.y, ignore_index=self.ignore_index)
         if self.t is not None:
             # a NaN target probability makes its row NaN as a NaN logit does (README, special values)
             _check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
                               "target probability")
-        self.N = self.rows.shape[0]
+        self.N = math.prod(self.batch_shape)
         self._finish_checks(checks)
 
     def read_arrays(self):
@@ -813,16 +848,25 @@ class _Problem:
         thread waits for a time slice).  Subclasses with another kernel (cross_entropy_from_probs)
         override this alone."""
         xp = self.xp
-        x, y, t = self._selected(sel)
+        in_place = sel is None and self.channels is not None and (grad is None or grad is self.layout_grad)
+        x, y, t = (self.x_orig, self.y, self.t) if in_place else self._selected(sel)
         y = y if y is not None else _placeholder(xp, 1, np.int64)
         t = t if t is not None else _placeholder(xp, 2, self.dtype)
         rs = row_scale if row_scale is not None else _placeholder(xp, 1, np.float64)
+        loss_scale = math.ldexp(1.0, -self.loss_scale() if loss_exp is None else int(loss_exp))
+        if in_place:
+            # torch's layout read as it lies, the gradient written in it (_channels)
+            g = grad.reshape(self.channels) if grad is not None else _placeholder(xp, 3, self.dtype)
+            self.k.softmax_xent_channels(x.reshape(self.channels), y, t, w, self.ignore_index, self.eps, self.z,
+                                         rs, scale, loss, g, self.n_threads, self.y is not None,
+                                         self.t is not None, self.w is not None, row_scale is not None,
+                                         grad is not None, loss_scale)
+            return
         g = grad if grad is not None else _placeholder(xp, 2, self.dtype)
         self.k.softmax_xent(x, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
                             self.n_threads if sel is None else 1, self.y is not None, self.t is not None,
                             self.w is not None,
-                            row_scale is not None, grad is not None, False,
-                            math.ldexp(1.0, -self.loss_scale() if loss_exp is None else int(loss_exp)))
+                            row_scale is not None, grad is not None, False, loss_scale)
 
     def reduce(self, row_losses):
         if self.reduction == "none":
@@ -866,16 +910,22 @@ def _loss_and_grad(problem, buf, grad_output, **grad_only):
     reduced first, from a forward pass, and the gradient pass comes after it (one more pass, bits
     unchanged: a fused pass gives the same losses and gradient as the separate ones).  `grad_only`: the
     run() options of that gradient pass (the binary family can skip its losses)."""
-    if buf is problem.rows and problem.reduction != "none":
+    holds_logits = buf is _rows_made(problem)
+    if holds_logits and problem.reduction != "none":
         problem.upstream(grad_output)  # a bad grad_output still raises before any kernel runs
-    if buf is problem.rows and problem.reduction != "none" and problem.rerun_possible():
+    if holds_logits and problem.reduction != "none" and problem.rerun_possible():
         loss = problem.reduce(problem.run())
         problem.run(grad=buf, grad_output=grad_output, **grad_only)
         problem.input_overwritten = True
         return loss
     losses = problem.run(grad=buf, grad_output=grad_output)
-    problem.input_overwritten = buf is problem.rows
+    problem.input_overwritten = holds_logits
     return problem.reduce(losses)
+
+
+def _rows_made(problem):
+    """The problem's rows where they exist, without making them (_Problem.rows in torch's layout)."""
+    return problem._rows if isinstance(problem, _Problem) else problem.rows
 
 
 def _caller_memory(backend, a):
@@ -917,7 +967,8 @@ def _check_flag(value, name):
 
 
 def _grad_target(problem, out, inplace, grad_output=None):
-    """The (N, C) C-contiguous buffer the kernel writes the gradient into, and how to hand it back.
+    """The (N, C) C-contiguous buffer the kernel writes the gradient into (in torch's layout read in place,
+    problem.channels, a buffer in the input's layout: problem.layout_grad), and how to hand it back.
 
     Half-precision inputs (problem.x_orig is then a float64 copy of problem.x_given) always get a float64
     buffer of their own, rounded into `out` or the input by _finish_grad: the widened copy itself is not
@@ -952,6 +1003,11 @@ def _grad_target(problem, out, inplace, grad_output=None):
         _check_apart(problem, out, "out", grad_output)
         if last_axis_contiguous and out.flags.c_contiguous:
             return out.reshape(problem.rows.shape), out
+    if direct and getattr(problem, "channels", None) is not None:
+        # the kernel writes torch's layout as the input lies (_Problem._launch)
+        problem.layout_grad = out if out is not None and out.flags.c_contiguous else xp.empty_like(x)
+        return problem.layout_grad, out
+    if out is not None:
         return xp.empty_like(problem.rows), out
     return xp.empty_like(problem.rows), None
 
@@ -961,6 +1017,11 @@ def _finish_grad(problem, buf, dest):
     elsewhere; a half-precision gradient is rounded here, once (xentfast._dtypes (c))."""
     xp = problem.backend.xp
     x = problem.x_orig
+    if buf is getattr(problem, "layout_grad", None):
+        # written in the input's layout and dtype already (_grad_target)
+        if dest is not None and dest is not buf:
+            dest[...] = buf
+        return buf if dest is None else dest
     if dest is None and problem.axis == x.ndim - 1 and buf.dtype == problem.grad_dtype:
         # the kernel wrote a fresh C-contiguous buffer in the input's layout: hand it over as it is
         return buf if buf.shape == x.shape else buf.reshape(x.shape)

@@ -27,13 +27,17 @@
 # (f) Left out on purpose: OpenMP reductions (their order follows the thread count), per-element
 #     Python-level dispatch, and any N x C temporary besides the caller-visible outputs.
 
-from cython.parallel cimport parallel, prange
-from libc.stdint cimport int64_t
+from cython.parallel cimport parallel, prange, threadid
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_New
 from libc.math cimport INFINITY as _INF
 
 from ._openmp cimport omp_get_max_threads
+from ._tiles cimport transpose_tile
+
+import numpy as np
 
 cdef extern from "fp_ieee.h" nogil:
     ctypedef unsigned long long xf_fp_state
@@ -91,6 +95,7 @@ cdef extern from "xent_kernels.h" nogil:
     void xf_row_scratch_read_ahead(xf_row_scratch *s, const void *x_end)
     void xf_row_scratch_new_output(xf_row_scratch *s)
     bint xf_memory_touched(const void *p, size_t n)
+    void xf_row_scratch_finish(xf_row_scratch *s)
     void xf_row_scratch_release(xf_row_scratch *s)
     ctypedef struct xf_softmax_table_f32:
         void (*max_block)(const float *, long long, long long, xf_rowmax *) noexcept nogil
@@ -107,8 +112,8 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_z_lse)(const float *, long long, xf_rowjob *, const float *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const float *, float *, long long, double, double, int) noexcept nogil
-        unsigned (*short_rows)(const float *, const float *, float *, long long, const int64_t *, long long,
-                               const double *, double, double, const double *, double *, double,
+        unsigned (*short_rows)(const float *, const float *, float *, long long, long long, const int64_t *,
+                               long long, const double *, double, double, const double *, double *, double,
                                double) noexcept nogil
         unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const float *, const float *, long long, const long long *, int, xf_rowjob *,
@@ -129,9 +134,9 @@ cdef extern from "xent_kernels.h" nogil:
         void (*row_z_lse)(const double *, long long, xf_rowjob *, const double *, const double *,
                           double *) noexcept nogil
         void (*log_softmax_block)(const double *, double *, long long, double, double, int) noexcept nogil
-        unsigned (*short_rows)(const double *, const double *, double *, long long, const int64_t *, long long,
-                               const double *, double, double, const double *, double *, double,
-                               double) noexcept nogil
+        unsigned (*short_rows)(const double *, const double *, double *, long long, long long,
+                               const int64_t *, long long, const double *, double, double, const double *,
+                               double *, double, double) noexcept nogil
         unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
         void (*xent_rows_forward)(const double *, const double *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
@@ -289,10 +294,10 @@ cdef void _xent_row_group(const floating *x, floating *grad, const floating *t, 
     cdef const double *group_scale = a.row_scale + i0 if a.row_scale != NULL else NULL
     if i0 + XF_GROUP_ROWS <= N:
         if floating is float:
-            done = K32.short_rows(x + i0 * a.C, group_t, group_grad, a.C, group_y, a.ignore_index, a.w,
+            done = K32.short_rows(x + i0 * a.C, group_t, group_grad, a.C, 0, group_y, a.ignore_index, a.w,
                                   a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
         else:
-            done = K64.short_rows(x + i0 * a.C, group_t, group_grad, a.C, group_y, a.ignore_index, a.w,
+            done = K64.short_rows(x + i0 * a.C, group_t, group_grad, a.C, 0, group_y, a.ignore_index, a.w,
                                   a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
     if done == (1u << XF_GROUP_ROWS) - 1:
         return
@@ -398,6 +403,162 @@ cdef void _xent_rows(const floating *x, floating *grad, const floating *t, const
             xf_row_scratch_read_ahead(scratch, x + N * C)
         for i in prange(N, schedule="guided"):
             loss[i] = _xent_one_row(x, grad, t, a, i, scratch)
+        xf_row_scratch_release(scratch)
+        xf_fp_ieee_leave(fp_thread)
+
+
+cdef enum:
+    # the positions of torch's layout one task of _xent_channels takes: about CHANNEL_TILE_ITEMS logits,
+    # in whole groups, at most CHANNEL_TILE_MAX positions (21 classes: 256 positions, 21 KB of float32).
+    # Fused, two threads, ms, tiles of 64 -> 128 -> 256 -> 1024 positions: 8 x 21 x 128 x 128 float32
+    # 2.4-2.5 -> 2.1-2.4 -> 2.1-2.2 -> 3.0, 4 x 150 x 64 x 64 1.4-1.8 -> 1.2-1.3 -> 1.2-1.3 -> 1.2
+    # (benchmarks/README.md, 2026-12-07, eighth round)
+    CHANNEL_TILE_ITEMS = 32768
+    CHANNEL_TILE_MAX = 256
+
+
+cdef inline Py_ssize_t _channel_tile(Py_ssize_t C) noexcept nogil:
+    cdef Py_ssize_t p = (CHANNEL_TILE_ITEMS // C) // XF_GROUP_ROWS * XF_GROUP_ROWS
+    return max(<Py_ssize_t>XF_GROUP_ROWS, min(p, <Py_ssize_t>CHANNEL_TILE_MAX))
+
+
+cdef inline void _gather_rows(const floating *x, Py_ssize_t C, Py_ssize_t D, floating *rows, Py_ssize_t r0,
+                              Py_ssize_t n) noexcept nogil:
+    # the rows of positions r0 .. r0 + n - 1 of a (C, D) matrix of torch's layout (x: its position 0's
+    # class 0) into rows + r0 C, row r at rows + r C
+    if floating is float:
+        transpose_tile(<const uint32_t *>(x + r0), D, <uint32_t *>(rows + r0 * C), C, C, n)
+    else:
+        transpose_tile(<const uint64_t *>(x + r0), D, <uint64_t *>(rows + r0 * C), C, C, n)
+
+
+cdef inline void _scatter_rows(const floating *rows, Py_ssize_t C, Py_ssize_t D, floating *out, Py_ssize_t r0,
+                               Py_ssize_t n) noexcept nogil:
+    # _gather_rows' way back
+    if floating is float:
+        transpose_tile(<const uint32_t *>(rows + r0 * C), C, <uint32_t *>(out + r0), D, n, C)
+    else:
+        transpose_tile(<const uint64_t *>(rows + r0 * C), C, <uint64_t *>(out + r0), D, n, C)
+
+
+cdef inline void _copy_positions(const floating *src, Py_ssize_t src_stride, floating *dst,
+                                 Py_ssize_t dst_stride, Py_ssize_t C, Py_ssize_t n) noexcept nogil:
+    # n consecutive positions of each of C classes, class j's at src + j src_stride to dst + j dst_stride
+    cdef Py_ssize_t j
+    for j in range(C):
+        memcpy(dst + j * dst_stride, src + j * src_stride, n * sizeof(floating))
+
+
+cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+                             Py_ssize_t D, Py_ssize_t i0, Py_ssize_t n, Py_ssize_t P, bint groups,
+                             floating *work, double *loss, xf_row_scratch *scratch) noexcept nogil:
+    # n <= P consecutive positions of one (C, D) matrix of torch's layout (x, grad: the first one's class
+    # 0), rows i0 .. i0 + n - 1 of the call (t: probability targets as rows, the call's, row i0's first),
+    # with the bits the rows driver gives them; work: the thread's 2 P C + 2 C items.  Index targets
+    # without smoothing: the tile copied as it lies into a (C, P) block, its groups of XF_GROUP_ROWS
+    # positions run side by side there (xf_short_rows, D = P: class j's entries of a group are adjacent,
+    # so neither the input nor the gradient needs a transposition), the gradient written into a second
+    # block and copied back; the rows a group hands back and a last partial group's go through the row
+    # kernel one by one (gathered into a row of their own).  The block keeps the groups' reads off the
+    # input's own stride, often a power of two of bytes (D = 64 * 64 float32: 16 KB), whose C lines share
+    # a few cache sets in L1 and L2 alike: read in place, each line was fetched again for the next group
+    # (4 x 150 x 64 x 64 float32 fused 2.9 ms, against 1.4 ms from the block).  Every other call's rows
+    # are transposed into the first block as rows, run as the rows driver runs them (_xent_row_group and
+    # the like) and their gradient rows scattered back from the second.
+    cdef XentArgs local = a[0]
+    cdef XentArgs one
+    cdef Py_ssize_t C = a.C
+    cdef Py_ssize_t g, r, r0, n_rows
+    cdef unsigned done
+    cdef floating *block = work
+    cdef floating *grad_block = work + P * C
+    cdef floating *row = grad_block + P * C
+    cdef floating *grad_row = row + C
+    cdef const floating *rows_t = t + i0 * C if t != NULL else NULL
+    cdef floating *rows_grad = grad_block if grad != NULL else NULL
+    if a.y != NULL:
+        local.y = a.y + i0
+    if a.row_scale != NULL:
+        local.row_scale = a.row_scale + i0
+    if groups and a.eps == 0.0 and t == NULL:
+        _copy_positions(x, D, block, P, C, n)
+        for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
+            r0 = g * XF_GROUP_ROWS
+            n_rows = min(<Py_ssize_t>XF_GROUP_ROWS, n - r0)
+            done = 0
+            if n_rows == XF_GROUP_ROWS:
+                if floating is float:
+                    done = K32.short_rows(block + r0, NULL, rows_grad + r0 if grad != NULL else NULL, C, P,
+                                          local.y + r0, a.ignore_index, a.w, a.loss_scale, a.scale,
+                                          local.row_scale + r0 if a.row_scale != NULL else NULL, loss + i0 + r0,
+                                          0.0, a.w_min_pos)
+                else:
+                    done = K64.short_rows(block + r0, NULL, rows_grad + r0 if grad != NULL else NULL, C, P,
+                                          local.y + r0, a.ignore_index, a.w, a.loss_scale, a.scale,
+                                          local.row_scale + r0 if a.row_scale != NULL else NULL, loss + i0 + r0,
+                                          0.0, a.w_min_pos)
+            if done == (1u << XF_GROUP_ROWS) - 1:
+                continue
+            if grad == NULL:
+                # the rows handed back as rows of the second block, their logarithms side by side
+                for r in range(n_rows):
+                    if not ((done >> r) & 1):
+                        _gather_rows(block, C, P, grad_block, r0 + r, 1)
+                _xent_rows_forward(grad_block, NULL, &local, r0, n_rows, done, loss + i0)
+                continue
+            for r in range(n_rows):
+                if not ((done >> r) & 1):
+                    one = local
+                    one.y = local.y + r0 + r
+                    if a.row_scale != NULL:
+                        one.row_scale = local.row_scale + r0 + r
+                    _gather_rows(block + r0 + r, C, P, row, 0, 1)
+                    loss[i0 + r0 + r] = _xent_one_row(row, grad_row, NULL, &one, 0, scratch)
+                    # a row the kernel left pending (xf_row_scratch) completes before it is read
+                    xf_row_scratch_finish(scratch)
+                    _scatter_rows(grad_row, C, P, grad_block + r0 + r, 0, 1)
+        if grad != NULL:
+            _copy_positions(grad_block, P, grad, D, C, n)
+        return
+    _gather_rows(x, C, D, block, 0, n)
+    if groups:
+        for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
+            _xent_row_group(block, rows_grad, rows_t, &local, n, g, loss + i0, scratch)
+    elif grad == NULL:
+        for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
+            _xent_rows_forward(block, rows_t, &local, g * XF_GROUP_ROWS,
+                               min(<Py_ssize_t>XF_GROUP_ROWS, n - g * XF_GROUP_ROWS), 0, loss + i0)
+    else:
+        for r in range(n):
+            loss[i0 + r] = _xent_one_row(block, rows_grad, rows_t, &local, r, scratch)
+    if grad != NULL:
+        xf_row_scratch_finish(scratch)
+        _scatter_rows(grad_block, C, D, grad, 0, n)
+
+
+cdef void _xent_channels(const floating *x, floating *grad, const floating *t, const XentArgs *a,
+                         Py_ssize_t B, Py_ssize_t D, double *loss, floating *work, Py_ssize_t P, bint groups,
+                         int n_threads) noexcept nogil:
+    # every row of a call in torch's layout, B matrices (C, D) whose columns are the rows, P positions a
+    # task (_channel_tile), each thread's blocks in its 2 P C + 2 C items of work
+    cdef Py_ssize_t C = a.C
+    cdef Py_ssize_t per_matrix = (D + P - 1) // P
+    cdef Py_ssize_t task, b, p0
+    cdef floating *mine = NULL
+    cdef xf_fp_state fp_thread = 0
+    cdef xf_row_scratch *scratch = NULL
+    cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, a.eps != 0.0 or a.z != 0.0 or t != NULL,
+                                                   floating is float, False, C)
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        # pending rows go out by ordinary stores: the tile's block is read right after
+        scratch = _row_scratch(want_scratch, C, False)
+        mine = work + threadid() * (2 * P * C + 2 * C)
+        for task in prange(B * per_matrix, schedule="guided"):
+            b = task // per_matrix
+            p0 = (task % per_matrix) * P
+            _xent_channel_tile(x + b * C * D + p0, grad + b * C * D + p0 if grad != NULL else NULL, t, a, D,
+                               b * D + p0, min(P, D - p0), P, groups, mine, loss, scratch)
         xf_row_scratch_release(scratch)
         xf_fp_ieee_leave(fp_thread)
 
@@ -631,6 +792,22 @@ GROUP_MAX_C = XF_GROUP_MAX_C
 SCRATCH_MAX_CLASSES = XF_SCRATCH_MAX_CLASSES
 
 
+cdef void _set_xent_args(XentArgs *a, Py_ssize_t C, const int64_t[::1] y, const double[::1] w,
+                         long long ignore_index, double eps, double z, const double[::1] row_scale, double scale,
+                         bint has_y, bint has_w, bint has_row_scale, double loss_scale):
+    a.y = &y[0] if has_y else NULL
+    a.w = &w[0] if has_w else NULL
+    a.w_min_pos = _least_positive(w) if has_w else 1.0
+    a.row_scale = &row_scale[0] if has_row_scale else NULL
+    a.ignore_index = ignore_index
+    a.C = C
+    a.eps = eps
+    a.z = z
+    a.scale = scale
+    a.loss_scale = loss_scale
+    a.prob = 0 if has_y else 1
+
+
 def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[:, ::1] t,
                  const double[::1] w, long long ignore_index, double eps, double z,
                  const double[::1] row_scale, double scale, double[::1] loss,
@@ -654,17 +831,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
     if N == 0 or C == 0:
         return
     xp = &x[0, 0]
-    a.y = &y[0] if has_y else NULL
-    a.w = &w[0] if has_w else NULL
-    a.w_min_pos = _least_positive(w) if has_w else 1.0
-    a.row_scale = &row_scale[0] if has_row_scale else NULL
-    a.ignore_index = ignore_index
-    a.C = C
-    a.eps = eps
-    a.z = z
-    a.scale = scale
-    a.loss_scale = loss_scale
-    a.prob = 0 if has_y else 1
+    _set_xent_args(&a, C, y, w, ignore_index, eps, z, row_scale, scale, has_y, has_w, has_row_scale, loss_scale)
     if has_t:
         tp = &t[0, 0]
     if has_grad:
@@ -681,6 +848,47 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
             _xent_rows(xp, gp, tp, &a, N, &loss[0], n_threads, want_scratch)
     if not ok:
         raise MemoryError("cross-entropy: no memory for the per-block state of the row passes")
+
+
+# the most classes softmax_xent_channels takes (the short-row groups' limit; beyond it the class axis is
+# moved first, xentfast.api._rows)
+CHANNELS_MAX_CLASSES = XF_GROUP_MAX_C
+
+
+def softmax_xent_channels(const floating[:, :, ::1] x, const int64_t[::1] y, const floating[:, ::1] t,
+                          const double[::1] w, long long ignore_index, double eps, double z,
+                          const double[::1] row_scale, double scale, double[::1] loss,
+                          floating[:, :, ::1] grad, int n_threads, bint has_y, bint has_t, bint has_w,
+                          bint has_row_scale, bint has_grad, double loss_scale=1.0, bint row_groups=True):
+    """softmax_xent of torch's layout: x (B, C, D), the classes of a row D apart (D = d1 * ..., the rows
+    are the columns of B matrices (C, D)), rows numbered b D + p; the gradient (may alias x) in x's
+    layout; y, row_scale, loss and probability targets t (N = B D rows of C, as softmax_xent takes
+    them) by row.  At most CHANNELS_MAX_CLASSES classes.  Each task takes a tile of positions into a
+    thread's block (_xent_channel_tile) and runs its rows as softmax_xent would: the same bits, without
+    moving the whole input's class axis first and the gradient's back after."""
+    cdef Py_ssize_t B = x.shape[0]
+    cdef Py_ssize_t C = x.shape[1]
+    cdef Py_ssize_t D = x.shape[2]
+    cdef Py_ssize_t P
+    cdef XentArgs a
+    cdef const floating *tp = NULL
+    cdef floating *gp = NULL
+    cdef floating[:, ::1] work
+    if B == 0 or C == 0 or D == 0:
+        return
+    if C > XF_GROUP_MAX_C:
+        raise ValueError(f"softmax_xent_channels: at most {XF_GROUP_MAX_C} classes, got {C}")
+    _set_xent_args(&a, C, y, w, ignore_index, eps, z, row_scale, scale, has_y, has_w, has_row_scale, loss_scale)
+    if has_t:
+        tp = &t[0, 0]
+    if has_grad:
+        gp = &grad[0, 0, 0]
+    P = _channel_tile(C)
+    n_threads = <int>max(1, min(<Py_ssize_t>n_threads, B * ((D + P - 1) // P)))
+    work = np.empty((n_threads, 2 * P * C + 2 * C), dtype=np.float32 if floating is float else np.float64)
+    with nogil:
+        _xent_channels(&x[0, 0, 0], gp, tp, &a, B, D, &loss[0], &work[0, 0], P, row_groups and z == 0.0,
+                       n_threads)
 
 
 cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
@@ -1007,9 +1215,9 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
             done = K64.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, kind)
     else:
         if floating is float:
-            done = K32.short_rows(&x[0, 0], tp, op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
+            done = K32.short_rows(&x[0, 0], tp, op, C, 0, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
         else:
-            done = K64.short_rows(&x[0, 0], tp, op, C, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
+            done = K64.short_rows(&x[0, 0], tp, op, C, 0, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
     xf_fp_ieee_leave(fp_thread)
     return done
 

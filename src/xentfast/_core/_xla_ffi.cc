@@ -220,7 +220,7 @@ void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long 
                 factors[r] = g != nullptr ? static_cast<double>(g[i0 + r]) : 1.0;
             }
             done = Tables<T>::softmax()->short_rows(x + i0 * C, nullptr,
-                                                    grad != nullptr ? grad + i0 * C : nullptr, C, labels, kSkip,
+                                                    grad != nullptr ? grad + i0 * C : nullptr, C, 0, labels, kSkip,
                                                     nullptr, 1.0, 1.0, g != nullptr ? factors : nullptr, losses,
                                                     0.0, 1.0);
         }

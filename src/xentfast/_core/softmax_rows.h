@@ -2170,6 +2170,33 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_grad_rows)(
     }
 }
 
+/* xf_group_grad_rows in torch's layout (xf_group_stats, D > 0): class j's entries of the group's rows
+ * lie side by side at grad + j D, as kept[j] holds them, so each column goes out as one vector with no
+ * transposition, the entries of the rows not done keeping what the memory holds (a row handed back to
+ * the row kernel may lie in the logits themselves, inplace, and is read after the group). */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_grad_positions)(
+    XF_T *grad, long long C, long long D, double (*kept)[XF_GROUP_ROWS], const double *f, const int *ok,
+    const int *ignored, const long long *target, const double *g_y)
+{
+    long long j;
+    int r;
+    for (j = 0; j < C; j++) {
+        XF_T *g = grad + j * D;
+        /* every value loaded and selected, none loaded under a condition (gcc made those masked loads,
+         * and a loop of the target entries after this one a scatter under a mask, which test_build
+         * forbids) */
+#pragma omp simd
+        for (r = 0; r < XF_GROUP_ROWS; r++) {
+            const XF_T stored = XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0);
+            const XF_T at_target = (XF_T)g_y[r];
+            const XF_T prior = g[r];
+            const int done = ok[r], skipped = ignored[r];
+            const XF_T entry = (j == target[r]) ? at_target : stored;
+            g[r] = skipped ? (XF_T)0.0 : (done ? entry : prior);
+        }
+    }
+}
+
 /* The group's sums of exp(x_j - m) in the exponential form `form` (a literal: 1 normal, 2 masked, see
  * XF_EXP_FORM), as xf_sumexp_block_form adds them: element j into lane j % XF_LANES, in order, the argmax
  * as 0.0; with want_kept (a literal) each exponential also kept in `kept_d` as the double it is (the
@@ -2189,8 +2216,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
      * the reads (one core, avx512, 2^21 entries: float32 logsumexp C = 256 1.60-1.67 -> 1.25-1.40 ms,
      * forward 176 1.70-1.81 -> 1.43-1.53, float64 forward 160 4.06-4.19 -> 3.44-3.62; benchmarks/README.md,
      * 2026-12-05, seventh round).  The R * C * sizeof(XF_T) bytes take at most C lines (float64: C,
-     * float32: C / 2). */
-    const long long next_bytes = R * C * (long long)sizeof(XF_T);
+     * float32: C / 2).  NULL: nothing fetched (torch's layout, whose groups read a block the caller
+     * has just copied, xf_short_rows). */
+    const long long n_next = next ? (R * C * (long long)sizeof(XF_T) + 63) / 64 : 0;
     long long j;
     int r, k;
     /* In the avx512 unit (XF_GROUP_WIDE_ENTRIES) the loop below holds doubles alone: the entries are
@@ -2202,7 +2230,7 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_sum_form)(
     double xd[R];
     for (j = 0; j < C; j++) {
         k = (int)(j % XF_LANES);
-        if (j * 64 < next_bytes) {
+        if (j < n_next) {
             __builtin_prefetch(next + j * 64, 0, 3);
         }
         if (XF_GROUP_WIDE_ENTRIES) {
@@ -2353,8 +2381,9 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax)(
 }
 
 /* What every group needs of its rows, by the row kernel's steps (see above): the rows transposed into xt
- * (xt[j][r] = row r's entry j), each row's max m (as double), first argmax and double-double sum hi + lo
- * of exp(x_j - m) over every class but the argmax, and ok: the row is finite, within max_spread of its max
+ * (xt[j][r] = row r's entry j: x[r C + j], or x[j D + r] where D > 0, torch's layout), each row's max m
+ * (as double), first argmax and double-double sum hi + lo of exp(x_j - m) over every class but the
+ * argmax, and ok: the row is finite, within max_spread of its max
  * (the unclamped exponentials: XF_NORMAL_SPREAD, or 600 where the row kernel keeps the exponentials for a
  * gradient) and, float64, needs no rescued sum.  want_kept: each exponential kept as xf_group_sum_form
  * says (0: none).  allow_masked: rows with -inf entries (masked classes; with 2, float32
@@ -2363,8 +2392,8 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_argmax)(
  * exponential +0); the group's rows take that form when one of them has a masked entry (the same bits as
  * the normal form on the others).  Returns whether one has. */
 XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
-    const XF_T *x, long long C, XF_T (*xt)[XF_GROUP_ROWS], double (*kept_d)[XF_GROUP_ROWS], double *m,
-    double *hi, double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept,
+    const XF_T *x, long long C, long long D, XF_T (*xt)[XF_GROUP_ROWS], double (*kept_d)[XF_GROUP_ROWS],
+    double *m, double *hi, double *lo, long long *argmax, int *ok, const double max_spread, const int want_kept,
     const int allow_masked)
 {
     enum { R = XF_GROUP_ROWS };
@@ -2373,9 +2402,17 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     double acc[XF_LANES][R], cmp[XF_LANES][R];
     long long j;
     int r, k;
-    for (j = 0; j < C; j++) {
-        for (r = 0; r < R; r++) {
-            xt[j][r] = x[r * C + j];
+    if (D > 0) {
+        for (j = 0; j < C; j++) {
+            for (r = 0; r < R; r++) {
+                xt[j][r] = x[j * D + r];
+            }
+        }
+    } else {
+        for (j = 0; j < C; j++) {
+            for (r = 0; r < R; r++) {
+                xt[j][r] = x[r * C + j];
+            }
         }
     }
     /* max, min, the NaN test and the argmax in the storage type, as xf_max_block takes them: float ->
@@ -2465,7 +2502,7 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
     }
     /* xf_sumexp_block_form: element j into lane j % XF_LANES, in order, the argmax as 0.0.  Rows that are
      * not ok may hold inf or NaN here; their lanes are computed and never read. */
-    const char *next = (const char *)(x + R * C);
+    const char *next = D > 0 ? 0 : (const char *)(x + R * C);
     if (want_kept) {
         if (any_masked) {
             XF_FN(xf_group_sum_form)(xt, kept_d, m, argmax, acc, cmp, C, next, 1, 2);
@@ -2489,7 +2526,7 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_group_stats)(
 }
 
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_form)(
-    const XF_T *x, XF_T *grad, long long C, const int64_t *y, long long ignore_index, const double *w,
+    const XF_T *x, XF_T *grad, long long C, long long D, const int64_t *y, long long ignore_index, const double *w,
     double loss_scale, double scale, const double *row_scale, double *loss, const int has_grad)
 {
     enum { R = XF_GROUP_ROWS };
@@ -2505,8 +2542,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
      * the formula of the kept doubles (xf_stored_entry) whether it keeps them or evaluates them again, so
      * the bits agree; until the float32 exponentials were kept as doubles such a row was not of the
      * stored form (xf_rowjob_plan: the spread over every finite entry) and the two roundings differed */
-    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad,
-                          2);
+    XF_FN(xf_group_stats)(x, C, D, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD,
+                          has_grad, 2);
     /* the labels' lookups, one row at a time (64-bit indices keep gcc from vectorizing the loop below) */
     for (r = 0; r < R; r++) {
         const long long y_r = (long long)y[r];
@@ -2542,7 +2579,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
         loss[r] = ignored[r] ? 0.0 : ce;
         ok[r] |= ignored[r];
     }
-    if (has_grad) {
+    if (has_grad && D > 0) {
+        XF_FN(xf_group_grad_positions)(grad, C, D, kept, f, ok, ignored, target, g_y);
+    } else if (has_grad) {
         long long j_vec = 0;
 #if defined(__AVX2__)
         j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, f, ok, ignored, grad);
@@ -2592,7 +2631,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
     unsigned done = 0;
     long long j;
     int r, k;
-    XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad, 0);
+    XF_FN(xf_group_stats)(x, C, 0, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad,
+                          0);
 #pragma omp simd
     for (r = 0; r < R; r++) {
         log_s[r] = xf_row_log_S(hi[r], lo[r]);
@@ -2780,7 +2820,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     long long j;
     int r;
     long long j_vec = 0;
-    const int any_masked = XF_FN(xf_group_stats)(x, C, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
+    const int any_masked = XF_FN(xf_group_stats)(x, C, 0, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
                                                  mode == 2, 2);
     if (mode != 2) {
         /* the rows' logarithms side by side, one vector for the group (in the loop of rows below, beside
@@ -2874,8 +2914,10 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double 
 
 /* grad (or NULL: the loss alone) may be x itself: the group reads its rows whole before it writes them.
  * row_scale (or NULL) is the group's own (its first row's entry first).  t (or NULL): probability targets
- * at x's layout, y then unread (may be NULL); eps: label smoothing; w_min_pos: xf_rowjob's. */
-XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad, long long C,
+ * at x's layout, y then unread (may be NULL); eps: label smoothing; w_min_pos: xf_rowjob's.  D: 0, row r
+ * at x + r C (and grad + r C), else torch's layout, row r's class j at x[j D + r] (and grad's), the
+ * positions' rows of index targets without label smoothing alone (else no row done). */
+XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad, long long C, long long D,
                                         const int64_t *y, long long ignore_index, const double *w, double loss_scale,
                                         double scale, const double *row_scale, double *loss, double eps,
                                         double w_min_pos)
@@ -2884,7 +2926,7 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad
         return 0;
     }
     if (eps != 0.0 || t) {
-        if (C > XF_GROUP_TERMS_MAX_C(t != 0)) {
+        if (C > XF_GROUP_TERMS_MAX_C(t != 0) || D > 0) {
             return 0;
         }
 #define XF_TERMS_FORM(G, HW, HT)                                                                            \
@@ -2903,9 +2945,9 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad
 #undef XF_TERMS_FORM
     }
     if (grad) {
-        return XF_FN(xf_short_rows_form)(x, grad, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, 1);
+        return XF_FN(xf_short_rows_form)(x, grad, C, D, y, ignore_index, w, loss_scale, scale, row_scale, loss, 1);
     }
-    return XF_FN(xf_short_rows_form)(x, 0, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, 0);
+    return XF_FN(xf_short_rows_form)(x, 0, C, D, y, ignore_index, w, loss_scale, scale, row_scale, loss, 0);
 }
 
 #undef XF_FN

@@ -181,8 +181,9 @@ static inline void xf_row_scratch_release(xf_row_scratch *s)
                            xf_row_scratch *);                                                             \
         void (*row_z_lse)(const T *, long long, xf_rowjob *, const T *, const double *, double *);       \
         void (*log_softmax_block)(const T *, T *, long long, double, double, int);                       \
-        unsigned (*short_rows)(const T *, const T *, T *, long long, const int64_t *, long long,         \
-                               const double *, double, double, const double *, double *, double, double); \
+        unsigned (*short_rows)(const T *, const T *, T *, long long, long long, const int64_t *,         \
+                               long long, const double *, double, double, const double *, double *, double,  \
+                               double);                                                                   \
         unsigned (*short_rows_family)(const T *, T *, double *, long long, int);                          \
         void (*xent_rows_forward)(const T *, const T *, long long, const long long *, int, xf_rowjob *,    \
                                   const double *, double *);                                              \
