@@ -1128,12 +1128,12 @@ def test_class_axis_elsewhere_gives_the_rows_bits(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("C", [1, 3, 21, 150, 512, 513])
 def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
-    # (B, C, d1, d2) with index targets: the kernel reads the logits and writes the gradient as they lie
-    # (tiles of up to 256 positions copied into a thread's block, XF_GROUP_ROWS of them side by side),
-    # with no copy of the rows made (513 classes are beyond its limit and are moved first).  Partial
-    # tiles and groups, and rows every group hands back to the row kernel (NaN, +inf, a -inf target,
-    # masked classes, spreads beyond the groups', ignored rows), must keep the bits of the moved rows,
-    # for every option the kernel takes, into out= as well, on any thread count.
+    # (B, C, d1, d2): the kernel reads the logits and writes the gradient as they lie (tiles of up to 256
+    # positions copied into a thread's block, XF_GROUP_ROWS of them side by side), with no copy of the
+    # rows made (513 classes are beyond its limit and are moved first).  Partial tiles and groups, and
+    # rows every group hands back to the row kernel (NaN, +inf, a -inf target, masked classes, spreads
+    # beyond the groups', ignored rows, negative target probabilities), must keep the bits of the moved
+    # rows, for every option, into out= as well, on any thread count.
     from xentfast import api
     rng = np.random.default_rng(C)
     x = (rng.standard_normal((2, C, 9, 59)) * 3).astype(dtype)
@@ -1145,6 +1145,8 @@ def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
     y[1, 4, 10] = C - 1
     x[0, C // 2, 5, 20:30] = -np.inf
     x[1, 0, 8, 40:44] = dtype(3e4)
+    x[0, :, 6, 16:40] = 0.0
+    x[0, 0, 6, 16:40] = 50.0
     w = rng.random(C) + 0.25
     g_rows = rng.random(y.shape)
     moved = np.ascontiguousarray(np.moveaxis(x, 1, -1))
@@ -1156,21 +1158,34 @@ def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
         return real_rows(a, axis, n_threads)
 
     monkeypatch.setattr(api, "_rows", rows_of)
+    probs = rng.random(x.shape).astype(dtype)
+    probs[1, 0, 3, :6] = -0.5
+    # confident rows whose one mass is just above 2^-969: a float64 loss below 2^-969, which the row
+    # kernel sums again scaled from the row itself (xf_rowjob_tiny_loss_row)
+    probs[0, :, 6, 16:40] = 0.0
+    probs[0, 0, 6, 16:40] = 1e-291 if dtype == np.float64 else 1e-30
+    probs_m = np.ascontiguousarray(np.moveaxis(probs, 1, -1))
     for kw in (dict(), dict(weight=w), dict(reduction="sum", weight=w), dict(reduction="none"),
-               dict(label_smoothing=0.2), dict(z_loss=1e-3)):
+               dict(label_smoothing=0.2), dict(label_smoothing=0.1, weight=w), dict(z_loss=1e-3),
+               dict(target=(probs, probs_m), reduction="none"),
+               dict(target=(probs, probs_m), label_smoothing=0.3, weight=w)):
+        kw = dict(kw)
+        target, target_m = kw.pop("target", (y, y))
         for n_threads in (1, 2, 3):
             go = g_rows if kw.get("reduction") == "none" else 0.5
-            loss, grad = xf.cross_entropy_with_grad(x, y, axis=1, grad_output=go, n_threads=n_threads, **kw)
-            loss_m, grad_m = xf.cross_entropy_with_grad(moved, y, grad_output=go, n_threads=n_threads, **kw)
+            loss, grad = xf.cross_entropy_with_grad(x, target, axis=1, grad_output=go, n_threads=n_threads,
+                                                    **kw)
+            loss_m, grad_m = xf.cross_entropy_with_grad(moved, target_m, grad_output=go, n_threads=n_threads,
+                                                        **kw)
             assert np.array_equal(loss, loss_m, equal_nan=True), (kw, n_threads)
             assert grad.flags.c_contiguous
             assert np.array_equal(grad, np.moveaxis(grad_m, -1, 1), equal_nan=True), (kw, n_threads)
             out = np.empty_like(x)
-            assert xf.cross_entropy_with_grad(x, y, axis=1, grad_output=go, n_threads=n_threads, out=out,
+            assert xf.cross_entropy_with_grad(x, target, axis=1, grad_output=go, n_threads=n_threads, out=out,
                                               **kw)[1] is out
             assert np.array_equal(out, grad, equal_nan=True)
-            assert np.array_equal(xf.cross_entropy(x, y, axis=1, n_threads=n_threads, **kw),
-                                  xf.cross_entropy(moved, y, n_threads=n_threads, **kw), equal_nan=True)
+            assert np.array_equal(xf.cross_entropy(x, target, axis=1, n_threads=n_threads, **kw),
+                                  xf.cross_entropy(moved, target_m, n_threads=n_threads, **kw), equal_nan=True)
     assert any(made) == (C > 512)
 
 

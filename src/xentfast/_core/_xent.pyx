@@ -454,17 +454,17 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
                              floating *work, double *loss, xf_row_scratch *scratch) noexcept nogil:
     # n <= P consecutive positions of one (C, D) matrix of torch's layout (x, grad: the first one's class
     # 0), rows i0 .. i0 + n - 1 of the call (t: probability targets as rows, the call's, row i0's first),
-    # with the bits the rows driver gives them; work: the thread's 2 P C + 2 C items.  Index targets
-    # without smoothing: the tile copied as it lies into a (C, P) block, its groups of XF_GROUP_ROWS
+    # with the bits the rows driver gives them; work: the thread's 2 P C + 2 C items.  Where the groups
+    # apply (no z-loss): the tile copied as it lies into a (C, P) block, its groups of XF_GROUP_ROWS
     # positions run side by side there (xf_short_rows, D = P: class j's entries of a group are adjacent,
     # so neither the input nor the gradient needs a transposition), the gradient written into a second
     # block and copied back; the rows a group hands back and a last partial group's go through the row
     # kernel one by one (gathered into a row of their own).  The block keeps the groups' reads off the
     # input's own stride, often a power of two of bytes (D = 64 * 64 float32: 16 KB), whose C lines share
     # a few cache sets in L1 and L2 alike: read in place, each line was fetched again for the next group
-    # (4 x 150 x 64 x 64 float32 fused 2.9 ms, against 1.4 ms from the block).  Every other call's rows
-    # are transposed into the first block as rows, run as the rows driver runs them (_xent_row_group and
-    # the like) and their gradient rows scattered back from the second.
+    # (4 x 150 x 64 x 64 float32 fused 2.9 ms, against 1.4 ms from the block).  Other calls' rows (a
+    # z-loss) are transposed into the first block as rows, run as the rows driver runs them and their
+    # gradient rows scattered back from the second.
     cdef XentArgs local = a[0]
     cdef XentArgs one
     cdef Py_ssize_t C = a.C
@@ -480,7 +480,7 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
         local.y = a.y + i0
     if a.row_scale != NULL:
         local.row_scale = a.row_scale + i0
-    if groups and a.eps == 0.0 and t == NULL:
+    if groups:
         _copy_positions(x, D, block, P, C, n)
         for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
             r0 = g * XF_GROUP_ROWS
@@ -488,15 +488,17 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
             done = 0
             if n_rows == XF_GROUP_ROWS:
                 if floating is float:
-                    done = K32.short_rows(block + r0, NULL, rows_grad + r0 if grad != NULL else NULL, C, P,
-                                          local.y + r0, a.ignore_index, a.w, a.loss_scale, a.scale,
-                                          local.row_scale + r0 if a.row_scale != NULL else NULL, loss + i0 + r0,
-                                          0.0, a.w_min_pos)
+                    done = K32.short_rows(block + r0, rows_t + r0 * C if t != NULL else NULL,
+                                          rows_grad + r0 if grad != NULL else NULL, C, P,
+                                          local.y + r0 if a.y != NULL else NULL, a.ignore_index, a.w,
+                                          a.loss_scale, a.scale, local.row_scale + r0 if a.row_scale != NULL else NULL,
+                                          loss + i0 + r0, a.eps, a.w_min_pos)
                 else:
-                    done = K64.short_rows(block + r0, NULL, rows_grad + r0 if grad != NULL else NULL, C, P,
-                                          local.y + r0, a.ignore_index, a.w, a.loss_scale, a.scale,
-                                          local.row_scale + r0 if a.row_scale != NULL else NULL, loss + i0 + r0,
-                                          0.0, a.w_min_pos)
+                    done = K64.short_rows(block + r0, rows_t + r0 * C if t != NULL else NULL,
+                                          rows_grad + r0 if grad != NULL else NULL, C, P,
+                                          local.y + r0 if a.y != NULL else NULL, a.ignore_index, a.w,
+                                          a.loss_scale, a.scale, local.row_scale + r0 if a.row_scale != NULL else NULL,
+                                          loss + i0 + r0, a.eps, a.w_min_pos)
             if done == (1u << XF_GROUP_ROWS) - 1:
                 continue
             if grad == NULL:
@@ -504,16 +506,18 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
                 for r in range(n_rows):
                     if not ((done >> r) & 1):
                         _gather_rows(block, C, P, grad_block, r0 + r, 1)
-                _xent_rows_forward(grad_block, NULL, &local, r0, n_rows, done, loss + i0)
+                _xent_rows_forward(grad_block, rows_t, &local, r0, n_rows, done, loss + i0)
                 continue
             for r in range(n_rows):
                 if not ((done >> r) & 1):
                     one = local
-                    one.y = local.y + r0 + r
+                    if a.y != NULL:
+                        one.y = local.y + r0 + r
                     if a.row_scale != NULL:
                         one.row_scale = local.row_scale + r0 + r
                     _gather_rows(block + r0 + r, C, P, row, 0, 1)
-                    loss[i0 + r0 + r] = _xent_one_row(row, grad_row, NULL, &one, 0, scratch)
+                    loss[i0 + r0 + r] = _xent_one_row(row, grad_row, rows_t + (r0 + r) * C if t != NULL else NULL,
+                                                      &one, 0, scratch)
                     # a row the kernel left pending (xf_row_scratch) completes before it is read
                     xf_row_scratch_finish(scratch)
                     _scatter_rows(grad_row, C, P, grad_block + r0 + r, 0, 1)

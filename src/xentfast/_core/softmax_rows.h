@@ -2170,13 +2170,14 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_grad_rows)(
     }
 }
 
-/* xf_group_grad_rows in torch's layout (xf_group_stats, D > 0): class j's entries of the group's rows
- * lie side by side at grad + j D, as kept[j] holds them, so each column goes out as one vector with no
- * transposition, the entries of the rows not done keeping what the memory holds (a row handed back to
- * the row kernel may lie in the logits themselves, inplace, and is read after the group). */
+/* xf_group_grad_rows in torch's layout (xf_group_stats, D > 0), its arguments but j_vec: class j's
+ * entries of the group's rows lie side by side at grad + j D, as kept[j] holds them, so each column goes
+ * out as one vector with no transposition, the entries of the rows not done keeping what the memory
+ * holds (a row handed back to the row kernel may lie in the logits themselves, inplace, and is read
+ * after the group). */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_grad_positions)(
     XF_T *grad, long long C, long long D, double (*kept)[XF_GROUP_ROWS], const double *f, const int *ok,
-    const int *ignored, const long long *target, const double *g_y)
+    const int *ignored, const long long *target, const double *g_y, const int stored, const int with_target)
 {
     long long j;
     int r;
@@ -2187,11 +2188,11 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_group_grad_positio
          * forbids) */
 #pragma omp simd
         for (r = 0; r < XF_GROUP_ROWS; r++) {
-            const XF_T stored = XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0);
-            const XF_T at_target = (XF_T)g_y[r];
+            const XF_T other = stored ? XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0) : (XF_T)kept[j][r];
+            const XF_T at_target = with_target ? (XF_T)g_y[r] : other;
             const XF_T prior = g[r];
             const int done = ok[r], skipped = ignored[r];
-            const XF_T entry = (j == target[r]) ? at_target : stored;
+            const XF_T entry = (j == target[r]) ? at_target : other;
             g[r] = skipped ? (XF_T)0.0 : (done ? entry : prior);
         }
     }
@@ -2580,7 +2581,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
         ok[r] |= ignored[r];
     }
     if (has_grad && D > 0) {
-        XF_FN(xf_group_grad_positions)(grad, C, D, kept, f, ok, ignored, target, g_y);
+        XF_FN(xf_group_grad_positions)(grad, C, D, kept, f, ok, ignored, target, g_y, 1, 1);
     } else if (has_grad) {
         long long j_vec = 0;
 #if defined(__AVX2__)
@@ -2610,9 +2611,11 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
  * below 2^-969: xf_xent_terms_chunk's slow chunk; xf_index_masses_may_underflow) and, with a gradient,
  * whose coefficient is finite without its power of two (coef_mult = 1); the others go back to the row
  * kernel; float32 rows of probability targets also where one of them is negative (the row kernel's
- * compensated lanes there, xf_terms_plain).  Ignored rows count as done (loss 0, gradient 0). */
+ * compensated lanes there, xf_terms_plain), and in torch's layout (D > 0, xf_short_rows) float64 rows
+ * whose sum or loss the row kernel would redo from the row itself (xf_rowjob_rescue_tiny_sum,
+ * xf_rowjob_tiny_loss_row).  Ignored rows count as done (loss 0, gradient 0). */
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_terms_form)(
-    const XF_T *x, const XF_T *t, XF_T *grad, long long C, const int64_t *y, long long ignore_index,
+    const XF_T *x, const XF_T *t, XF_T *grad, long long C, long long D, const int64_t *y, long long ignore_index,
     const double *w, double loss_scale, double scale, const double *row_scale, double *loss, double eps,
     double w_min_pos, const int has_grad, const int has_w, const int has_t)
 {
@@ -2631,7 +2634,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
     unsigned done = 0;
     long long j;
     int r, k;
-    XF_FN(xf_group_stats)(x, C, 0, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad,
+    XF_FN(xf_group_stats)(x, C, D, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad,
                           0);
 #pragma omp simd
     for (r = 0; r < R; r++) {
@@ -2679,8 +2682,13 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
         xf_rowjob_plan(job, has_t ? 0.0 : (double)xt[target[r]][r], has_grad);
         xf_rowjob_set_sum_log(job, hi[r], lo[r], log_s[r]);
 #if XF_COMPENSATED
-        xf_rowjob_rescue_tiny_sum(job, (const double *)(x + r * C), C);
-        ok[r] &= !job->rescued;
+        /* in torch's layout (D > 0) the row is not at hand in one piece: the row kernel rescues it */
+        if (D > 0) {
+            ok[r] &= !xf_rowjob_rescue_wanted(job);
+        } else {
+            xf_rowjob_rescue_tiny_sum(job, (const double *)(x + r * C), C);
+            ok[r] &= !job->rescued;
+        }
 #endif
         ok[r] &= (job->status == XF_ROW_OK) & (job->exp_normal == 1);
         epc[r] = job->eps_per_class;
@@ -2743,8 +2751,12 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
         const double row_blk[4] = {blk[0][r], blk[1][r], blk[2][r], blk[3][r]};
         xf_terms_merge(terms, row_blk);
 #if XF_COMPENSATED
-        xf_rowjob_tiny_loss_row(job, (const double *)(x + r * C), has_t ? (const double *)(t + r * C) : 0, w, C,
-                                terms);
+        if (D > 0) {
+            ok[r] &= !xf_rowjob_tiny_loss_wanted(job, terms);
+        } else {
+            xf_rowjob_tiny_loss_row(job, (const double *)(x + r * C), has_t ? (const double *)(t + r * C) : 0, w,
+                                    C, terms);
+        }
 #endif
         const double ce = xf_rowjob_finish(job, terms);
         /* float32 probability rows with a negative target sum their terms compensated (xf_terms_plain) */
@@ -2779,17 +2791,19 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
                 kept[j][r] = (kept[j][r] * cps[r]) * 1.0 - sq;
             }
         }
+        if (D > 0) {
+            XF_FN(xf_group_grad_positions)(grad, C, D, kept, cps, ok, ignored, target, g_y, 0, !has_t);
+        } else {
 #if defined(__AVX2__)
-        {
             /* the entries are the doubles to round once: times 1.0, exactly */
             double ones[R];
             for (r = 0; r < R; r++) {
                 ones[r] = 1.0;
             }
             j_vec = XF_FN(xf_group_grad_columns)(&kept[0][0], C, ones, ok, ignored, grad);
-        }
 #endif
-        XF_FN(xf_group_grad_rows)(grad, C, kept, cps, ok, ignored, target, g_y, j_vec, 0, !has_t);
+            XF_FN(xf_group_grad_rows)(grad, C, kept, cps, ok, ignored, target, g_y, j_vec, 0, !has_t);
+        }
     }
     for (r = 0; r < R; r++) {
         done |= (unsigned)(ok[r] != 0) << r;
@@ -2915,8 +2929,8 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double 
 /* grad (or NULL: the loss alone) may be x itself: the group reads its rows whole before it writes them.
  * row_scale (or NULL) is the group's own (its first row's entry first).  t (or NULL): probability targets
  * at x's layout, y then unread (may be NULL); eps: label smoothing; w_min_pos: xf_rowjob's.  D: 0, row r
- * at x + r C (and grad + r C), else torch's layout, row r's class j at x[j D + r] (and grad's), the
- * positions' rows of index targets without label smoothing alone (else no row done). */
+ * at x + r C (and grad + r C), else torch's layout, row r's class j at x[j D + r] (and grad's; t keeps
+ * its rows, row r at t + r C). */
 XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad, long long C, long long D,
                                         const int64_t *y, long long ignore_index, const double *w, double loss_scale,
                                         double scale, const double *row_scale, double *loss, double eps,
@@ -2926,12 +2940,12 @@ XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad
         return 0;
     }
     if (eps != 0.0 || t) {
-        if (C > XF_GROUP_TERMS_MAX_C(t != 0) || D > 0) {
+        if (C > XF_GROUP_TERMS_MAX_C(t != 0)) {
             return 0;
         }
 #define XF_TERMS_FORM(G, HW, HT)                                                                            \
-    XF_FN(xf_short_rows_terms_form)(x, t, grad, C, y, ignore_index, w, loss_scale, scale, row_scale, loss, eps, \
-                                    w_min_pos, G, HW, HT)
+    XF_FN(xf_short_rows_terms_form)(x, t, grad, C, D, y, ignore_index, w, loss_scale, scale, row_scale, loss,  \
+                                    eps, w_min_pos, G, HW, HT)
         if (t) {
             if (grad) {
                 return w ? XF_TERMS_FORM(1, 1, 1) : XF_TERMS_FORM(1, 0, 1);
