@@ -1128,9 +1128,9 @@ def test_class_axis_elsewhere_gives_the_rows_bits(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("C", [1, 3, 21, 150, 512, 513])
 def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
-    # (B, C, d1, d2): the kernel reads the logits and writes the gradient as they lie (tiles of up to 256
-    # positions copied into a thread's block, XF_GROUP_ROWS of them side by side), with no copy of the
-    # rows made (513 classes are beyond its limit and are moved first).  Partial tiles and groups, and
+    # (B, C, d1, d2): the kernel reads the logits and probability targets and writes the gradient as they
+    # lie (tiles of up to 256 positions copied into a thread's blocks, XF_GROUP_ROWS of them side by side),
+    # with no copy of their rows made (513 classes are beyond its limit and are moved first).  Partial tiles and groups, and
     # rows every group hands back to the row kernel (NaN, +inf, a -inf target, masked classes, spreads
     # beyond the groups', ignored rows, negative target probabilities), must keep the bits of the moved
     # rows, for every option, into out= as well, on any thread count.
@@ -1154,7 +1154,7 @@ def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
     real_rows = api._rows
 
     def rows_of(a, axis, n_threads=None):
-        made.append(a is x)
+        made.append(a.shape == x.shape)  # the input, or targets of its shape
         return real_rows(a, axis, n_threads)
 
     monkeypatch.setattr(api, "_rows", rows_of)
@@ -1165,10 +1165,14 @@ def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
     probs[0, :, 6, 16:40] = 0.0
     probs[0, 0, 6, 16:40] = 1e-291 if dtype == np.float64 else 1e-30
     probs_m = np.ascontiguousarray(np.moveaxis(probs, 1, -1))
+    # targets not C-contiguous nor of the input's dtype: read in place after one conversion
+    probs_f = np.asfortranarray(probs.astype(np.float64 if dtype == np.float32 else np.float32))
+    probs_fm = np.ascontiguousarray(np.moveaxis(probs_f, 1, -1))
     for kw in (dict(), dict(weight=w), dict(reduction="sum", weight=w), dict(reduction="none"),
                dict(label_smoothing=0.2), dict(label_smoothing=0.1, weight=w), dict(z_loss=1e-3),
                dict(target=(probs, probs_m), reduction="none"),
-               dict(target=(probs, probs_m), label_smoothing=0.3, weight=w)):
+               dict(target=(probs, probs_m), label_smoothing=0.3, weight=w),
+               dict(target=(probs_f, probs_fm), z_loss=1e-3), dict(target=(probs_f, probs_fm), weight=w)):
         kw = dict(kw)
         target, target_m = kw.pop("target", (y, y))
         for n_threads in (1, 2, 3):

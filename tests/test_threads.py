@@ -571,9 +571,9 @@ def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back
 def _groups_equal_rows(x, y, t, w, ignore, eps):
     """softmax_xent with and without the short-row groups, bit for bit: the losses alone (two loss scales),
     with a gradient, in place; a per-row upstream factor with an infinite entry (a coefficient the groups
-    leave to the row kernel).  Index targets y, or probability targets t (y empty).  The same rows as the
-    columns of torch's layout (softmax_xent_channels: tiles of positions, the groups across them, on two
-    threads) too.  Returns the losses of the call without a gradient at loss scale 1."""
+    leave to the row kernel).  Index targets y, or probability targets t (y empty).  The same rows (and
+    targets) as the columns of torch's layout (softmax_xent_channels: tiles of positions, the groups across
+    them, on two threads) too.  Returns the losses of the call without a gradient at loss scale 1."""
     n, c = x.shape
     row_scale = np.geomspace(1e-3, 1e3, n)
     row_scale[5] = np.inf
@@ -592,8 +592,9 @@ def _groups_equal_rows(x, y, t, w, ignore, eps):
             loss = np.empty(n)
             columns = x.T.copy()[None]  # a copy also where x.T is contiguous (c = 1): the pass may be in place
             grad = {None: none2[None], "grad": np.full_like(columns, 7.0), "inplace": columns}[grad_kind]
-            _xent.softmax_xent_channels(columns, y, t, w, ignore, eps, 0.0, row_scale, 0.75, loss, grad, 2, has_y,
-                                        not has_y, w.size > 0, grad_kind is not None, grad_kind is not None,
+            t_columns = t.T.copy()[None] if not has_y else none2[None]
+            _xent.softmax_xent_channels(columns, y, t_columns, w, ignore, eps, 0.0, row_scale, 0.75, loss, grad, 2,
+                                        has_y, not has_y, w.size > 0, grad_kind is not None, grad_kind is not None,
                                         loss_scale)
             assert np.array_equal(loss, outs[1][0], equal_nan=True), grad_kind
             assert np.array_equal(grad[0].T if grad_kind else grad[0], outs[1][1], equal_nan=True), grad_kind

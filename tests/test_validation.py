@@ -510,6 +510,15 @@ class TestSmallerOptions:
             f(p, t, nan_policy="raise")
         assert np.isnan(f(p, t, reduction="none")[1])       # 'propagate': the row is NaN
 
+    def test_nan_policy_raise_sees_target_probabilities_in_torch_layout(self):
+        # (N, C, d): cross_entropy reads these targets in place, without their rows, unless asked to look
+        t = np.full((2, 3, 4), 1 / 3)
+        t[1, 2, 3] = np.nan
+        x = np.zeros((2, 3, 4))
+        with raises(ValueError, "target", "NaN", "row [1, 3]", "class 2"):
+            xf.cross_entropy(x, t, axis=1, nan_policy="raise")
+        assert np.isnan(xf.cross_entropy(x, t, axis=1, reduction="none")[1, 3])
+
     @pytest.mark.parametrize("ignore", [-0.1, 0.1, 1e40, 2**24 + 1, 10**400])
     def test_binary_ignore_index_must_be_a_target_value(self, ignore):
         x = np.array([0.5, -1.0, 2.0, 0.3], dtype=np.float32)

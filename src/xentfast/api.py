@@ -263,18 +263,23 @@ def _raise_label_beyond_int64(target, batch_shape, C, ignore_index):
                              f"found {v} at index {_fmt_index(k, batch_shape)}")
 
 
-def _prob_targets(target, x, axis, n_threads=None):
+def _prob_targets(target, x, axis, n_threads=None, layout=False):
+    """Probability targets as rows like x's, or with `layout` (x read in place, _channels) in x's layout:
+    C-contiguous and aligned, in x's dtype."""
     t = _xp(x).asarray(target)
     if t.shape != x.shape:
         raise ValueError(f"target: class probabilities must have the input's shape {x.shape}; got {t.shape}")
+    if layout:
+        return np.require(t, dtype=x.dtype, requirements=["C", "A"])
     rows, _, _ = _rows(t.astype(x.dtype, copy=False), axis, n_threads)
     return rows
 
 
 def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backend.CPU, checks=None,
-                  n_threads=None):
-    """Index targets (int64, flat) or probability targets (rows like x): (y, t, kept) with one of y and t
-    None; `kept` as in _index_targets (None for probabilities)."""
+                  n_threads=None, layout=False):
+    """Index targets (int64, flat) or probability targets (rows like x; with `layout`, in x's layout,
+    _prob_targets): (y, t, kept) with one of y and t None; `kept` as in _index_targets (None for
+    probabilities)."""
     t = backend.xp.asarray(target)
     if t.dtype.kind in "fO" and t.shape == batch_shape and not hasattr(target, "dtype"):
         _raise_label_beyond_int64(target, batch_shape, C, ignore_index)
@@ -301,7 +306,7 @@ def _split_target(target, x, axis, batch_shape, C, ignore_index, backend=_backen
             raise ValueError(f"ignore_index: only index targets can be ignored; got ignore_index={ignore_index} "
                              f"with probability targets (a negative value, the default -100 among them, "
                              f"has no effect there)")
-        return None, _prob_targets(t, x, axis, n_threads), None
+        return None, _prob_targets(t, x, axis, n_threads, layout), None
     if t.dtype.kind == "b":
         raise TypeError("target: got a boolean array; pass integer class indices or float class probabilities")
     got = "None" if target is None else f"dtype {t.dtype}"
@@ -500,6 +505,10 @@ class _Problem:
     channels = None
     layout_grad = None
     _rows = None
+    # probability targets in the input's layout where the kernel reads both in place (channels), else
+    # None; their rows (t) are then made on first use, as the input's are
+    t_layout = None
+    _t = None
 
     @property
     def rows(self):
@@ -512,6 +521,22 @@ class _Problem:
     @rows.setter
     def rows(self, value):
         self._rows = value
+
+    @property
+    def t(self):
+        """Probability targets as (N, C) rows like `rows`, or None (index targets)."""
+        if self._t is None and self.t_layout is not None:
+            self._t = _rows(self.t_layout, self.axis, self.n_threads)[0]
+        return self._t
+
+    @t.setter
+    def t(self, value):
+        self._t = value
+
+    @property
+    def has_t(self):
+        """Whether the targets are probabilities, without making their rows (t)."""
+        return self._t is not None or self.t_layout is not None
 
     def __init__(self, input, target, weight, ignore_index, reduction, label_smoothing, axis, z_loss,
                  empty_mean, nan_policy, n_threads, inplace=False, grad_output=None, out=None):
@@ -589,15 +614,20 @@ class _Problem:
             self.rows, self.batch_shape, self.C = _rows(self.x_orig, self.axis, self.n_threads)
         if self.C == 0:
             raise ValueError(f"input: the class axis (axis={axis}) has length 0; at least one class is needed")
-        self.y, self.t, self._kept = _split_target(target, self.x_orig, self.axis, self.batch_shape, self.C,
-                                                   self.ignore_index, self.backend, checks, self.n_threads)
+        self.y, t, self._kept = _split_target(target, self.x_orig, self.axis, self.batch_shape, self.C,
+                                              self.ignore_index, self.backend, checks, self.n_threads,
+                                              layout=channels is not None)
+        if channels is not None:
+            self.t_layout = t
+        else:
+            self.t = t
         self.w = _class_weights(weight, self.C, self.backend, checks)
         _check_nan_policy(nan_policy, self.rows if nan_policy == "raise" else None, self.batch_shape,
                           backend=self.backend, checks=checks, labels=self.y, ignore_index=self.ignore_index)
-        if self.t is not None:
+        if self.has_t:
             # a NaN target probability makes its row NaN as a NaN logit does (README, special values)
-            _check_nan_policy(nan_policy, self.t, self.batch_shape, "target", self.backend, checks,
-                              "target probability")
+            _check_nan_policy(nan_policy, self.t if nan_policy == "raise" else None, self.batch_shape, "target",
+                              self.backend, checks, "target probability")
         self.N = math.prod(self.batch_shape)
         self._finish_checks(checks)
 
@@ -607,7 +637,7 @@ class _Problem:
         caller's own arguments (given_arrays) are checked against the gradient buffer as well: where the
         kernels read a converted copy (int32 labels, float32 weights), a buffer over the caller's array
         would still overwrite it with the gradient."""
-        return (("target", self.y), ("target", self.t), ("weight", self.w))
+        return (("target", self.y), ("target", self._t), ("target", self.t_layout), ("weight", self.w))
 
     def _set_dtypes(self):
         """dtype: the kernels' (float64 for half inputs); loss_dtype: losses and reductions; grad_dtype: the
@@ -849,22 +879,23 @@ class _Problem:
         override this alone."""
         xp = self.xp
         in_place = sel is None and self.channels is not None and (grad is None or grad is self.layout_grad)
-        x, y, t = (self.x_orig, self.y, self.t) if in_place else self._selected(sel)
+        x, y, t = (self.x_orig, self.y, self.t_layout) if in_place else self._selected(sel)
         y = y if y is not None else _placeholder(xp, 1, np.int64)
-        t = t if t is not None else _placeholder(xp, 2, self.dtype)
         rs = row_scale if row_scale is not None else _placeholder(xp, 1, np.float64)
         loss_scale = math.ldexp(1.0, -self.loss_scale() if loss_exp is None else int(loss_exp))
         if in_place:
-            # torch's layout read as it lies, the gradient written in it (_channels)
+            # torch's layout read as it lies (targets too), the gradient written in it (_channels)
+            t = t.reshape(self.channels) if t is not None else _placeholder(xp, 3, self.dtype)
             g = grad.reshape(self.channels) if grad is not None else _placeholder(xp, 3, self.dtype)
             self.k.softmax_xent_channels(x.reshape(self.channels), y, t, w, self.ignore_index, self.eps, self.z,
                                          rs, scale, loss, g, self.n_threads, self.y is not None,
-                                         self.t is not None, self.w is not None, row_scale is not None,
+                                         self.has_t, self.w is not None, row_scale is not None,
                                          grad is not None, loss_scale)
             return
+        t = t if t is not None else _placeholder(xp, 2, self.dtype)
         g = grad if grad is not None else _placeholder(xp, 2, self.dtype)
         self.k.softmax_xent(x, y, t, w, self.ignore_index, self.eps, self.z, rs, scale, loss, g,
-                            self.n_threads if sel is None else 1, self.y is not None, self.t is not None,
+                            self.n_threads if sel is None else 1, self.y is not None, self.has_t,
                             self.w is not None,
                             row_scale is not None, grad is not None, False, loss_scale)
 

@@ -452,19 +452,20 @@ cdef inline void _copy_positions(const floating *src, Py_ssize_t src_stride, flo
 cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                              Py_ssize_t D, Py_ssize_t i0, Py_ssize_t n, Py_ssize_t P, bint groups,
                              floating *work, double *loss, xf_row_scratch *scratch) noexcept nogil:
-    # n <= P consecutive positions of one (C, D) matrix of torch's layout (x, grad: the first one's class
-    # 0), rows i0 .. i0 + n - 1 of the call (t: probability targets as rows, the call's, row i0's first),
-    # with the bits the rows driver gives them; work: the thread's 2 P C + 2 C items.  Where the groups
-    # apply (no z-loss): the tile copied as it lies into a (C, P) block, its groups of XF_GROUP_ROWS
-    # positions run side by side there (xf_short_rows, D = P: class j's entries of a group are adjacent,
-    # so neither the input nor the gradient needs a transposition), the gradient written into a second
-    # block and copied back; the rows a group hands back and a last partial group's go through the row
-    # kernel one by one (gathered into a row of their own).  The block keeps the groups' reads off the
-    # input's own stride, often a power of two of bytes (D = 64 * 64 float32: 16 KB), whose C lines share
-    # a few cache sets in L1 and L2 alike: read in place, each line was fetched again for the next group
-    # (4 x 150 x 64 x 64 float32 fused 2.9 ms, against 1.4 ms from the block).  Other calls' rows (a
-    # z-loss) are transposed into the first block as rows, run as the rows driver runs them and their
-    # gradient rows scattered back from the second.
+    # n <= P consecutive positions of one (C, D) matrix of torch's layout (x, grad and probability targets
+    # t: the first one's class 0), rows i0 .. i0 + n - 1 of the call, with the bits the rows driver gives
+    # them; work: the thread's _channel_work(C, P, t) items.  Where the groups apply (no z-loss): the
+    # tile copied as it lies into a (C, P) block (t's into a block of its own), its groups of
+    # XF_GROUP_ROWS positions run side by side there (xf_short_rows, D = P: class j's entries of a group
+    # are adjacent, so neither the input, the targets nor the gradient needs a transposition), the
+    # gradient written into a second block and copied back; the rows a group hands back and a last
+    # partial group's go through the row kernel one by one (gathered into rows of their own, t's too).
+    # The block keeps the groups' reads off the input's own stride, often a power of two of bytes (D =
+    # 64 * 64 float32: 16 KB), whose C lines share a few cache sets in L1 and L2 alike: read in place,
+    # each line was fetched again for the next group (4 x 150 x 64 x 64 float32 fused 2.9 ms, against
+    # 1.4 ms from the block).  Other calls' rows (a z-loss) are transposed into the first block as rows
+    # (t's into t_rows), run as the rows driver runs them and their gradient rows scattered back from
+    # the second.
     cdef XentArgs local = a[0]
     cdef XentArgs one
     cdef Py_ssize_t C = a.C
@@ -474,7 +475,10 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
     cdef floating *grad_block = work + P * C
     cdef floating *row = grad_block + P * C
     cdef floating *grad_row = row + C
-    cdef const floating *rows_t = t + i0 * C if t != NULL else NULL
+    # the targets' block as they lie, and their rows (those handed back, or all of a z-loss's tile)
+    cdef floating *t_block = grad_row + C
+    cdef floating *t_rows = t_block + P * C
+    cdef const floating *rows_t = t_rows if t != NULL else NULL
     cdef floating *rows_grad = grad_block if grad != NULL else NULL
     if a.y != NULL:
         local.y = a.y + i0
@@ -482,25 +486,31 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
         local.row_scale = a.row_scale + i0
     if groups:
         _copy_positions(x, D, block, P, C, n)
+        if t != NULL:
+            _copy_positions(t, D, t_block, P, C, n)
         for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
             r0 = g * XF_GROUP_ROWS
             n_rows = min(<Py_ssize_t>XF_GROUP_ROWS, n - r0)
             done = 0
             if n_rows == XF_GROUP_ROWS:
                 if floating is float:
-                    done = K32.short_rows(block + r0, rows_t + r0 * C if t != NULL else NULL,
+                    done = K32.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
                                           rows_grad + r0 if grad != NULL else NULL, C, P,
                                           local.y + r0 if a.y != NULL else NULL, a.ignore_index, a.w,
                                           a.loss_scale, a.scale, local.row_scale + r0 if a.row_scale != NULL else NULL,
                                           loss + i0 + r0, a.eps, a.w_min_pos)
                 else:
-                    done = K64.short_rows(block + r0, rows_t + r0 * C if t != NULL else NULL,
+                    done = K64.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
                                           rows_grad + r0 if grad != NULL else NULL, C, P,
                                           local.y + r0 if a.y != NULL else NULL, a.ignore_index, a.w,
                                           a.loss_scale, a.scale, local.row_scale + r0 if a.row_scale != NULL else NULL,
                                           loss + i0 + r0, a.eps, a.w_min_pos)
             if done == (1u << XF_GROUP_ROWS) - 1:
                 continue
+            if t != NULL:
+                for r in range(n_rows):
+                    if not ((done >> r) & 1):
+                        _gather_rows(t_block, C, P, t_rows, r0 + r, 1)
             if grad == NULL:
                 # the rows handed back as rows of the second block, their logarithms side by side
                 for r in range(n_rows):
@@ -525,26 +535,30 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
             _copy_positions(grad_block, P, grad, D, C, n)
         return
     _gather_rows(x, C, D, block, 0, n)
-    if groups:
-        for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
-            _xent_row_group(block, rows_grad, rows_t, &local, n, g, loss + i0, scratch)
-    elif grad == NULL:
+    if t != NULL:
+        _gather_rows(t, C, D, t_rows, 0, n)
+    if grad == NULL:
         for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
             _xent_rows_forward(block, rows_t, &local, g * XF_GROUP_ROWS,
                                min(<Py_ssize_t>XF_GROUP_ROWS, n - g * XF_GROUP_ROWS), 0, loss + i0)
-    else:
-        for r in range(n):
-            loss[i0 + r] = _xent_one_row(block, rows_grad, rows_t, &local, r, scratch)
-    if grad != NULL:
-        xf_row_scratch_finish(scratch)
-        _scatter_rows(grad_block, C, D, grad, 0, n)
+        return
+    for r in range(n):
+        loss[i0 + r] = _xent_one_row(block, rows_grad, rows_t, &local, r, scratch)
+    xf_row_scratch_finish(scratch)
+    _scatter_rows(grad_block, C, D, grad, 0, n)
+
+
+cdef inline Py_ssize_t _channel_work(Py_ssize_t C, Py_ssize_t P, bint has_t) noexcept nogil:
+    # a thread's items for _xent_channel_tile: the input's and the gradient's blocks, a row and its
+    # gradient row, and with probability targets their block and rows
+    return 2 * P * C + 2 * C + (2 * P * C if has_t else 0)
 
 
 cdef void _xent_channels(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                          Py_ssize_t B, Py_ssize_t D, double *loss, floating *work, Py_ssize_t P, bint groups,
                          int n_threads) noexcept nogil:
-    # every row of a call in torch's layout, B matrices (C, D) whose columns are the rows, P positions a
-    # task (_channel_tile), each thread's blocks in its 2 P C + 2 C items of work
+    # every row of a call in torch's layout, B matrices (C, D) whose columns are the rows (t's likewise),
+    # P positions a task (_channel_tile), each thread's blocks in its _channel_work items of work
     cdef Py_ssize_t C = a.C
     cdef Py_ssize_t per_matrix = (D + P - 1) // P
     cdef Py_ssize_t task, b, p0
@@ -557,12 +571,13 @@ cdef void _xent_channels(const floating *x, floating *grad, const floating *t, c
         fp_thread = xf_fp_ieee_enter()
         # pending rows go out by ordinary stores: the tile's block is read right after
         scratch = _row_scratch(want_scratch, C, False)
-        mine = work + threadid() * (2 * P * C + 2 * C)
+        mine = work + threadid() * _channel_work(C, P, t != NULL)
         for task in prange(B * per_matrix, schedule="guided"):
             b = task // per_matrix
             p0 = (task % per_matrix) * P
-            _xent_channel_tile(x + b * C * D + p0, grad + b * C * D + p0 if grad != NULL else NULL, t, a, D,
-                               b * D + p0, min(P, D - p0), P, groups, mine, loss, scratch)
+            _xent_channel_tile(x + b * C * D + p0, grad + b * C * D + p0 if grad != NULL else NULL,
+                               t + b * C * D + p0 if t != NULL else NULL, a, D, b * D + p0, min(P, D - p0), P,
+                               groups, mine, loss, scratch)
         xf_row_scratch_release(scratch)
         xf_fp_ieee_leave(fp_thread)
 
@@ -859,15 +874,14 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
 CHANNELS_MAX_CLASSES = XF_GROUP_MAX_C
 
 
-def softmax_xent_channels(const floating[:, :, ::1] x, const int64_t[::1] y, const floating[:, ::1] t,
+def softmax_xent_channels(const floating[:, :, ::1] x, const int64_t[::1] y, const floating[:, :, ::1] t,
                           const double[::1] w, long long ignore_index, double eps, double z,
                           const double[::1] row_scale, double scale, double[::1] loss,
                           floating[:, :, ::1] grad, int n_threads, bint has_y, bint has_t, bint has_w,
                           bint has_row_scale, bint has_grad, double loss_scale=1.0, bint row_groups=True):
     """softmax_xent of torch's layout: x (B, C, D), the classes of a row D apart (D = d1 * ..., the rows
-    are the columns of B matrices (C, D)), rows numbered b D + p; the gradient (may alias x) in x's
-    layout; y, row_scale, loss and probability targets t (N = B D rows of C, as softmax_xent takes
-    them) by row.  At most CHANNELS_MAX_CLASSES classes.  Each task takes a tile of positions into a
+    are the columns of B matrices (C, D)), rows numbered b D + p; the gradient (may alias x) and
+    probability targets t in x's layout; y, row_scale and loss by row.  At most CHANNELS_MAX_CLASSES classes.  Each task takes a tile of positions into a
     thread's block (_xent_channel_tile) and runs its rows as softmax_xent would: the same bits, without
     moving the whole input's class axis first and the gradient's back after."""
     cdef Py_ssize_t B = x.shape[0]
@@ -884,12 +898,12 @@ def softmax_xent_channels(const floating[:, :, ::1] x, const int64_t[::1] y, con
         raise ValueError(f"softmax_xent_channels: at most {XF_GROUP_MAX_C} classes, got {C}")
     _set_xent_args(&a, C, y, w, ignore_index, eps, z, row_scale, scale, has_y, has_w, has_row_scale, loss_scale)
     if has_t:
-        tp = &t[0, 0]
+        tp = &t[0, 0, 0]
     if has_grad:
         gp = &grad[0, 0, 0]
     P = _channel_tile(C)
     n_threads = <int>max(1, min(<Py_ssize_t>n_threads, B * ((D + P - 1) // P)))
-    work = np.empty((n_threads, 2 * P * C + 2 * C), dtype=np.float32 if floating is float else np.float64)
+    work = np.empty((n_threads, _channel_work(C, P, has_t)), dtype=np.float32 if floating is float else np.float64)
     with nogil:
         _xent_channels(&x[0, 0, 0], gp, tp, &a, B, D, &loss[0], &work[0, 0], P, row_groups and z == 0.0,
                        n_threads)

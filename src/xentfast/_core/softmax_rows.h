@@ -2650,7 +2650,15 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
             mn[r] = (v < mn[r]) ? v : mn[r];
         }
     }
-    if (has_t) {
+    if (has_t && D > 0) {
+        /* torch's layout: the targets lie as the logits do, a class's entries of the group adjacent */
+        for (j = 0; j < C; j++) {
+#pragma omp simd
+            for (r = 0; r < R; r++) {
+                tt[j][r] = t[j * D + r];
+            }
+        }
+    } else if (has_t) {
         for (j = 0; j < C; j++) {
             for (r = 0; r < R; r++) {
                 tt[j][r] = t[r * C + j];
@@ -2928,9 +2936,8 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double 
 
 /* grad (or NULL: the loss alone) may be x itself: the group reads its rows whole before it writes them.
  * row_scale (or NULL) is the group's own (its first row's entry first).  t (or NULL): probability targets
- * at x's layout, y then unread (may be NULL); eps: label smoothing; w_min_pos: xf_rowjob's.  D: 0, row r
- * at x + r C (and grad + r C), else torch's layout, row r's class j at x[j D + r] (and grad's; t keeps
- * its rows, row r at t + r C). */
+ * in x's layout, y then unread (may be NULL); eps: label smoothing; w_min_pos: xf_rowjob's.  D: 0, row r
+ * at x + r C (and grad's, t's), else torch's layout, row r's class j at x[j D + r] (and grad's, t's). */
 XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad, long long C, long long D,
                                         const int64_t *y, long long ignore_index, const double *w, double loss_scale,
                                         double scale, const double *row_scale, double *loss, double eps,
