@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import xentfast as xf
 from xentfast import reference as ref
+from xentfast._core import _xent
 from xentfast.testing import XentCase, assert_ulp_close, logits, softmax_xent_cases, upstream_scalars
 
 BOUND = {np.dtype(np.float32): 2.0, np.dtype(np.float64): 4.0}
@@ -1191,6 +1192,53 @@ def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
             assert np.array_equal(xf.cross_entropy(x, target, axis=1, n_threads=n_threads, **kw),
                                   xf.cross_entropy(moved, target_m, n_threads=n_threads, **kw), equal_nan=True)
     assert any(made) == (C > 512)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C", [1, 3, 21, 64, 65, 150, 160, 161, 240, 241, 448, 449, 512, 513])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_torch_layout_family_read_in_place_gives_the_rows_bits(cpu_path_back, path, dtype, C, monkeypatch):
+    # logsumexp, log_softmax and softmax with axis=1 read (B, C, d1, d2) as it lies and write it so where
+    # the path's short-row groups take C classes (every width to their limit, no transposition to pay
+    # for); else the class axis is moved.  Either way the bits of the moved rows, with the rows every
+    # group hands back (NaN, +inf, -inf, masked classes, spreads beyond the groups', a cancelling lse) and
+    # partial tiles and groups, on any thread count.
+    from xentfast import api
+    cpu_path_back.set_cpu_path(path)
+    rng = np.random.default_rng(C)
+    x = (rng.standard_normal((2, C, 9, 59)) * 3).astype(dtype)
+    x[0, :, 1, 3] = np.nan
+    x[1, 0, 2, 7] = np.inf
+    x[1, C - 1, 4, 10] = -np.inf
+    x[0, C // 2, 5, 20:30] = -np.inf
+    x[1, 0, 8, 40:44] = dtype(3e4)
+    x[0, :, 6, 16:40] = 0.0
+    x[0, 0, 6, 16:40] = 50.0
+    x[1, :, 7, 30:50] = -1000.0     # max and log S cancel in the lse: the row path's exact form
+    x[1, 0, 7, 30:50] = -1000.0 + C
+    moved = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    made = []
+    real_rows = api._rows
+
+    def rows_of(a, axis, n_threads=None):
+        made.append(a.shape == x.shape)
+        return real_rows(a, axis, n_threads)
+
+    monkeypatch.setattr(api, "_rows", rows_of)
+    for f in (xf.logsumexp, xf.log_softmax, xf.softmax):
+        for n_threads in (1, 2, 3):
+            made.clear()
+            got = f(x, axis=1, n_threads=n_threads)
+            want = f(moved, n_threads=n_threads)
+            if f is not xf.logsumexp:
+                want = np.moveaxis(want, -1, 1)
+                assert got.flags.c_contiguous
+            assert got.shape == want.shape and got.dtype == want.dtype
+            assert np.array_equal(got, want, equal_nan=True), (f.__name__, n_threads)
+            if C <= 21 and _xent.group_rows_taken(moved.reshape(-1, C)[:8], np.empty((8, C), dtype), 0):
+                assert not any(made), f.__name__       # read in place where the path has groups
+            if C > 512:
+                assert any(made)
 
 
 @pytest.mark.parametrize("axis", [-1, 1])

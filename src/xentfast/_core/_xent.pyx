@@ -30,7 +30,7 @@
 from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from cpython.pycapsule cimport PyCapsule_New
 from libc.math cimport INFINITY as _INF
 
@@ -115,7 +115,7 @@ cdef extern from "xent_kernels.h" nogil:
         unsigned (*short_rows)(const float *, const float *, float *, long long, long long, const int64_t *,
                                long long, const double *, double, double, const double *, double *, double,
                                double) noexcept nogil
-        unsigned (*short_rows_family)(const float *, float *, double *, long long, int) noexcept nogil
+        unsigned (*short_rows_family)(const float *, float *, double *, long long, long long, int) noexcept nogil
         void (*xent_rows_forward)(const float *, const float *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
         void (*rows_max_sum)(const float *, long long, const long long *, int, xf_rowjob *) noexcept nogil
@@ -137,7 +137,7 @@ cdef extern from "xent_kernels.h" nogil:
         unsigned (*short_rows)(const double *, const double *, double *, long long, long long,
                                const int64_t *, long long, const double *, double, double, const double *,
                                double *, double, double) noexcept nogil
-        unsigned (*short_rows_family)(const double *, double *, double *, long long, int) noexcept nogil
+        unsigned (*short_rows_family)(const double *, double *, double *, long long, long long, int) noexcept nogil
         void (*xent_rows_forward)(const double *, const double *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
         void (*rows_max_sum)(const double *, long long, const long long *, int, xf_rowjob *) noexcept nogil
@@ -1005,9 +1005,9 @@ cdef void _softmax_family_group(const floating *x, floating *out, double *lse, P
     cdef floating *group_out = NULL if mode == 0 else out + i0 * C
     if i0 + XF_GROUP_ROWS <= N:
         if floating is float:
-            done = K32.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, mode)
+            done = K32.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, 0, mode)
         else:
-            done = K64.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, mode)
+            done = K64.short_rows_family(x + i0 * C, group_out, lse + i0 if mode == 0 else NULL, C, 0, mode)
     if done == (1u << XF_GROUP_ROWS) - 1:
         return
     if mode == 0:
@@ -1228,9 +1228,9 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     fp_thread = xf_fp_ieee_enter()
     if kind <= 2:
         if floating is float:
-            done = K32.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, kind)
+            done = K32.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, 0, kind)
         else:
-            done = K64.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, kind)
+            done = K64.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, 0, kind)
     else:
         if floating is float:
             done = K32.short_rows(&x[0, 0], tp, op, C, 0, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
@@ -1258,6 +1258,116 @@ def softmax_family(const floating[:, ::1] x, floating[:, ::1] out, double[::1] l
         lp = &lse[0]
     with nogil:
         _softmax_family_rows(&x[0, 0], op, lp, N, C, mode, n_threads, row_groups, force_phased)
+
+
+cdef void _family_channel_tile(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
+                               Py_ssize_t D, Py_ssize_t i0, Py_ssize_t n, Py_ssize_t P, floating *work,
+                               xf_row_scratch *scratch) noexcept nogil:
+    # _xent_channel_tile's way for the softmax family (mode 0 logsumexp into lse, by row; 1 log_softmax
+    # and 2 softmax into out, x's layout): the tile's n <= P positions copied as they lie into a (C, P)
+    # block, its groups run there (xf_short_rows_family, D = P) into a second block copied back; the rows
+    # a group hands back, and a last partial group's, through _softmax_family_row on a row gathered from
+    # the block, their output rows scattered into the second block.  work: 2 P C + 2 C items.
+    cdef floating *block = work
+    cdef floating *out_block = work + P * C
+    cdef floating *row = out_block + P * C
+    cdef floating *out_row = row + C
+    cdef Py_ssize_t g, r, r0, n_rows
+    cdef unsigned done
+    _copy_positions(x, D, block, P, C, n)
+    for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
+        r0 = g * XF_GROUP_ROWS
+        n_rows = min(<Py_ssize_t>XF_GROUP_ROWS, n - r0)
+        done = 0
+        if n_rows == XF_GROUP_ROWS:
+            if floating is float:
+                done = K32.short_rows_family(block + r0, out_block + r0 if mode != 0 else NULL,
+                                             lse + i0 + r0 if mode == 0 else NULL, C, P, mode)
+            else:
+                done = K64.short_rows_family(block + r0, out_block + r0 if mode != 0 else NULL,
+                                             lse + i0 + r0 if mode == 0 else NULL, C, P, mode)
+        if done == (1u << XF_GROUP_ROWS) - 1:
+            continue
+        for r in range(n_rows):
+            if not ((done >> r) & 1):
+                _gather_rows(block + r0 + r, C, P, row, 0, 1)
+                _softmax_family_row(row, out_row, lse + i0 + r0 + r if mode == 0 else NULL, C, mode, 0, scratch)
+                if mode != 0:
+                    # a row the kernel left pending (xf_row_scratch) completes before it is read
+                    xf_row_scratch_finish(scratch)
+                    _scatter_rows(out_row, C, P, out_block + r0 + r, 0, 1)
+    if mode != 0:
+        _copy_positions(out_block, P, out, D, C, n)
+
+
+cdef void _family_channels(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode, Py_ssize_t B,
+                           Py_ssize_t D, floating *work, Py_ssize_t P, int n_threads) noexcept nogil:
+    # every row of a softmax family call in torch's layout (_xent_channels' tasks and blocks)
+    cdef Py_ssize_t per_matrix = (D + P - 1) // P
+    cdef Py_ssize_t task, b, p0
+    cdef floating *mine = NULL
+    cdef xf_fp_state fp_thread = 0
+    cdef xf_row_scratch *scratch = NULL
+    cdef bint want_scratch = mode == 2 and xf_xent_wants_scratch(True, False, floating is float, False, C)
+    with parallel(num_threads=n_threads):
+        fp_thread = xf_fp_ieee_enter()
+        # pending rows go out by ordinary stores: the block is read right after
+        scratch = _row_scratch(want_scratch, C, False)
+        mine = work + threadid() * (2 * P * C + 2 * C)
+        for task in prange(B * per_matrix, schedule="guided"):
+            b = task // per_matrix
+            p0 = (task % per_matrix) * P
+            _family_channel_tile(x + b * C * D + p0, out + b * C * D + p0 if out != NULL else NULL, lse, C, mode,
+                                 D, b * D + p0, min(P, D - p0), P, mine, scratch)
+        xf_row_scratch_release(scratch)
+        xf_fp_ieee_leave(fp_thread)
+
+
+cdef bint _family_groups_take(Py_ssize_t C, int mode, floating *work) noexcept nogil:
+    # whether the current path's groups take rows of C classes in torch's layout: one group of zeros (C,
+    # XF_GROUP_ROWS) in work, its output after it; a path or width without groups does none
+    cdef double lse[XF_GROUP_ROWS]
+    cdef unsigned done
+    cdef xf_fp_state fp = xf_fp_ieee_enter()
+    memset(work, 0, C * XF_GROUP_ROWS * sizeof(floating))
+    if floating is float:
+        done = K32.short_rows_family(work, work + C * XF_GROUP_ROWS, lse, C, XF_GROUP_ROWS, mode)
+    else:
+        done = K64.short_rows_family(work, work + C * XF_GROUP_ROWS, lse, C, XF_GROUP_ROWS, mode)
+    xf_fp_ieee_leave(fp)
+    return done == (1u << XF_GROUP_ROWS) - 1
+
+
+def softmax_family_channels(const floating[:, :, ::1] x, floating[:, :, ::1] out, double[::1] lse, int mode,
+                            int n_threads):
+    """softmax_family of torch's layout: x (B, C, D) as softmax_xent_channels reads it, log_softmax's or
+    softmax's out (mode 1, 2) in x's layout, logsumexp's lse (mode 0) by row, b D + p.  The same bits
+    as softmax_family on the moved rows.  Returns False, having written nothing, where the current path's
+    short-row groups do not take C classes (no gain over moving the class axis first)."""
+    cdef Py_ssize_t B = x.shape[0]
+    cdef Py_ssize_t C = x.shape[1]
+    cdef Py_ssize_t D = x.shape[2]
+    cdef Py_ssize_t P
+    cdef floating *op = NULL
+    cdef floating[:, ::1] work
+    cdef bint taken
+    if not 0 <= mode <= 2:
+        raise ValueError(f"mode: 0, 1 or 2, got {mode}")
+    if B == 0 or C == 0 or D == 0:
+        return True
+    if C > XF_GROUP_MAX_C:
+        return False
+    if mode != 0:
+        op = &out[0, 0, 0]
+    P = _channel_tile(C)
+    n_threads = <int>max(1, min(<Py_ssize_t>n_threads, B * ((D + P - 1) // P)))
+    work = np.empty((n_threads, 2 * P * C + 2 * C), dtype=np.float32 if floating is float else np.float64)
+    with nogil:
+        taken = _family_groups_take(C, mode, &work[0, 0])
+        if taken:
+            _family_channels(&x[0, 0, 0], op, &lse[0] if mode == 0 else NULL, C, mode, B, D, &work[0, 0], P,
+                             n_threads)
+    return taken
 
 
 cdef extern from "xentfast/ddsum.h" nogil:

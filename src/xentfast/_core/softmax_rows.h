@@ -1495,6 +1495,7 @@ XF_KERNEL void XF_FN(xf_xent_grad_block)(const XF_T *x, XF_T *out, long long n, 
 }
 
 /* log_softmax of a block from the row statistics.  float storage: xf_log_prob_single, every row.
+ * xf_log_softmax_columns below takes the same operations across a group's rows: change both or neither.
  * double: finite, every x_j - m of the row is finite (job->exp_normal == 1), so xf_log_prob_finite gives
  * the same bits with ~a quarter fewer operations. */
 XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n, double m, double log_s,
@@ -1537,6 +1538,55 @@ XF_KERNEL void XF_FN(xf_log_softmax_block)(const XF_T *x, XF_T *out, long long n
 #pragma omp simd
     for (j = 0; j < n; j++) {
         out[j] = (XF_T)xf_log_prob_single((double)x[j], m, log_s);
+    }
+#endif
+}
+
+/* xf_log_softmax_block's operations across a group's rows in torch's layout: xt[j][r] is row r's entry j
+ * (xf_group_stats), written to out[j D + r], each row with its own m[r] and log_s[r] */
+XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_log_softmax_columns)(
+    XF_T (*xt)[XF_GROUP_ROWS], XF_T *out, long long C, long long D, const double *m, const double *log_s,
+    int finite)
+{
+    enum { R = XF_GROUP_ROWS };
+    long long j;
+    int r;
+#if XF_COMPENSATED
+    if (finite) {
+        for (j = 0; j < C; j++) {
+#pragma omp simd
+            for (r = 0; r < R; r++) {
+                out[j * D + r] = (XF_T)xf_log_prob_finite((double)xt[j][r], m[r], log_s[r]);
+            }
+        }
+        return;
+    }
+    for (j = 0; j < C; j++) {
+#pragma omp simd
+        for (r = 0; r < R; r++) {
+            out[j * D + r] = (XF_T)xf_log_prob((double)xt[j][r], m[r], log_s[r]);
+        }
+    }
+#else
+#if XF_FMA_NATIVE && (defined(__AVX2__) || defined(__AVX512F__))
+    if (finite) {
+        double minus_one = -1.0;
+        __asm__("" : "+x"(minus_one));
+        for (j = 0; j < C; j++) {
+#pragma omp simd
+            for (r = 0; r < R; r++) {
+                out[j * D + r] = (XF_T)xf_fma(log_s[r], minus_one, xf_fma(m[r], minus_one, (double)xt[j][r]));
+            }
+        }
+        return;
+    }
+#endif
+    (void)finite;
+    for (j = 0; j < C; j++) {
+#pragma omp simd
+        for (r = 0; r < R; r++) {
+            out[j * D + r] = (XF_T)xf_log_prob_single((double)xt[j][r], m[r], log_s[r]);
+        }
     }
 #endif
 }
@@ -2829,7 +2879,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
  * unclamped exponentials, a rescued float64 sum) are the caller's, and nothing of theirs is written but
  * their lse, which the caller's row path writes again. */
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_family_form)(
-    const XF_T *x, XF_T *out, double *lse, long long C, const int mode)
+    const XF_T *x, XF_T *out, double *lse, long long C, long long D, const int mode)
 {
     enum { R = XF_GROUP_ROWS };
     XF_T xt[XF_GROUP_BUF_C][R];
@@ -2842,7 +2892,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     long long j;
     int r;
     long long j_vec = 0;
-    const int any_masked = XF_FN(xf_group_stats)(x, C, 0, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
+    const int any_masked = XF_FN(xf_group_stats)(x, C, D, xt, kept, m, hi, lo, argmax, ok, XF_NORMAL_SPREAD,
                                                  mode == 2, 2);
     if (mode != 2) {
         /* the rows' logarithms side by side, one vector for the group (in the loop of rows below, beside
@@ -2859,8 +2909,13 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
                 lse[r] = row_lse;
             }
         }
+        if (mode == 1 && D > 0) {
+            /* torch's layout: each class's entries of the group as one vector, every row's (the caller
+             * writes the rows handed back again) */
+            XF_FN(xf_log_softmax_columns)(xt, out, C, D, m, log_s, !any_masked);
+        }
         for (r = 0; r < R; r++) {
-            if (mode == 1 && ok[r]) {
+            if (mode == 1 && D == 0 && ok[r]) {
                 XF_FN(xf_log_softmax_block)(x + r * C, out + r * C, C, m[r], log_s[r], !any_masked);
             }
             done |= (unsigned)(ok[r] != 0) << r;
@@ -2870,6 +2925,20 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
     for (r = 0; r < R; r++) {
         /* the row path's factor: coef_per_S = xf_rowjob_div_S(job, 1), coef_mult 1 (xf_rowjob_finish) */
         f[r] = xf_div_S(1.0, hi[r], lo[r]);
+    }
+    if (D > 0) {
+        /* torch's layout: each class's entries of the group as one vector, every row's (the caller writes
+         * the rows handed back again) */
+        for (j = 0; j < C; j++) {
+#pragma omp simd
+            for (r = 0; r < R; r++) {
+                out[j * D + r] = XF_FN(xf_stored_entry)(kept[j][r], f[r], 1.0);
+            }
+        }
+        for (r = 0; r < R; r++) {
+            done |= (unsigned)(ok[r] != 0) << r;
+        }
+        return done;
     }
 #if defined(__AVX2__)
     {
@@ -2917,19 +2986,21 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_fam
 #else
 #define XF_GROUP_FAMILY_MAX_C(mode) ((mode) == 1 ? 128 : 160)
 #endif
-XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double *lse, long long C, int mode)
+XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double *lse, long long C, long long D,
+                                               int mode)
 {
-    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || (mode != 0 && C > XF_GROUP_FAMILY_MAX_C(mode))) {
+    /* torch's layout (D > 0) has no transposition to pay for: every width the groups' buffers hold */
+    if (C < 1 || C > XF_GROUP_C_LIMIT(mode == 2) || (D == 0 && mode != 0 && C > XF_GROUP_FAMILY_MAX_C(mode))) {
         return 0;
     }
     if (mode == 0) {
-        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, 0);
+        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, D, 0);
     }
     if (mode == 1) {
-        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, 1);
+        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, D, 1);
     }
     if (mode == 2) {
-        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, 2);
+        return XF_FN(xf_short_rows_family_form)(x, out, lse, C, D, 2);
     }
     return 0;
 }
