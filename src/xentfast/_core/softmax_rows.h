@@ -2679,7 +2679,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
     double term_am[R], q_am[R], term_y[R], q_y[R];
     double acc[XF_LANES][R], cmp[XF_LANES][R], qacc[XF_LANES][R], qcmp[XF_LANES][R];
     long long argmax[R], target[R];
-    int ok[R], ignored[R], rare[R], nonneg[R];
+    int ok[R], ignored[R];
+    /* the rare-mass test's least |q| and the negative-target test as doubles, lanes of the loop's width */
+    double q_least[R], nonneg[R];
     xf_rowjob jobs[R];
     unsigned done = 0;
     long long j;
@@ -2759,8 +2761,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
             term_y[r] = xf_xent_term(job, target[r], (double)xt[target[r]][r], has_w ? w[target[r]] : 1.0, 0.0,
                                      &q_y[r]);
         }
-        rare[r] = 0;
-        nonneg[r] = 1;
+        q_least[r] = XF_INF;
+        nonneg[r] = 1.0;
     }
     for (k = 0; k < XF_LANES; k++) {
         for (r = 0; r < R; r++) {
@@ -2773,18 +2775,23 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
         const double wc = has_w ? w[j] : 1.0;
 #pragma omp simd
         for (r = 0; r < R; r++) {
-            /* xf_xent_terms_chunk's loops (every entry is finite here); its slow chunks' tests as `rare` */
+            /* xf_xent_terms_chunk's loops.  Every entry of a row kept is finite and within the spread
+             * (xf_group_stats), so fin = 1 and -log p_j is finite there: of its slow chunks' tests only a
+             * q with mass below 2^-969 remains (the row's least such |q|, q_least), and the others' values
+             * do not matter (their rows go back).  The tests as ints across rows of doubles cost a
+             * repacking of lanes for each: float32 smoothing 8x21x128x128 (benchmarks/README.md,
+             * 2026-12-07, ninth round) */
             const double xv = (double)xt[j][r];
-            const double fin = (xv > -XF_INF) ? 1.0 : 0.0;
+            const double fin = 1.0;
             const double tj = has_t ? (double)tt[j][r] : 0.0;
             double q = xf_target_q_other(has_t, eps, epc[r], wc, fin, tj);
             const double nlp = xf_neg_log_prob(xv, m[r], log_s[r]);
             const int has_mass = xf_target_has_mass_from(has_t, eps, epc[r], 0, 0.0, wc, fin, tj);
             double tb = has_mass ? (q * ls) * nlp : 0.0;
-            rare[r] |= has_t ? ((xf_fabs(q) < 0x1p-969) & ((q != 0.0) | has_mass)) |
-                                   ((nlp - nlp != 0.0) & (has_mass | (xv > -XF_INF)))
-                             : (has_mass & (q < 0x1p-969)) | (nlp - nlp != 0.0);
-            nonneg[r] &= !has_t || (tj >= 0.0);
+            const double q_tested = has_t ? (((q != 0.0) | has_mass) ? xf_fabs(q) : XF_INF)
+                                          : (has_mass ? q : XF_INF);
+            q_least[r] = (q_tested < q_least[r]) ? q_tested : q_least[r];
+            nonneg[r] = (has_t && !(tj >= 0.0)) ? 0.0 : nonneg[r];
             tb = (j == argmax[r]) ? term_am[r] : ((j == target[r]) ? term_y[r] : tb);
             q = (j == argmax[r]) ? q_am[r] : ((j == target[r]) ? q_y[r] : q);
 #if XF_COMPENSATED
@@ -2818,7 +2825,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
 #endif
         const double ce = xf_rowjob_finish(job, terms);
         /* float32 probability rows with a negative target sum their terms compensated (xf_terms_plain) */
-        ok[r] &= !rare[r] & (XF_COMPENSATED || nonneg[r]);
+        ok[r] &= !(q_least[r] < 0x1p-969) & (XF_COMPENSATED || (nonneg[r] != 0.0));
         loss[r] = ignored[r] ? 0.0 : ce;
         if (has_grad) {
             /* xf_xent_grad_general_for's ordinary form (apart = 0) and its target entry */
