@@ -2673,6 +2673,18 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
     XF_T xt[XF_GROUP_BUF_C][R];
     /* the target probabilities, transposed as xt (has_t) */
     XF_T tt[XF_GROUP_BUF_C][R];
+    /* index targets: float32's logits as doubles (xd), so that the loss-terms loop below loads no float,
+     * whose 32-bit lanes made gcc take it in 256-bit vectors, each double operation twice (its avx512
+     * loop 95 -> 35 instructions a class of the group; float32 smoothing, two threads, ms, forward
+     * 131072x21 3.60 -> 3.23, 32768x100 2.19 -> 1.93, fused 5.11 -> 4.53, 3.06 -> 2.67).  Probability
+     * targets keep their floats: as doubles (tt too) their fused pass measured 2-5 % slower on both
+     * vector paths (32768x100, 65536x64).  xf_short_rows calls this form within XF_GROUP_TERMS_MAX_C
+     * classes. */
+#if XF_COMPENSATED
+    double (*const xd)[R] = xt;
+#else
+    double xd[XF_GROUP_TERMS_MAX_C(0)][R];
+#endif
     /* the exponentials as the row kernel keeps them, then the gradient's entries in their place */
     double kept[XF_GROUP_BUF_C][R];
     double m[R], mn[R], hi[R], lo[R], log_s[R], epc[R], cps[R], scale_r[R], g_y[R];
@@ -2717,6 +2729,14 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
             }
         }
     }
+#if !XF_COMPENSATED
+    for (j = 0; j < C && !has_t; j++) {
+#pragma omp simd
+        for (r = 0; r < R; r++) {
+            xd[j][r] = (double)xt[j][r];
+        }
+    }
+#endif
     for (r = 0; r < R; r++) {
         xf_rowjob *job = &jobs[r];
         /* probability targets: no target index (-1), nothing ignored */
@@ -2779,9 +2799,9 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
              * (xf_group_stats), so fin = 1 and -log p_j is finite there: of its slow chunks' tests only a
              * q with mass below 2^-969 remains (the row's least such |q|, q_least), and the others' values
              * do not matter (their rows go back).  The tests as ints across rows of doubles cost a
-             * repacking of lanes for each: float32 smoothing 8x21x128x128 (benchmarks/README.md,
-             * 2026-12-07, ninth round) */
-            const double xv = (double)xt[j][r];
+             * repacking of lanes for each (float32 label smoothing, two threads, forward, ms: 32768x100
+             * 2.65 -> 2.17, 131072x21 3.88 -> 3.47; benchmarks/README.md, 2026-12-07, ninth round) */
+            const double xv = has_t ? (double)xt[j][r] : xd[j][r];
             const double fin = 1.0;
             const double tj = has_t ? (double)tt[j][r] : 0.0;
             double q = xf_target_q_other(has_t, eps, epc[r], wc, fin, tj);
