@@ -102,8 +102,9 @@ def _rows(x, axis, n_threads=None):
 def _channels(x, axis):
     """(B, C, D) where the kernels can read x's rows in place, torch's (N, C, d1, ...) layout (the class
     axis neither last nor alone): a C-contiguous NumPy float32/float64 array, B = prod(x.shape[:axis])
-    matrices (C, D) whose columns are the rows (_xent.softmax_xent_channels), at most
-    CHANNELS_MAX_CLASSES classes; else None (the rows are moved first, _rows)."""
+    matrices (C, D) whose columns are the rows (_xent.softmax_xent_channels, and softmax_family_channels
+    where the path's groups take C), at most CHANNELS_MAX_CLASSES classes; else None (the rows are moved
+    first, _rows)."""
     if not (type(x) is np.ndarray and axis != x.ndim - 1 and x.size and x.flags.c_contiguous and x.flags.aligned
             and (x.dtype == _F32 or x.dtype == _F64) and x.shape[axis] <= _xent.CHANNELS_MAX_CLASSES):
         return None
