@@ -1241,6 +1241,36 @@ def test_torch_layout_family_read_in_place_gives_the_rows_bits(cpu_path_back, pa
                 assert any(made)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(40, 21, 1), (9, 21, 3), (7, 21, 7), (6, 21, 8), (5, 21, 9), (3, 150, 2, 6),
+                                   (2, 33, 5, 5)])
+def test_torch_layout_few_positions(dtype, shape):
+    # Fewer positions than a group's rows move the class axis (_channels); from 8 on a tile's last
+    # partial group runs padded with rows of zeros: the real rows keep the moved rows' bits, with a
+    # NaN row and an ignored one among them, weights and a per-row upstream factor.
+    rng = np.random.default_rng(len(shape) * 100 + shape[-1])
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    C = shape[1]
+    y = rng.integers(0, C, size=shape[:1] + shape[2:])
+    x.reshape(shape[0], C, -1)[0, :, -1] = np.nan
+    y.reshape(shape[0], -1)[-1, 0] = -100
+    probs = rng.random(shape).astype(dtype)
+    w = rng.random(C) + 0.5
+    g_rows = rng.random(y.shape)
+    moved = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    for target, target_m, kw in ((y, y, dict(weight=w)), (y, y, dict(label_smoothing=0.1)),
+                                 (probs, np.ascontiguousarray(np.moveaxis(probs, 1, -1)), dict())):
+        loss, grad = xf.cross_entropy_with_grad(x, target, axis=1, reduction="none", grad_output=g_rows, **kw)
+        loss_m, grad_m = xf.cross_entropy_with_grad(moved, target_m, reduction="none", grad_output=g_rows, **kw)
+        assert np.array_equal(loss, loss_m, equal_nan=True) and np.isnan(loss).any()
+        assert np.array_equal(grad, np.moveaxis(grad_m, -1, 1), equal_nan=True)
+        assert np.array_equal(xf.cross_entropy(x, target, axis=1, reduction="none", **kw),
+                              xf.cross_entropy(moved, target_m, reduction="none", **kw), equal_nan=True)
+    for f in (xf.logsumexp, xf.log_softmax, xf.softmax):
+        want = f(moved)
+        assert np.array_equal(f(x, axis=1), want if f is xf.logsumexp else np.moveaxis(want, -1, 1), equal_nan=True)
+
+
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_out_and_inplace(axis):
     rng = np.random.default_rng(6)

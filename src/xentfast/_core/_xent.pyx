@@ -449,6 +449,15 @@ cdef inline void _copy_positions(const floating *src, Py_ssize_t src_stride, flo
         memcpy(dst + j * dst_stride, src + j * src_stride, n * sizeof(floating))
 
 
+cdef inline void _zero_positions(floating *block, Py_ssize_t P, Py_ssize_t C, Py_ssize_t p0,
+                                 Py_ssize_t p1) noexcept nogil:
+    # positions p0 .. p1 - 1 of every class of a (C, P) block set to 0: a last partial group's padding,
+    # rows of zeros (finite, one spread) whose results no one reads
+    cdef Py_ssize_t j
+    for j in range(C):
+        memset(block + j * P + p0, 0, (p1 - p0) * sizeof(floating))
+
+
 cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                              Py_ssize_t D, Py_ssize_t i0, Py_ssize_t n, Py_ssize_t P, bint groups,
                              floating *work, double *loss, xf_row_scratch *scratch) noexcept nogil:
@@ -458,8 +467,9 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
     # tile copied as it lies into a (C, P) block (t's into a block of its own), its groups of
     # XF_GROUP_ROWS positions run side by side there (xf_short_rows, D = P: class j's entries of a group
     # are adjacent, so neither the input, the targets nor the gradient needs a transposition), the
-    # gradient written into a second block and copied back; the rows a group hands back and a last
-    # partial group's go through the row kernel one by one (gathered into rows of their own, t's too).
+    # gradient written into a second block and copied back (a last partial group padded to a whole
+    # one); the rows a group hands back go through the row kernel one by one (gathered into rows of
+    # their own, t's too).
     # The block keeps the groups' reads off the input's own stride, often a power of two of bytes (D =
     # 64 * 64 float32: 16 KB), whose C lines share a few cache sets in L1 and L2 alike: read in place,
     # each line was fetched again for the next group (4 x 150 x 64 x 64 float32 fused 2.9 ms, against
@@ -471,6 +481,13 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
     cdef Py_ssize_t C = a.C
     cdef Py_ssize_t g, r, r0, n_rows
     cdef unsigned done
+    # a last partial group runs padded to a whole one (its labels, upstream factors and losses here)
+    cdef int64_t pad_y[XF_GROUP_ROWS]
+    cdef double pad_scale[XF_GROUP_ROWS]
+    cdef double pad_loss[XF_GROUP_ROWS]
+    cdef const int64_t *group_y
+    cdef const double *group_scale
+    cdef double *group_loss
     cdef floating *block = work
     cdef floating *grad_block = work + P * C
     cdef floating *row = grad_block + P * C
@@ -491,20 +508,37 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
         for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
             r0 = g * XF_GROUP_ROWS
             n_rows = min(<Py_ssize_t>XF_GROUP_ROWS, n - r0)
-            done = 0
-            if n_rows == XF_GROUP_ROWS:
-                if floating is float:
-                    done = K32.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
-                                          rows_grad + r0 if grad != NULL else NULL, C, P,
-                                          local.y + r0 if a.y != NULL else NULL, a.ignore_index, a.w,
-                                          a.loss_scale, a.scale, local.row_scale + r0 if a.row_scale != NULL else NULL,
-                                          loss + i0 + r0, a.eps, a.w_min_pos)
-                else:
-                    done = K64.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
-                                          rows_grad + r0 if grad != NULL else NULL, C, P,
-                                          local.y + r0 if a.y != NULL else NULL, a.ignore_index, a.w,
-                                          a.loss_scale, a.scale, local.row_scale + r0 if a.row_scale != NULL else NULL,
-                                          loss + i0 + r0, a.eps, a.w_min_pos)
+            group_y = local.y + r0 if a.y != NULL else NULL
+            group_scale = local.row_scale + r0 if a.row_scale != NULL else NULL
+            group_loss = loss + i0 + r0
+            if n_rows < XF_GROUP_ROWS:
+                # the block's positions beyond the tile as rows of zeros (P is a whole number of
+                # groups), label 0 and factor 1: the group's rows are independent, so the real ones
+                # keep their bits, and one by one they cost ~3x a grouped row (8 x 21 x 12 float32
+                # positions fused 3.9 ms, 2.2 with the axis moved)
+                _zero_positions(block, P, C, n, r0 + XF_GROUP_ROWS)
+                if t != NULL:
+                    _zero_positions(t_block, P, C, n, r0 + XF_GROUP_ROWS)
+                for r in range(XF_GROUP_ROWS):
+                    pad_y[r] = group_y[r] if (group_y != NULL and r < n_rows) else 0
+                    pad_scale[r] = group_scale[r] if (group_scale != NULL and r < n_rows) else 1.0
+                group_y = pad_y if a.y != NULL else NULL
+                group_scale = pad_scale if a.row_scale != NULL else NULL
+                group_loss = pad_loss
+            if floating is float:
+                done = K32.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
+                                      rows_grad + r0 if grad != NULL else NULL, C, P, group_y, a.ignore_index,
+                                      a.w, a.loss_scale, a.scale, group_scale, group_loss, a.eps, a.w_min_pos)
+            else:
+                done = K64.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
+                                      rows_grad + r0 if grad != NULL else NULL, C, P, group_y, a.ignore_index,
+                                      a.w, a.loss_scale, a.scale, group_scale, group_loss, a.eps, a.w_min_pos)
+            if n_rows < XF_GROUP_ROWS:
+                # the real rows' losses; the padding's results are dropped
+                done &= (1u << n_rows) - 1
+                for r in range(n_rows):
+                    if (done >> r) & 1:
+                        loss[i0 + r0 + r] = pad_loss[r]
             if done == (1u << XF_GROUP_ROWS) - 1:
                 continue
             if t != NULL:
@@ -1265,27 +1299,36 @@ cdef void _family_channel_tile(const floating *x, floating *out, double *lse, Py
                                xf_row_scratch *scratch) noexcept nogil:
     # _xent_channel_tile's way for the softmax family (mode 0 logsumexp into lse, by row; 1 log_softmax
     # and 2 softmax into out, x's layout): the tile's n <= P positions copied as they lie into a (C, P)
-    # block, its groups run there (xf_short_rows_family, D = P) into a second block copied back; the rows
-    # a group hands back, and a last partial group's, through _softmax_family_row on a row gathered from
-    # the block, their output rows scattered into the second block.  work: 2 P C + 2 C items.
+    # block, its groups run there (xf_short_rows_family, D = P; a last partial group padded) into a
+    # second block copied back; the rows a group hands back through _softmax_family_row on a row
+    # gathered from the block, their output rows scattered into the second block.  work: 2 P C + 2 C
+    # items.
     cdef floating *block = work
     cdef floating *out_block = work + P * C
     cdef floating *row = out_block + P * C
     cdef floating *out_row = row + C
     cdef Py_ssize_t g, r, r0, n_rows
     cdef unsigned done
+    # a last partial group runs padded to a whole one (_xent_channel_tile), its lse here
+    cdef double pad_lse[XF_GROUP_ROWS]
+    cdef double *group_lse
     _copy_positions(x, D, block, P, C, n)
     for g in range((n + XF_GROUP_ROWS - 1) // XF_GROUP_ROWS):
         r0 = g * XF_GROUP_ROWS
         n_rows = min(<Py_ssize_t>XF_GROUP_ROWS, n - r0)
-        done = 0
-        if n_rows == XF_GROUP_ROWS:
-            if floating is float:
-                done = K32.short_rows_family(block + r0, out_block + r0 if mode != 0 else NULL,
-                                             lse + i0 + r0 if mode == 0 else NULL, C, P, mode)
-            else:
-                done = K64.short_rows_family(block + r0, out_block + r0 if mode != 0 else NULL,
-                                             lse + i0 + r0 if mode == 0 else NULL, C, P, mode)
+        group_lse = lse + i0 + r0 if mode == 0 else NULL
+        if n_rows < XF_GROUP_ROWS:
+            _zero_positions(block, P, C, n, r0 + XF_GROUP_ROWS)
+            group_lse = pad_lse if mode == 0 else NULL
+        if floating is float:
+            done = K32.short_rows_family(block + r0, out_block + r0 if mode != 0 else NULL, group_lse, C, P, mode)
+        else:
+            done = K64.short_rows_family(block + r0, out_block + r0 if mode != 0 else NULL, group_lse, C, P, mode)
+        if n_rows < XF_GROUP_ROWS:
+            done &= (1u << n_rows) - 1
+            for r in range(n_rows):
+                if mode == 0 and (done >> r) & 1:
+                    lse[i0 + r0 + r] = pad_lse[r]
         if done == (1u << XF_GROUP_ROWS) - 1:
             continue
         for r in range(n_rows):
