@@ -1131,10 +1131,10 @@ def test_class_axis_elsewhere_gives_the_rows_bits(dtype):
 def test_torch_layout_read_in_place_gives_the_rows_bits(dtype, C, monkeypatch):
     # (B, C, d1, d2): the kernel reads the logits and probability targets and writes the gradient as they
     # lie (tiles of up to 256 positions copied into a thread's blocks, XF_GROUP_ROWS of them side by side),
-    # with no copy of their rows made (513 classes are beyond its limit and are moved first).  Partial tiles and groups, and
-    # rows every group hands back to the row kernel (NaN, +inf, a -inf target, masked classes, spreads
-    # beyond the groups', ignored rows, negative target probabilities), must keep the bits of the moved
-    # rows, for every option, into out= as well, on any thread count.
+    # with no copy of their rows made (513 classes are beyond its limit and are moved first).  Partial
+    # tiles and groups, and rows every group hands back to the row kernel (NaN, +inf, a -inf target,
+    # masked classes, spreads beyond the groups', ignored rows, negative target probabilities), must keep
+    # the bits of the moved rows, for every option, into out= as well, on any thread count.
     from xentfast import api
     rng = np.random.default_rng(C)
     x = (rng.standard_normal((2, C, 9, 59)) * 3).astype(dtype)
