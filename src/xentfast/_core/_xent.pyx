@@ -915,9 +915,10 @@ def softmax_xent_channels(const floating[:, :, ::1] x, const int64_t[::1] y, con
                           bint has_row_scale, bint has_grad, double loss_scale=1.0, bint row_groups=True):
     """softmax_xent of torch's layout: x (B, C, D), the classes of a row D apart (D = d1 * ..., the rows
     are the columns of B matrices (C, D)), rows numbered b D + p; the gradient (may alias x) and
-    probability targets t in x's layout; y, row_scale and loss by row.  At most CHANNELS_MAX_CLASSES classes.  Each task takes a tile of positions into a
-    thread's block (_xent_channel_tile) and runs its rows as softmax_xent would: the same bits, without
-    moving the whole input's class axis first and the gradient's back after."""
+    probability targets t in x's layout; y, row_scale and loss by row.  At most CHANNELS_MAX_CLASSES
+    classes.  Each task takes a tile of positions into a thread's block (_xent_channel_tile) and runs its
+    rows as softmax_xent would: the same bits, without moving the whole input's class axis first and the
+    gradient's back after."""
     cdef Py_ssize_t B = x.shape[0]
     cdef Py_ssize_t C = x.shape[1]
     cdef Py_ssize_t D = x.shape[2]
