@@ -780,13 +780,13 @@ def _check_focal(alpha, gamma):
     try:
         a = _check_real(alpha, "alpha")
     except ValueError:
-        # -inf is negative too: the weighting off, as torchvision's `alpha >= 0` test reads it (NaN and
-        # +inf are not, and still raise)
-        if not alpha < 0:
-            raise
-        a = -1.0
-    if a > 1:
-        raise ValueError(f"alpha: must be in [0, 1], or negative to switch the weighting off; got {alpha!r}")
+        # -inf is negative too: the weighting off, as torchvision's `alpha >= 0` test reads it.  NaN and
+        # +inf are not, and get the rule below rather than _check_real's "must be finite", which -inf
+        # would contradict
+        a = -1.0 if alpha < 0 else math.nan
+    if not a <= 1:
+        raise ValueError(f"alpha: must be in [0, 1], or negative (-inf included) to switch the weighting off; "
+                         f"got {alpha!r}")
     g = _check_real(gamma, "gamma", 0.0)
     if g > _MAX_FOCAL_GAMMA:
         raise ValueError(f"gamma: must be at most 2**400 (~2.6e120), beyond which the gradient's scaled terms "
