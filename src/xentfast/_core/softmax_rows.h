@@ -2101,8 +2101,16 @@ XF_KERNEL void XF_FN(xf_xent_rows_forward)(const XF_T *x, const XF_T *t, long lo
  * 2.48 / 2.52, 160 2.40 / 2.44.  Probability targets (has_t), the same measurement (benchmarks/README.md,
  * 2026-12-07, seventh round): avx512 float32 forward 96 2.01 / 2.17, 112 2.05 / 2.09, 128 1.99 / 1.84, fused 96
  * 2.69 / 2.74, 112 2.66 / 2.58; float64 forward 64 3.21 / 3.41, 80 3.31 / 3.20, fused 64 4.18 / 4.27, 80 4.42 /
- * 3.88; avx2 float32 forward 128 2.69 / 2.73, 144 2.78 / 2.69, fused 128 3.53 / 3.68, 144 3.60 / 3.40 */
+ * 3.88; avx2 float32 forward 128 2.69 / 2.73, 144 2.78 / 2.69, fused 128 3.53 / 3.68, 144 3.60 / 3.40.  Since the
+ * loop runs in 512-bit vectors for probability targets too (benchmarks/README.md, 2026-12-07, tenth round), the
+ * avx512 unit's float32 groups of them lead up to 160 classes as well (one core, ms, 2^21 entries, row kernel ->
+ * groups: forward 128 4.01-4.13 -> 3.12-3.21, 160 3.83-3.93 -> 2.94-3.08, fused 128 5.11-5.21 -> 4.36-4.56, 160
+ * 4.69-4.77 -> 4.21-4.33); the avx2 unit's were too noisy to tell apart and keep 112 */
+#if defined(__AVX512F__)
+#define XF_GROUP_TERMS_MAX_C(has_t) ((has_t) ? (XF_COMPENSATED ? 64 : 160) : (XF_COMPENSATED ? 96 : 160))
+#else
 #define XF_GROUP_TERMS_MAX_C(has_t) ((has_t) ? (XF_COMPENSATED ? 64 : 112) : (XF_COMPENSATED ? 96 : 160))
+#endif
 typedef char XF_FN(xf_group_limit_fits_the_buffers)[(XF_GROUP_C_LIMIT(0) <= XF_GROUP_BUF_C &&
                                                       XF_GROUP_C_LIMIT(1) <= XF_GROUP_BUF_C &&
                                                       XF_GROUP_BUF_C <= XF_GROUP_MAX_C) ? 1 : -1];
@@ -2673,17 +2681,19 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
     XF_T xt[XF_GROUP_BUF_C][R];
     /* the target probabilities, transposed as xt (has_t) */
     XF_T tt[XF_GROUP_BUF_C][R];
-    /* index targets: float32's logits as doubles (xd), so that the loss-terms loop below loads no float,
-     * whose 32-bit lanes made gcc take it in 256-bit vectors, each double operation twice (its avx512
-     * loop 95 -> 35 instructions a class of the group; float32 smoothing, two threads, ms, forward
-     * 131072x21 3.60 -> 3.23, 32768x100 2.19 -> 1.93, fused 5.11 -> 4.53, 3.06 -> 2.67).  Probability
-     * targets keep their floats: as doubles (tt too) their fused pass measured 2-5 % slower on both
-     * vector paths (32768x100, 65536x64).  xf_short_rows calls this form within XF_GROUP_TERMS_MAX_C
-     * classes. */
+    /* float32's logits and target probabilities as doubles (xd, td), so that the loss-terms loop below
+     * loads no float, whose 32-bit lanes made gcc take it in 256-bit vectors, each double operation
+     * twice (its avx512 loop 95 -> 35 instructions a class of the group; float32 smoothing, two threads,
+     * ms, forward 131072x21 3.60 -> 3.23, 32768x100 2.19 -> 1.93, fused 5.11 -> 4.53, 3.06 -> 2.67).
+     * Probability targets need their mass test in doubles as well (mass_min below): with td alone, its
+     * int lanes kept the loop at 256 bits and no faster (benchmarks/README.md, 2026-12-07, ninth and
+     * tenth rounds).  xf_short_rows calls this form within XF_GROUP_TERMS_MAX_C classes. */
 #if XF_COMPENSATED
     double (*const xd)[R] = xt;
+    double (*const td)[R] = tt;
 #else
     double xd[XF_GROUP_TERMS_MAX_C(0)][R];
+    double td[XF_GROUP_TERMS_MAX_C(1)][R];
 #endif
     /* the exponentials as the row kernel keeps them, then the gradient's entries in their place */
     double kept[XF_GROUP_BUF_C][R];
@@ -2730,10 +2740,16 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
         }
     }
 #if !XF_COMPENSATED
-    for (j = 0; j < C && !has_t; j++) {
+    for (j = 0; j < C; j++) {
 #pragma omp simd
         for (r = 0; r < R; r++) {
             xd[j][r] = (double)xt[j][r];
+        }
+    }
+    for (j = 0; j < C && has_t; j++) {
+#pragma omp simd
+        for (r = 0; r < R; r++) {
+            td[j][r] = (double)tt[j][r];
         }
     }
 #endif
@@ -2801,14 +2817,23 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
              * do not matter (their rows go back).  The tests as ints across rows of doubles cost a
              * repacking of lanes for each (float32 label smoothing, two threads, forward, ms: 32768x100
              * 2.65 -> 2.17, 131072x21 3.88 -> 3.47; benchmarks/README.md, 2026-12-07, ninth round) */
-            const double xv = has_t ? (double)xt[j][r] : xd[j][r];
+            const double xv = xd[j][r];
             const double fin = 1.0;
-            const double tj = has_t ? (double)tt[j][r] : 0.0;
+            const double tj = has_t ? td[j][r] : 0.0;
             double q = xf_target_q_other(has_t, eps, epc[r], wc, fin, tj);
             const double nlp = xf_neg_log_prob(xv, m[r], log_s[r]);
-            const int has_mass = xf_target_has_mass_from(has_t, eps, epc[r], 0, 0.0, wc, fin, tj);
+            /* probability targets: xf_target_has_mass_from's two tests (xf_all_positive's minima) as one
+             * double, the larger of the two minima, > 0 where either is: no int lanes in the loop (above).
+             * No NaN among them (w_j and eps are validated, tj's test gives 0 or w_j); the same answer */
+            const double smooth_ab = (epc[r] < fin) ? epc[r] : fin;
+            const double smooth_min = (wc < smooth_ab) ? wc : smooth_ab;
+            const double direct_ab = (tj != 0.0) ? wc : 0.0;
+            const double direct_min = (1.0 - eps < direct_ab) ? 1.0 - eps : direct_ab;
+            const double mass_min = has_t ? ((smooth_min < direct_min) ? direct_min : smooth_min) : 0.0;
+            const int has_mass = has_t ? (mass_min > 0.0)
+                                       : xf_target_has_mass_from(has_t, eps, epc[r], 0, 0.0, wc, fin, tj);
             double tb = has_mass ? (q * ls) * nlp : 0.0;
-            const double q_tested = has_t ? (((q != 0.0) | has_mass) ? xf_fabs(q) : XF_INF)
+            const double q_tested = has_t ? (((q != 0.0) | (mass_min > 0.0)) ? xf_fabs(q) : XF_INF)
                                           : (has_mass ? q : XF_INF);
             q_least[r] = (q_tested < q_least[r]) ? q_tested : q_least[r];
             nonneg[r] = (has_t && !(tj >= 0.0)) ? 0.0 : nonneg[r];
@@ -2869,7 +2894,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
             const double wc = has_w ? w[j] : 1.0;
 #pragma omp simd
             for (r = 0; r < R; r++) {
-                const double tj = has_t ? (double)tt[j][r] : 0.0;
+                const double tj = has_t ? td[j][r] : 0.0;
                 const double q = xf_target_q_other(has_t, eps, epc[r], wc, 1.0, tj);
                 const double sq = xf_target_grad_q_from(has_t, eps, epc[r], scale_r[r], q, wc, 1.0, tj, 0);
                 /* coef_mult is 1 in the rows kept: (e cps) 1 - sq, the row kernel's operations */
