@@ -311,3 +311,21 @@ def test_fixed_point_exponential_within_its_error_bound(G, data):
             exact = mpmath.exp(-mpmath.mpf(float(y)))
             units = abs(mpmath.mpf(value) * mpmath.mpf(2) ** exponent - exact) * mpmath.mpf(2) ** (32 * G)
         assert units < 1.1e4, (G, y, float(units))
+
+
+def test_probability_targets_mass_test_as_a_double_agrees_with_the_int_one():
+    # The short-row groups test a probability target's mass as a double (xf_target_mass_min > 0) so that
+    # their loop stays in full-width vectors; it must answer as xf_target_has_mass_from does for every
+    # validated input: eps in [0, 1], weights finite >= 0, any target (negative, NaN, inf, subnormal),
+    # finite or masked logit.
+    tiny = 5e-324
+    answers = set()
+    for eps in (0.0, tiny, 0.1, 1.0 - 2.0**-53, 1.0):
+        for epc in (0.0, tiny, 1e-300, eps / 7, 0.05):
+            for w in (0.0, tiny, 1e-300, 0.5, 1.0, 3.0):
+                for fin in (0.0, 1.0):
+                    for t in (0.0, -0.0, tiny, -tiny, 0.25, 1.0, -0.5, 2.0, np.nan, np.inf, -np.inf):
+                        as_int, as_double = _scalar.target_mass_tests(eps, epc, w, fin, t)
+                        assert as_int == as_double, (eps, epc, w, fin, t)
+                        answers.add(as_int)
+    assert answers == {False, True}

@@ -21,6 +21,9 @@ cdef extern from "xentfast/binary.h" nogil:
 
 cdef extern from "xentfast/softmax_row.h" nogil:
     double xf_lse_cancelling(const float *xf, const double *xd, long long C, int is_f32, double d_max)
+    int xf_target_has_mass_from(int prob, double eps, double eps_per_class, int is_y, double w_y, double w_j,
+                                double finite, double t_j)
+    double xf_target_mass_min(double eps, double eps_per_class, double w_j, double finite, double t_j)
 
 cdef extern from "xentfast/xf_fixed.h" nogil:
     enum: XF_FIX_MAXG
@@ -122,6 +125,13 @@ def exp_lite_normal(x):
 def bin_log1p_unit(e):
     """log1p(e) for e in [2^-1000, 1] to 2^-37.6 relative (float32 BCE's plain-double form)."""
     return _apply1(xf_bin_log1p_unit, e)
+
+
+def target_mass_tests(double eps, double eps_per_class, double w_j, double finite, double t_j):
+    """(xf_target_has_mass_from for a probability target, xf_target_mass_min > 0): the short-row groups'
+    double form of the mass test must agree with the int one everywhere."""
+    return (bool(xf_target_has_mass_from(1, eps, eps_per_class, 0, 0.0, w_j, finite, t_j)),
+            bool(xf_target_mass_min(eps, eps_per_class, w_j, finite, t_j) > 0.0))
 
 
 def exp_dd(hi, lo):

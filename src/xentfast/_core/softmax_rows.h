@@ -2685,8 +2685,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
      * loads no float, whose 32-bit lanes made gcc take it in 256-bit vectors, each double operation
      * twice (its avx512 loop 95 -> 35 instructions a class of the group; float32 smoothing, two threads,
      * ms, forward 131072x21 3.60 -> 3.23, 32768x100 2.19 -> 1.93, fused 5.11 -> 4.53, 3.06 -> 2.67).
-     * Probability targets need their mass test in doubles as well (mass_min below): with td alone, its
-     * int lanes kept the loop at 256 bits and no faster (benchmarks/README.md, 2026-12-07, ninth and
+     * Probability targets need their mass test in doubles as well (xf_target_mass_min): with td alone,
+     * its int lanes kept the loop at 256 bits and no faster (benchmarks/README.md, 2026-12-07, ninth and
      * tenth rounds).  xf_short_rows calls this form within XF_GROUP_TERMS_MAX_C classes. */
 #if XF_COMPENSATED
     double (*const xd)[R] = xt;
@@ -2822,14 +2822,8 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
             const double tj = has_t ? td[j][r] : 0.0;
             double q = xf_target_q_other(has_t, eps, epc[r], wc, fin, tj);
             const double nlp = xf_neg_log_prob(xv, m[r], log_s[r]);
-            /* probability targets: xf_target_has_mass_from's two tests (xf_all_positive's minima) as one
-             * double, the larger of the two minima, > 0 where either is: no int lanes in the loop (above).
-             * No NaN among them (w_j and eps are validated, tj's test gives 0 or w_j); the same answer */
-            const double smooth_ab = (epc[r] < fin) ? epc[r] : fin;
-            const double smooth_min = (wc < smooth_ab) ? wc : smooth_ab;
-            const double direct_ab = (tj != 0.0) ? wc : 0.0;
-            const double direct_min = (1.0 - eps < direct_ab) ? 1.0 - eps : direct_ab;
-            const double mass_min = has_t ? ((smooth_min < direct_min) ? direct_min : smooth_min) : 0.0;
+            /* probability targets: the mass test as a double, no int lanes in the loop (above) */
+            const double mass_min = has_t ? xf_target_mass_min(eps, epc[r], wc, fin, tj) : 0.0;
             const int has_mass = has_t ? (mass_min > 0.0)
                                        : xf_target_has_mass_from(has_t, eps, epc[r], 0, 0.0, wc, fin, tj);
             double tb = has_mass ? (q * ls) * nlp : 0.0;

@@ -455,6 +455,19 @@ XF_HD int xf_target_has_mass_from(int prob, double eps, double eps_per_class, in
     return smooth | direct;
 }
 
+/* xf_target_has_mass_from for a probability target (prob = 1) as a double, positive exactly where that
+ * is true: the larger of xf_all_positive's two minima, min(w_j, [t_j != 0]) taken as w_j or 0.  For the
+ * CPU's vector loops, which an int test per element kept at half their vectors' width (softmax_rows.h).
+ * eps, eps_per_class and w_j are not NaN (validated), so neither minimum is. */
+XF_HD double xf_target_mass_min(double eps, double eps_per_class, double w_j, double finite, double t_j)
+{
+    double smooth_ab = (eps_per_class < finite) ? eps_per_class : finite;
+    double smooth = (w_j < smooth_ab) ? w_j : smooth_ab;
+    double direct_ab = (t_j != 0.0) ? w_j : 0.0;
+    double direct = (1.0 - eps < direct_ab) ? 1.0 - eps : direct_ab;
+    return (smooth < direct) ? direct : smooth;
+}
+
 XF_HD int xf_row_target_has_mass(const xf_rowjob *job, long long j, double w_j, double finite, double t_j)
 {
     return xf_target_has_mass_from(job->prob, job->eps, job->eps_per_class, j == job->y, job->w_y, w_j, finite,
