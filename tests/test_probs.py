@@ -504,6 +504,25 @@ def test_ce_probs_agrees_with_nll_loss_of_log(reduction, weighted, layout):
                                want_p.numpy(), rtol=1e-13, atol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ce_probs_reads_a_negative_zero_probability_as_zero_where_torch_takes_its_sign(dtype):
+    # the README's difference: p = -0.0 is a probability of 0 (loss +inf, gradient -inf, the one-sided
+    # derivative), where torch's nll_loss(log p) backward divides by the -0.0 itself and gives +inf
+    torch = _torch()
+    p = np.array([[-0.0, 0.5, 0.5], [0.0, 0.5, 0.5], [0.25, -0.0, 0.75]], dtype=dtype)
+    y = np.array([0, 0, 0])
+    for targets in (y, np.eye(3, dtype=dtype)[y]):
+        loss, grad = xf.cross_entropy_from_probs_with_grad(p, targets, reduction="none")
+        assert (loss[:2] == np.inf).all() and np.isfinite(loss[2]), loss
+        assert grad[0, 0] == grad[1, 0] == -np.inf, grad
+        # a -0.0 without target mass has no term: gradient 0, as at +0.0
+        assert grad[2, 1] == 0 and (grad[:2, 1:] == 0).all(), grad
+        assert loss.dtype == grad.dtype == dtype
+    pt = torch.tensor(p, requires_grad=True)
+    torch.nn.functional.nll_loss(torch.log(pt), torch.tensor(y), reduction="sum").backward()
+    assert pt.grad[0, 0] == np.inf and pt.grad[1, 0] == -np.inf
+
+
 # ---- determinism, fused vs separate ----------------------------------------------------------------------
 
 THREADS = [1, 2, 3, 8]
