@@ -1103,6 +1103,20 @@ XF_KERNEL void XF_FN(xf_sumexp_block)(const XF_T *x, long long n, double m, long
     XF_FN(xf_sumexp_block_ahead)(x, n, m, skip, normal, hi, lo, store, 0, 0, 0, 0);
 }
 
+/* Whether no chunk of the row can be slow in xf_xent_terms_chunk, index targets, from the row's and the
+ * call's numbers alone: every q_j with mass is at least fl(w_min eps / C_eff) >= 2^-969 (w_min: the
+ * least positive class weight, xf_rowjob.w_min_pos, +inf if none; rounding is monotone), and no finite
+ * x_j has a -log p_j that is not finite, since m - x_j <= m - min_finite < 2^1000 (any float32 row).
+ * Rows where it fails (a subnormal smoothing mass under tiny weights, a float64 row spread beyond
+ * 2^1000, weights not known, m not finite) keep the per-element tests. */
+XF_KERNEL inline int XF_FN(xf_terms_chunk_never_slow)(const xf_rowjob *job, const int has_w)
+{
+    const double epc = job->eps_per_class, spread = job->m - job->min_finite;
+    const double w_min = has_w ? job->w_min_pos : 1.0;
+    return epc >= 0x1p-969 && w_min > 0.0 && w_min * (epc * 1.0) >= 0x1p-969 && spread - spread == 0.0 &&
+           spread < 0x1p1000;
+}
+
 /* Pass 3's ordinary case, vectorized: the loss term and q_j of each element of a chunk (x, t, w at its
  * start) into tb / qb, by the operations of xf_xent_term for a class other than the index target.
  * Returns whether any element needs what xf_xent_term does beyond them: a q_j below 2^-969 that has
@@ -1115,6 +1129,21 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_xent_terms_chunk)(
     const double m = job->m, log_s = job->log_s, ls = job->loss_scale, eps = job->eps, epc = job->eps_per_class;
     int slow = 0;
     long long i;
+    if (!has_t && XF_FN(xf_terms_chunk_never_slow)(job, has_w)) {
+        /* the same values as the loop below without its per-element tests and their two reductions a
+         * chunk (that loop's ~27 vector operations per 8 entries were most of the pass): has_mass is q_j >
+         * 0 here, q_j = w_j (eps / C_eff [x_j > -inf]) with eps / C_eff > 0 and w_j >= 0 */
+#pragma omp simd
+        for (i = 0; i < len; i++) {
+            const double xv = (double)x[i];
+            const double fin = (xv > -XF_INF) ? 1.0 : 0.0;
+            const double q = xf_target_q_other(0, eps, epc, has_w ? w[i] : 1.0, fin, 0.0);
+            const double nlp = xf_neg_log_prob(xv, m, log_s);
+            tb[i] = (q > 0.0) ? (q * ls) * nlp : 0.0;
+            qb[i] = q;
+        }
+        return 0;
+    }
     if (!has_t) {
         /* index targets (smoothing): the same test in doubles, a third of the pass in integer masks before.
          * With w_j >= 0 (validated) q_j != 0 implies mass, and mass a finite x_j: a rare element is a
