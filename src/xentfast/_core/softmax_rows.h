@@ -2828,6 +2828,10 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
         }
         q_least[r] = XF_INF;
         nonneg[r] = 1.0;
+        if (!has_t && has_w) {
+            /* the least mass of the row's classes is fl(w_min eps / C_eff), every class being there */
+            q_least[r] = XF_FN(xf_terms_chunk_never_slow)(job, has_w) ? XF_INF : 0.0;
+        }
     }
     for (k = 0; k < XF_LANES; k++) {
         for (r = 0; r < R; r++) {
@@ -2853,13 +2857,21 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
             const double nlp = xf_neg_log_prob(xv, m[r], log_s[r]);
             /* probability targets: the mass test as a double, no int lanes in the loop (above) */
             const double mass_min = has_t ? xf_target_mass_min(eps, epc[r], wc, fin, tj) : 0.0;
+            /* class weights under smoothing: has_mass is q > 0 (eps / C_eff > 0, w_j >= 0, every entry
+             * finite) and the rare-mass test the row's (xf_terms_chunk_never_slow, before the loop), where
+             * the int test and the least |q| per entry cost a quarter of the forward call (20971x100,
+             * benchmarks/README.md, 2026-12-07, eleventh round); without weights these measured 3-6 %
+             * faster than the row's test */
             const int has_mass = has_t ? (mass_min > 0.0)
-                                       : xf_target_has_mass_from(has_t, eps, epc[r], 0, 0.0, wc, fin, tj);
+                                       : (has_w ? (q > 0.0)
+                                                : xf_target_has_mass_from(has_t, eps, epc[r], 0, 0.0, wc, fin, tj));
             double tb = has_mass ? (q * ls) * nlp : 0.0;
-            const double q_tested = has_t ? (((q != 0.0) | (mass_min > 0.0)) ? xf_fabs(q) : XF_INF)
-                                          : (has_mass ? q : XF_INF);
-            q_least[r] = (q_tested < q_least[r]) ? q_tested : q_least[r];
-            nonneg[r] = (has_t && !(tj >= 0.0)) ? 0.0 : nonneg[r];
+            if (has_t || !has_w) {
+                const double q_tested = has_t ? (((q != 0.0) | (mass_min > 0.0)) ? xf_fabs(q) : XF_INF)
+                                              : (has_mass ? q : XF_INF);
+                q_least[r] = (q_tested < q_least[r]) ? q_tested : q_least[r];
+                nonneg[r] = (has_t && !(tj >= 0.0)) ? 0.0 : nonneg[r];
+            }
             tb = (j == argmax[r]) ? term_am[r] : ((j == target[r]) ? term_y[r] : tb);
             q = (j == argmax[r]) ? q_am[r] : ((j == target[r]) ? q_y[r] : q);
 #if XF_COMPENSATED
