@@ -693,7 +693,7 @@ cdef void _phased_row_sum(const floating *x, const double *bsum, Py_ssize_t i, P
 
 
 cdef bint _targets_nonneg(const float *t, Py_ssize_t C) noexcept nogil:
-    # softmax_rows.h xf_targets_nonneg: every target probability >= 0 (a NaN is not)
+    # softmax_rows.h xf_targets_scan: every target probability >= 0 (a NaN is not)
     cdef Py_ssize_t j
     for j in range(C):
         if not t[j] >= 0:

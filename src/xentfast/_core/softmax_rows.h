@@ -1168,6 +1168,22 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_xent_terms_chunk)(
         }
         return (qmin < 0x1p-969) | !(mark == 0.0);
     }
+    if (has_t && job->prob_terms_never_slow) {
+        /* the loop below without its tests (the row's, xf_prob_terms_never_slow): the same q_j and term,
+         * has_mass as the double test xf_target_mass_min > 0 */
+#pragma omp simd
+        for (i = 0; i < len; i++) {
+            const double xv = (double)x[i];
+            const double fin = (xv > -XF_INF) ? 1.0 : 0.0;
+            const double wc = has_w ? w[i] : 1.0;
+            const double tj = (double)t[i];
+            const double q = xf_target_q_other(1, eps, epc, wc, fin, tj);
+            const double nlp = xf_neg_log_prob(xv, m, log_s);
+            tb[i] = (xf_target_mass_min(eps, epc, wc, fin, tj) > 0.0) ? (q * ls) * nlp : 0.0;
+            qb[i] = q;
+        }
+        return 0;
+    }
 #pragma omp simd reduction(| : slow)
     for (i = 0; i < len; i++) {
         double xv = (double)x[i];
@@ -1215,16 +1231,41 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_terms_lanes_add)(
     }
 }
 
-/* Whether every target probability of a row is >= 0 (a NaN is not): xf_rowjob's targets_nonneg */
-XF_KERNEL inline int XF_FN(xf_targets_nonneg)(const XF_T *t, long long C)
+/* Whether every target probability of a row is >= 0 (a NaN is not): xf_rowjob's targets_nonneg; and
+ * the least positive one into *least (+inf if none) */
+XF_KERNEL inline int XF_FN(xf_targets_scan)(const XF_T *t, long long C, double *least)
 {
     int ok = 1;
+    double lo = XF_INF;
     long long j;
-#pragma omp simd reduction(& : ok)
+#pragma omp simd reduction(& : ok) reduction(min : lo)
     for (j = 0; j < C; j++) {
-        ok &= (t[j] >= (XF_T)0);
+        const double tj = (double)t[j];
+        ok &= (tj >= 0.0);
+        const double pos = (tj > 0.0) ? tj : XF_INF;
+        lo = (pos < lo) ? pos : lo;
     }
+    *least = lo;
     return ok;
+}
+
+/* Whether no chunk of a row of probability targets can be slow in xf_xent_terms_chunk, from the row's
+ * numbers: every target >= 0 (nonneg) and every logit finite (n_finite = C, so no -inf logit carries a
+ * mass, and m - x_j <= m - min_finite < 2^1000 keeps -log p_j finite), and every q_j with mass at least
+ * 2^-969.  q_j = w_j ((1 - eps) t_j + eps / C_eff) is non-decreasing in w_j and t_j in every rounded step,
+ * so a class with t_j > 0 has q_j >= fl(w_min fl((1 - eps) t_least)) (eps < 1; none has mass through
+ * t_j otherwise), one with t_j = 0 has q_j = fl(w_min eps / C_eff) or more (eps > 0) or no mass, and a
+ * zero weight no mass (w_min: xf_rowjob.w_min_pos, the least positive weight; t_least: the least
+ * positive target, xf_targets_scan). */
+XF_KERNEL inline int XF_FN(xf_prob_terms_never_slow)(const xf_rowjob *job, long long C, const int has_w,
+                                                     int nonneg, double t_least)
+{
+    const double eps = job->eps, epc = job->eps_per_class, spread = job->m - job->min_finite;
+    const double w_min = has_w ? job->w_min_pos : 1.0;
+    const double by_target = (eps < 1.0) ? w_min * ((1.0 - eps) * t_least) : XF_INF;
+    const double by_smoothing = (epc > 0.0) ? w_min * (epc * 1.0) : XF_INF;
+    return nonneg && job->n_finite == C && spread - spread == 0.0 && spread < 0x1p1000 && w_min > 0.0 &&
+           by_target >= 0x1p-969 && by_smoothing >= 0x1p-969;
 }
 
 /* Pass 3 of a block (soft targets, label smoothing): sum_c q_c * (-log p_c) and A = sum_c q_c, both as
@@ -1870,8 +1911,13 @@ XF_KERNEL double XF_FN(xf_row_loss)(const XF_T *x, long long C, xf_rowjob *job, 
 {
     double terms[4] = {0.0, 0.0, 0.0, 0.0};
     if (job->status == XF_ROW_OK && job->needs_terms) {
+        /* float32 rows only: for float64 the scan is a pass of its own, and the loop without the tests
+         * measured no faster there (benchmarks/README.md, 2026-12-07, eleventh round) */
         if (!XF_COMPENSATED && job->prob) {
-            job->targets_nonneg = XF_FN(xf_targets_nonneg)(t, C);
+            double t_least;
+            job->targets_nonneg = XF_FN(xf_targets_scan)(t, C, &t_least);
+            job->prob_terms_never_slow =
+                XF_FN(xf_prob_terms_never_slow)(job, C, w != 0, job->targets_nonneg, t_least);
         }
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
     }

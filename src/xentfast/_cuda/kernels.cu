@@ -486,7 +486,7 @@ XF_HD void xf_cu_xent_row(const Team &team, const xf_cu_xent_args<T> &a, long lo
     const long long nb = xf_cu_nblocks(C);
     (void)nb;
     if (ok && sc.job->needs_terms && sc.job->prob && sizeof(T) == sizeof(float)) {
-        /* as softmax_rows.h: xf_xent_row's xf_targets_nonneg, before the terms pass (xf_terms_plain): a
+        /* as softmax_rows.h: xf_xent_row's xf_targets_scan, before the terms pass (xf_terms_plain): a
          * flag per thread in the max tree's storage (dead since the row statistics; the chains reuse it
          * only in the terms step), then their and */
         int *flag = (int *)sc.part;

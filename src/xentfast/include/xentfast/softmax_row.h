@@ -57,6 +57,10 @@ typedef struct {
     double eps_per_class; /* eps / C_eff: smoothing spreads over classes with finite logits */
     int exp_normal;      /* CPU passes may use the unclamped exponentials: 1, or 2 with masked entries,
                             -inf or a finite mask (xf_rowjob_set_exp_form, xf_row_mask_form) */
+    /* in the padding after exp_normal: a field that grew the struct made the GPU row kernel spill */
+    int prob_terms_never_slow; /* CPU: no entry of the row's probability targets needs the loss-terms
+                                * pass's rare forms (softmax_rows.h, xf_prob_terms_never_slow); 0 unless
+                                * the row driver found so */
     /* set by the sum pass */
     double s_hi, s_lo;   /* s = sum over j != argmax of exp(x_j - m) */
     double S;            /* 1 + s */
@@ -118,6 +122,7 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->simple = (!prob && eps == 0.0 && z == 0.0);
     job->needs_terms = (prob || eps != 0.0);
     job->targets_nonneg = 0;
+    job->prob_terms_never_slow = 0;
     job->stored = 0;
     job->has_grad = 1;
     job->x_y = 0.0;
