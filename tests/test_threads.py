@@ -697,3 +697,36 @@ def test_short_row_groups_of_probability_targets_equal_the_row_kernel(cpu_path_b
             assert np.array_equal(api_loss, loss.astype(dtype), equal_nan=True)
         assert np.array_equal(api_grad, grad, equal_nan=True)
         assert np.array_equal(xf.cross_entropy(x, t, n_threads=n_threads, **kw), api_loss, equal_nan=True)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_the_reduction_sums_on_the_calls_threads(n_threads, monkeypatch):
+    # the losses' double-double sum (dd_sum) starts every OpenMP thread by default; a call limited to
+    # one thread started a team for it all the same (2^15 losses and more), which a user sharing the
+    # machine between processes does not expect.  Both sums of a tiny mean are covered (the rerun).
+    from xentfast import _backend
+    from xentfast._threads import threads_for
+    seen = []
+    dd_sum = _xent.dd_sum
+
+    def recording(v, *n_threads_given):
+        seen.append(n_threads_given)
+        return dd_sum(v, *n_threads_given)
+
+    monkeypatch.setattr(_backend.CPU.softmax, "dd_sum", recording)
+    rng = np.random.default_rng(5)
+    n, c = 1 << 15, 8
+    x = rng.standard_normal((n, c))
+    y = rng.integers(0, c, n)
+    confident = np.zeros((n, c))
+    confident[:, 0] = 700.0            # row losses near 7e-304: the sum is taken again, scaled
+    calls = [
+        lambda: xf.cross_entropy(x, y, label_smoothing=0.1, n_threads=n_threads),
+        lambda: xf.cross_entropy_with_grad(x, y, weight=np.ones(c), n_threads=n_threads),
+        lambda: xf.cross_entropy(confident, np.zeros(n, np.int64), weight=np.ones(c), n_threads=n_threads),
+        lambda: xf.binary_cross_entropy_with_logits(np.full((n, c), 700.0), np.ones((n, c)), n_threads=n_threads),
+    ]
+    for call, sums in zip(calls, (1, 1, 2, 2)):
+        seen.clear()
+        call()
+        assert seen == [(threads_for(n_threads, n * c),)] * sums

@@ -481,14 +481,23 @@ def _threads_for(n_threads, n_elements):
 
 _TINY_SUM_PER_TERM = _xent.TINY_SUM_PER_TERM
 
-def _sum_and_tiny(backend, losses):
+def _dd_sum(backend, losses, n_threads):
+    """The double-double sum (hi, lo) of a float64 vector of losses on the call's `n_threads` (the
+    validated count its kernels ran on; on the CPU the sum's own default is every OpenMP thread, which
+    a call limited to one thread must not start).  The bits do not depend on it (xentfast/ddsum.h)."""
+    if backend.is_cpu:
+        return backend.softmax.dd_sum(losses, n_threads)
+    return backend.softmax.dd_sum(losses)
+
+
+def _sum_and_tiny(backend, losses, n_threads):
     """(hi, lo) of the double-double sum of the losses and _tiny_terms(max |loss|), in one transfer on
     the GPU.  NaN losses give a NaN sum; the max then only matters through _tiny_terms."""
     xp = backend.xp
     if not losses.size:
         return 0.0, 0.0, False
     if backend.is_cpu:
-        hi, lo = backend.softmax.dd_sum(losses)
+        hi, lo = _dd_sum(backend, losses, n_threads)
         # the max is needed only for a small sum: |sum| <= n max |loss| (up to the double-double's
         # relative error, far below the factor 2 spared here), so a sum beyond 2 n 2^-969 puts max |loss|
         # beyond 2^-969; an infinite sum means an infinite loss (or a max near DBL_MAX), a NaN sum a NaN
@@ -922,7 +931,7 @@ class _Problem:
         if self.reduction == "none":
             with np.errstate(over="ignore"):  # a double loss beyond float32's range is inf, as it should be
                 return row_losses.astype(self.loss_dtype).reshape(self.batch_shape)
-        hi, lo, tiny = _sum_and_tiny(self.backend, row_losses)
+        hi, lo, tiny = _sum_and_tiny(self.backend, row_losses, self.n_threads)
         k = self.loss_scale()  # the rows came scaled by 2^-k (run); undo it after dividing
         if tiny:
             # every row loss sits on (or near) the subnormal grid, where a sum or a mean of n of them
@@ -935,7 +944,7 @@ class _Problem:
             scaled = self.xp.empty(self.N, dtype=np.float64)
             s = min(int(_TINY_K) - k, 1023)
             self._launch(self._w_or_empty(), None, 1.0, scaled, None, loss_exp=s)
-            hi, lo = self.k.dd_sum(scaled)
+            hi, lo = _dd_sum(self.backend, scaled, self.n_threads)
             k = -s
         if self.reduction == "sum":
             total = (hi + lo) * math.ldexp(1.0, k)

@@ -38,6 +38,7 @@ from .api import (
     _placeholder,
     _rows,
     _split_target,
+    _dd_sum,
     _sum_and_tiny,
     _threads_for,
     _upstream_factor,
@@ -468,11 +469,11 @@ class _Elementwise:
                 return self.reduce(self.run(summed=False))
             tiny = False
         else:
-            hi, lo, tiny = _sum_and_tiny(b, losses)
+            hi, lo, tiny = _sum_and_tiny(b, losses, self.n_threads)
         if tiny:
             self._logits_intact()
             return _reduce_scaled(b, self.run(loss_k=_TINY_K, summed=False), self.reduction, self.kept,
-                                  self.empty_mean, self.loss_dtype)
+                                  self.empty_mean, self.loss_dtype, self.n_threads)
         if self.reduction == "sum":
             total = hi + lo
         else:
@@ -491,9 +492,9 @@ class _Elementwise:
         losses that overflowed on their own (w q |x| > DBL_MAX); the losses are linear in the weight, so
         the kernel runs again with every weight times 2^-64 and the mean is scaled back.  A focal loss
         never exceeds its |x| (alpha_t, u^g <= 1): its infinite losses are exact."""
-        xp, dd_sum = self.xp, self.backend.softmax.dd_sum
+        xp = self.xp
         if bool(xp.isfinite(losses).all()):
-            hi, lo = dd_sum(losses * 2.0**-64)
+            hi, lo = _dd_sum(self.backend, losses * 2.0**-64, self.n_threads)
             with np.errstate(over="ignore"):
                 return (hi / self.kept + lo / self.kept) * 2.0**64
         if self.op == _binary.OP_FOCAL or self._only_exact_infinities():
@@ -513,7 +514,7 @@ class _Elementwise:
             self.w = saved
         if bool(xp.isinf(losses).any()):
             return np.inf            # an element whose exact loss is infinite
-        hi, lo = dd_sum(losses)
+        hi, lo = _dd_sum(self.backend, losses, self.n_threads)
         with np.errstate(over="ignore"):
             return (hi / self.kept + lo / self.kept) * 2.0**64
 
@@ -610,10 +611,10 @@ class _KernelSum(tuple):
 _PROBE_ELEMENTS = 64
 
 
-def _reduce_scaled(backend, losses, reduction, den, empty_mean, dtype):
+def _reduce_scaled(backend, losses, reduction, den, empty_mean, dtype, n_threads):
     """The reduction of losses that came times 2^600: sum or mean first, the unscaling last (its one
     rounding is the only one that can land on the subnormal grid)."""
-    hi, lo = backend.softmax.dd_sum(losses)
+    hi, lo = _dd_sum(backend, losses, n_threads)
     if reduction == "sum":
         total = hi + lo
     else:
