@@ -568,10 +568,10 @@ def test_short_row_groups_of_the_softmax_family_equal_the_row_path(cpu_path_back
         assert np.array_equal(public(x, n_threads=2).view(np.uint8), want.view(np.uint8)), mode
 
 
-def _groups_equal_rows(x, y, t, w, ignore, eps):
+def _groups_equal_rows(x, y, t, w, ignore, eps, z=0.0):
     """softmax_xent with and without the short-row groups, bit for bit: the losses alone (two loss scales),
     with a gradient, in place; a per-row upstream factor with an infinite entry (a coefficient the groups
-    leave to the row kernel).  Index targets y, or probability targets t (y empty).  The same rows (and
+    leave to the row kernel).  Index targets y, or probability targets t (y empty); z: the z-loss.  The same rows (and
     targets) as the columns of torch's layout (softmax_xent_channels: tiles of positions, the groups across
     them, on two threads) too.  Returns the losses of the call without a gradient at loss scale 1."""
     n, c = x.shape
@@ -585,7 +585,7 @@ def _groups_equal_rows(x, y, t, w, ignore, eps):
             loss = np.empty(n)
             xx = x.copy()
             grad = {None: none2, "grad": np.full_like(x, 7.0), "inplace": xx}[grad_kind]
-            _xent.softmax_xent(xx, y, t, w, ignore, eps, 0.0, row_scale, 0.75, loss, grad, 1, has_y, not has_y,
+            _xent.softmax_xent(xx, y, t, w, ignore, eps, z, row_scale, 0.75, loss, grad, 1, has_y, not has_y,
                                w.size > 0, grad_kind is not None, grad_kind is not None, False, loss_scale, groups)
             outs.append((loss, grad))
         if c <= _xent.CHANNELS_MAX_CLASSES:
@@ -593,7 +593,7 @@ def _groups_equal_rows(x, y, t, w, ignore, eps):
             columns = x.T.copy()[None]  # a copy also where x.T is contiguous (c = 1): the pass may be in place
             grad = {None: none2[None], "grad": np.full_like(columns, 7.0), "inplace": columns}[grad_kind]
             t_columns = t.T.copy()[None] if not has_y else none2[None]
-            _xent.softmax_xent_channels(columns, y, t_columns, w, ignore, eps, 0.0, row_scale, 0.75, loss, grad, 2,
+            _xent.softmax_xent_channels(columns, y, t_columns, w, ignore, eps, z, row_scale, 0.75, loss, grad, 2,
                                         has_y, not has_y, w.size > 0, grad_kind is not None, grad_kind is not None,
                                         loss_scale)
             assert np.array_equal(loss, outs[1][0], equal_nan=True), grad_kind
@@ -639,6 +639,37 @@ def test_short_row_groups_equal_the_row_kernel(cpu_path_back, path, dtype, c, ep
     _xent.softmax_xent(x, y, none2, w, ignore, eps, 0.0, np.empty(0), 1.0, loss, grad, 1, True, False, weighted,
                        False, True, False, 1.0, False)
     assert np.array_equal(api_grad, grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c", [1, 2, 7, 17, 32, 33, 64, 65, 100, 160, 161])
+@pytest.mark.parametrize("eps,prob", [(0.0, False), (0.1, False), (0.0, True)], ids=["z", "z-smoothing", "z-prob"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("path", _xent.available_cpu_paths())
+def test_short_row_groups_with_a_z_loss_equal_the_row_kernel(cpu_path_back, path, dtype, c, eps, prob, weighted):
+    # the z-loss in the groups (xf_short_rows_terms_form with z != 0, the loss-terms pass only with
+    # smoothing or probability targets): each row's loss and gradient with the row kernel's bits.  Rows
+    # whose logsumexp the row kernel takes from the row again go back to it: m + log S near 0 (logits near
+    # -log C), and A + 2 z r lse near 0 (z = 0.5, a unit mass: logits near -1 - log C, lse near -1)
+    _xent.set_cpu_path(path)
+    n = 40 * _xent.GROUP_ROWS + 5
+    x, y = _short_rows(dtype, n, c, seed=c, ignore=-100)
+    rng = np.random.default_rng(c + 7)
+    for i in range(0, n, 9):
+        x[i] = (-np.log(c) + rng.standard_normal(c) * 1e-3).astype(dtype)
+    for i in range(4, n, 9):
+        x[i] = (-1.0 - np.log(c) + rng.standard_normal(c) * 1e-3).astype(dtype)
+    w = np.linspace(0.0, 3.0, c) if weighted else np.empty(0)
+    t = _probability_rows(dtype, n, c, seed=c) if prob else np.empty((0, 0), dtype=dtype)
+    targets = np.empty(0, dtype=np.int64) if prob else y
+    for z in (1e-3, 0.5):
+        losses = _groups_equal_rows(x, targets, t, w, -100, eps, z)
+        assert np.isnan(losses).any() and np.isfinite(losses).sum() > n // 2
+    # and the groups take such rows (without a NaN or a cancelling logsumexp) where their limits allow
+    x = (rng.standard_normal((_xent.GROUP_ROWS, c)) * 3 + 10).astype(dtype)
+    for kind, limit in ((9, _GROUP_LIMITS[path, dtype][5]), (10, _GROUP_LIMITS[path, dtype][6])):
+        want = (1 << _xent.GROUP_ROWS) - 1 if c <= limit else 0
+        assert _xent.group_rows_taken(x, np.empty_like(x), kind) == want, kind
 
 
 def _probability_rows(dtype, n, c, seed):

@@ -114,7 +114,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*log_softmax_block)(const float *, float *, long long, double, double, int) noexcept nogil
         unsigned (*short_rows)(const float *, const float *, float *, long long, long long, const int64_t *,
                                long long, const double *, double, double, const double *, double *, double,
-                               double) noexcept nogil
+                               double, double) noexcept nogil
         unsigned (*short_rows_family)(const float *, float *, double *, long long, long long, int) noexcept nogil
         void (*xent_rows_forward)(const float *, const float *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
@@ -136,7 +136,7 @@ cdef extern from "xent_kernels.h" nogil:
         void (*log_softmax_block)(const double *, double *, long long, double, double, int) noexcept nogil
         unsigned (*short_rows)(const double *, const double *, double *, long long, long long,
                                const int64_t *, long long, const double *, double, double, const double *,
-                               double *, double, double) noexcept nogil
+                               double *, double, double, double) noexcept nogil
         unsigned (*short_rows_family)(const double *, double *, double *, long long, long long, int) noexcept nogil
         void (*xent_rows_forward)(const double *, const double *, long long, const long long *, int, xf_rowjob *,
                                   const double *, double *) noexcept nogil
@@ -282,8 +282,8 @@ cdef double _xent_one_row(const floating *x, floating *grad, const floating *t, 
 
 cdef void _xent_row_group(const floating *x, floating *grad, const floating *t, const XentArgs *a,
                           Py_ssize_t N, Py_ssize_t g, double *loss, xf_row_scratch *scratch) noexcept nogil:
-    # Rows [g R, g R + R) of a call without a z-loss: side by side where they qualify (xf_short_rows,
-    # softmax_rows.h; index targets, label smoothing, probability targets t or NULL), the others and a last
+    # Rows [g R, g R + R) of a call: side by side where they qualify (xf_short_rows, softmax_rows.h;
+    # index targets, label smoothing, probability targets t or NULL, the z-loss), the others and a last
     # partial group one by one through the row kernel, whose bits the group reproduces
     cdef Py_ssize_t i0 = g * XF_GROUP_ROWS
     cdef Py_ssize_t r
@@ -295,10 +295,10 @@ cdef void _xent_row_group(const floating *x, floating *grad, const floating *t, 
     if i0 + XF_GROUP_ROWS <= N:
         if floating is float:
             done = K32.short_rows(x + i0 * a.C, group_t, group_grad, a.C, 0, group_y, a.ignore_index, a.w,
-                                  a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
+                                  a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.z, a.w_min_pos)
         else:
             done = K64.short_rows(x + i0 * a.C, group_t, group_grad, a.C, 0, group_y, a.ignore_index, a.w,
-                                  a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.w_min_pos)
+                                  a.loss_scale, a.scale, group_scale, loss + i0, a.eps, a.z, a.w_min_pos)
     if done == (1u << XF_GROUP_ROWS) - 1:
         return
     if grad == NULL:
@@ -463,7 +463,7 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
                              floating *work, double *loss, xf_row_scratch *scratch) noexcept nogil:
     # n <= P consecutive positions of one (C, D) matrix of torch's layout (x, grad and probability targets
     # t: the first one's class 0), rows i0 .. i0 + n - 1 of the call, with the bits the rows driver gives
-    # them; work: the thread's _channel_work(C, P, t) items.  Where the groups apply (no z-loss): the
+    # them; work: the thread's _channel_work(C, P, t) items.  Where the groups apply: the
     # tile copied as it lies into a (C, P) block (t's into a block of its own), its groups of
     # XF_GROUP_ROWS positions run side by side there (xf_short_rows, D = P: class j's entries of a group
     # are adjacent, so neither the input, the targets nor the gradient needs a transposition), the
@@ -528,11 +528,13 @@ cdef void _xent_channel_tile(const floating *x, floating *grad, const floating *
             if floating is float:
                 done = K32.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
                                       rows_grad + r0 if grad != NULL else NULL, C, P, group_y, a.ignore_index,
-                                      a.w, a.loss_scale, a.scale, group_scale, group_loss, a.eps, a.w_min_pos)
+                                      a.w, a.loss_scale, a.scale, group_scale, group_loss, a.eps, a.z,
+                                      a.w_min_pos)
             else:
                 done = K64.short_rows(block + r0, t_block + r0 if t != NULL else NULL,
                                       rows_grad + r0 if grad != NULL else NULL, C, P, group_y, a.ignore_index,
-                                      a.w, a.loss_scale, a.scale, group_scale, group_loss, a.eps, a.w_min_pos)
+                                      a.w, a.loss_scale, a.scale, group_scale, group_loss, a.eps, a.z,
+                                      a.w_min_pos)
             if n_rows < XF_GROUP_ROWS:
                 # the real rows' losses; the padding's results are dropped
                 done &= (1u << n_rows) - 1
@@ -889,7 +891,7 @@ def softmax_xent(const floating[:, ::1] x, const int64_t[::1] y, const floating[
         tp = &t[0, 0]
     if has_grad:
         gp = &grad[0, 0]
-    groups = row_groups and z == 0.0 and C <= XF_GROUP_MAX_C
+    groups = row_groups and C <= XF_GROUP_MAX_C
     want_scratch = xf_xent_wants_scratch(has_grad, has_t or eps != 0.0 or z != 0.0, floating is float,
                                          <const floating *>gp == xp, C)
     with nogil:
@@ -940,8 +942,7 @@ def softmax_xent_channels(const floating[:, :, ::1] x, const int64_t[::1] y, con
     n_threads = <int>max(1, min(<Py_ssize_t>n_threads, B * ((D + P - 1) // P)))
     work = np.empty((n_threads, _channel_work(C, P, has_t)), dtype=np.float32 if floating is float else np.float64)
     with nogil:
-        _xent_channels(&x[0, 0, 0], gp, tp, &a, B, D, &loss[0], &work[0, 0], P, row_groups and z == 0.0,
-                       n_threads)
+        _xent_channels(&x[0, 0, 0], gp, tp, &a, B, D, &loss[0], &work[0, 0], P, row_groups, n_threads)
 
 
 cdef void _softmax_family_row(const floating *x, floating *out, double *lse, Py_ssize_t C, int mode,
@@ -1236,8 +1237,8 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     """The rows of x's first GROUP_ROWS that the current path's short-row groups take, as a bit mask (0: no
     group applies); out (x's shape) takes what they write.  kind 0, 1, 2: logsumexp, log_softmax, softmax;
     3: cross-entropy with index targets 0, forward; 4: the same with its gradient; 5, 6: 3 and 4 with label
-    smoothing 0.1; 7, 8: 3 and 4 with uniform probability targets instead.  For the tests: comparing groups
-    with rows bit for bit shows nothing where no row was grouped."""
+    smoothing 0.1; 7, 8: 3 and 4 with uniform probability targets instead; 9, 10: 3 and 4 with a z-loss of
+    1e-3.  For the tests: comparing groups with rows bit for bit shows nothing where no row was grouped."""
     cdef Py_ssize_t C = x.shape[1]
     cdef int64_t y[XF_GROUP_ROWS]
     cdef double loss[XF_GROUP_ROWS]     # cross-entropy's row losses, or logsumexp's values
@@ -1246,19 +1247,20 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
     cdef floating *op = NULL
     cdef int r
     cdef double eps = 0.1 if 5 <= kind <= 6 else 0.0
+    cdef double z = 1e-3 if kind >= 9 else 0.0
     cdef const floating[:, ::1] t_rows = x
     cdef const floating *tp = NULL
     if x.shape[0] < XF_GROUP_ROWS or C == 0 or out.shape[0] != x.shape[0] or out.shape[1] != C:
         raise ValueError(f"x needs {XF_GROUP_ROWS} rows and a class, out x's shape")
-    if kind >= 7:
+    if 7 <= kind <= 8:
         import numpy
         t_rows = numpy.full((x.shape[0], C), 1.0 / C, dtype=numpy.asarray(x).dtype)
         tp = &t_rows[0, 0]
-    if not 0 <= kind <= 8:
-        raise ValueError("kind: 0-8")
+    if not 0 <= kind <= 10:
+        raise ValueError("kind: 0-10")
     for r in range(XF_GROUP_ROWS):
         y[r] = 0
-    if kind in (1, 2, 4, 6, 8):
+    if kind in (1, 2, 4, 6, 8, 10):
         op = &out[0, 0]
     fp_thread = xf_fp_ieee_enter()
     if kind <= 2:
@@ -1268,9 +1270,9 @@ def group_rows_taken(const floating[:, ::1] x, floating[:, ::1] out, int kind):
             done = K64.short_rows_family(&x[0, 0], op, &loss[0] if kind == 0 else NULL, C, 0, kind)
     else:
         if floating is float:
-            done = K32.short_rows(&x[0, 0], tp, op, C, 0, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
+            done = K32.short_rows(&x[0, 0], tp, op, C, 0, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, z, 1.0)
         else:
-            done = K64.short_rows(&x[0, 0], tp, op, C, 0, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, 1.0)
+            done = K64.short_rows(&x[0, 0], tp, op, C, 0, y, -100, NULL, 1.0, 1.0, NULL, loss, eps, z, 1.0)
     xf_fp_ieee_leave(fp_thread)
     return done
 

@@ -222,7 +222,7 @@ void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long 
             done = Tables<T>::softmax()->short_rows(x + i0 * C, nullptr,
                                                     grad != nullptr ? grad + i0 * C : nullptr, C, 0, labels, kSkip,
                                                     nullptr, 1.0, 1.0, g != nullptr ? factors : nullptr, losses,
-                                                    0.0, 1.0);
+                                                    0.0, 0.0, 1.0);
         }
         if (grad == nullptr && loss != nullptr) {
             // the rows the group hands back, their logarithms side by side (_xent.pyx's _xent_row_group)

@@ -2729,16 +2729,18 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
 }
 
 /* The rows whose loss takes the loss-terms pass, label smoothing (index targets, eps > 0) or probability
- * targets (t, has_t; smoothed or not), no z-loss, XF_GROUP_ROWS of them side by side, with the row
- * kernel's bits.  A row of few classes spent most of its time in the loss-terms pass's bookkeeping, one row
- * at a time: a chunk shorter than XF_CHUNK, the argmax's and the target's terms redone, two lane merges of
- * seven dependent double-double additions (~200 ns a row of 21 float32 classes on one core, 7x the same
- * row without smoothing; benchmarks/README.md, 2026-12-07, sixth round).  Here the statistics are
+ * targets (t, has_t; smoothed or not), and the rows with a z-loss (z != 0, with or without the pass),
+ * XF_GROUP_ROWS of them side by side, with the row kernel's bits.  A row of few classes spent most of its
+ * time in the loss-terms pass's bookkeeping, one row at a time: a chunk shorter than XF_CHUNK, the
+ * argmax's and the target's terms redone, two lane merges of seven dependent double-double additions
+ * (~200 ns a row of 21 float32 classes on one core, 7x the same row without smoothing;
+ * benchmarks/README.md, 2026-12-07, sixth round).  Here the statistics are
  * xf_group_stats's, and each row gets the job the row kernel gives it (xf_rowjob_set_max, _plan,
  * _set_sum_log on the same numbers), then the terms go across the rows, element j into lane j % XF_LANES
  * in class order as xf_xent_terms_block adds them, by the operations of xf_xent_terms_chunk, with the
  * argmax's and the target's terms from xf_xent_term as that pass takes them; the lanes merge as
- * xf_lanes_to_dd does, and xf_terms_merge, float64's tiny-loss rerun and xf_rowjob_finish run per row.
+ * xf_lanes_to_dd does, and xf_terms_merge, float64's tiny-loss rerun, the z-loss's logsumexp and
+ * xf_rowjob_finish run per row.
  * The gradient is xf_xent_grad_general's ordinary form from the kept exponentials.  Only rows whose
  * entries are all finite (C_eff = C) within the groups' spread, whose masses take no rare form (a mass
  * below 2^-969: xf_xent_terms_chunk's slow chunk; xf_index_masses_may_underflow) and, with a gradient,
@@ -2746,10 +2748,11 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_for
  * kernel; float32 rows of probability targets also where one of them is negative (the row kernel's
  * compensated lanes there, xf_terms_plain), and in torch's layout (D > 0, xf_short_rows) float64 rows
  * whose sum or loss the row kernel would redo from the row itself (xf_rowjob_rescue_tiny_sum,
- * xf_rowjob_tiny_loss_row).  Ignored rows count as done (loss 0, gradient 0). */
+ * xf_rowjob_tiny_loss_row), and z-loss rows whose logsumexp the row kernel would take from the row
+ * (xf_row_z_lse: m + log S or A + 2 z r lse cancelling).  Ignored rows count as done (loss 0, gradient 0). */
 XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_terms_form)(
     const XF_T *x, const XF_T *t, XF_T *grad, long long C, long long D, const int64_t *y, long long ignore_index,
-    const double *w, double loss_scale, double scale, const double *row_scale, double *loss, double eps,
+    const double *w, double loss_scale, double scale, const double *row_scale, double *loss, double eps, double z,
     double w_min_pos, const int has_grad, const int has_w, const int has_t)
 {
     enum { R = XF_GROUP_ROWS };
@@ -2783,6 +2786,10 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
     unsigned done = 0;
     long long j;
     int r, k;
+    /* the z-loss alone (index targets, no smoothing) has no loss-terms pass: xf_rowjob_finish reads no
+     * terms then (needs_terms), and the lanes stay 0 */
+    const int needs_terms = has_t || eps != 0.0;
+    const long long terms_c = needs_terms ? C : 0;
     XF_FN(xf_group_stats)(x, C, D, xt, kept, m, hi, lo, argmax, ok, has_grad ? 600.0 : XF_NORMAL_SPREAD, has_grad,
                           0);
 #pragma omp simd
@@ -2839,7 +2846,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
          * finite: the max pass's statistics (n_finite = C; min_finite, which only the plan's stored
          * form and the scaled float64 gradient read, both out of reach within the spread), the plan,
          * the sum and its logarithm */
-        xf_rowjob_init(job, target[r], (has_w && !has_t) ? w[target[r]] : 1.0, eps, 0.0, scale_r[r], loss_scale,
+        xf_rowjob_init(job, target[r], (has_w && !has_t) ? w[target[r]] : 1.0, eps, z, scale_r[r], loss_scale,
                        has_t);
         job->w_min_pos = w_min_pos;
         xf_rowmax st;
@@ -2865,16 +2872,18 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
         epc[r] = job->eps_per_class;
         /* the pass's two terms it takes from xf_xent_term: the argmax's, then the target's (a simd loop of
          * their own measured no faster) */
-        term_am[r] = xf_xent_term(job, argmax[r], (double)xt[argmax[r]][r], has_w ? w[argmax[r]] : 1.0,
-                                  has_t ? (double)tt[argmax[r]][r] : 0.0, &q_am[r]);
-        term_y[r] = q_y[r] = 0.0;
-        if (!has_t) {
+        term_am[r] = q_am[r] = term_y[r] = q_y[r] = 0.0;
+        if (needs_terms) {
+            term_am[r] = xf_xent_term(job, argmax[r], (double)xt[argmax[r]][r], has_w ? w[argmax[r]] : 1.0,
+                                      has_t ? (double)tt[argmax[r]][r] : 0.0, &q_am[r]);
+        }
+        if (needs_terms && !has_t) {
             term_y[r] = xf_xent_term(job, target[r], (double)xt[target[r]][r], has_w ? w[target[r]] : 1.0, 0.0,
                                      &q_y[r]);
         }
         q_least[r] = XF_INF;
         nonneg[r] = 1.0;
-        if (!has_t && has_w) {
+        if (needs_terms && !has_t && has_w) {
             /* the least mass of the row's classes is fl(w_min eps / C_eff), every class being there */
             q_least[r] = XF_FN(xf_terms_chunk_never_slow)(job, has_w) ? XF_INF : 0.0;
         }
@@ -2885,7 +2894,7 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
         }
     }
     const double ls = loss_scale;
-    for (j = 0; j < C; j++) {
+    for (j = 0; j < terms_c; j++) {
         k = (int)(j % XF_LANES);
         const double wc = has_w ? w[j] : 1.0;
 #pragma omp simd
@@ -2931,10 +2940,26 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
     }
     /* the lanes' merges side by side, as xf_group_stats makes the sums' */
     double blk[4][R];
+    if (needs_terms) {
 #pragma omp simd
-    for (r = 0; r < R; r++) {
-        xf_lanes_to_dd_strided(&acc[0][r], &cmp[0][r], R, &blk[0][r], &blk[1][r]);
-        xf_lanes_to_dd_strided(&qacc[0][r], &qcmp[0][r], R, &blk[2][r], &blk[3][r]);
+        for (r = 0; r < R; r++) {
+            xf_lanes_to_dd_strided(&acc[0][r], &cmp[0][r], R, &blk[0][r], &blk[1][r]);
+            xf_lanes_to_dd_strided(&qacc[0][r], &qcmp[0][r], R, &blk[2][r], &blk[3][r]);
+        }
+    } else {
+        for (k = 0; k < 4; k++) {
+            for (r = 0; r < R; r++) {
+                blk[k][r] = 0.0;
+            }
+        }
+    }
+    /* the z-loss's logarithms (xf_rowjob_z_lse) side by side, as the sums' */
+    double z_log[R], z_log_lo[R];
+    if (z != 0.0) {
+#pragma omp simd
+        for (r = 0; r < R; r++) {
+            z_log[r] = xf_log1p_hilo(hi[r], &z_log_lo[r]);
+        }
     }
     for (r = 0; r < R; r++) {
         xf_rowjob *job = &jobs[r];
@@ -2949,6 +2974,17 @@ XF_KERNEL inline __attribute__((always_inline)) unsigned XF_FN(xf_short_rows_ter
                                     C, terms);
         }
 #endif
+        if (z != 0.0 && job->status == XF_ROW_OK) {
+            /* xf_row_z_lse's first level, from the row's numbers alone; its exact logsumexp (where m + log S
+             * cancels) and its second level (where A + 2 z r lse does) read the row again: those rows go
+             * back to the row kernel */
+            if (xf_rowjob_lse_cancels(job)) {
+                ok[r] = 0;
+            } else {
+                xf_rowjob_z_lse_from_log(job, z_log[r], z_log_lo[r]);
+                ok[r] &= !xf_rowjob_z_cancels(job, terms, !XF_COMPENSATED);
+            }
+        }
         const double ce = xf_rowjob_finish(job, terms);
         /* float32 probability rows with a negative target sum their terms compensated (xf_terms_plain) */
         ok[r] &= !(q_least[r] < 0x1p-969) & (XF_COMPENSATED || (nonneg[r] != 0.0));
@@ -3144,19 +3180,19 @@ XF_KERNEL unsigned XF_FN(xf_short_rows_family)(const XF_T *x, XF_T *out, double 
  * at x + r C (and grad's, t's), else torch's layout, row r's class j at x[j D + r] (and grad's, t's). */
 XF_KERNEL unsigned XF_FN(xf_short_rows)(const XF_T *x, const XF_T *t, XF_T *grad, long long C, long long D,
                                         const int64_t *y, long long ignore_index, const double *w, double loss_scale,
-                                        double scale, const double *row_scale, double *loss, double eps,
+                                        double scale, const double *row_scale, double *loss, double eps, double z,
                                         double w_min_pos)
 {
     if (C < 1 || C > XF_GROUP_C_LIMIT(grad != 0)) {
         return 0;
     }
-    if (eps != 0.0 || t) {
+    if (eps != 0.0 || t || z != 0.0) {
         if (C > XF_GROUP_TERMS_MAX_C(t != 0)) {
             return 0;
         }
 #define XF_TERMS_FORM(G, HW, HT)                                                                            \
     XF_FN(xf_short_rows_terms_form)(x, t, grad, C, D, y, ignore_index, w, loss_scale, scale, row_scale, loss,  \
-                                    eps, w_min_pos, G, HW, HT)
+                                    eps, z, w_min_pos, G, HW, HT)
         if (t) {
             if (grad) {
                 return w ? XF_TERMS_FORM(1, 1, 1) : XF_TERMS_FORM(1, 0, 1);

@@ -183,7 +183,7 @@ static inline void xf_row_scratch_release(xf_row_scratch *s)
         void (*log_softmax_block)(const T *, T *, long long, double, double, int);                       \
         unsigned (*short_rows)(const T *, const T *, T *, long long, long long, const int64_t *,         \
                                long long, const double *, double, double, const double *, double *, double,  \
-                               double);                                                                   \
+                               double, double);                                                           \
         unsigned (*short_rows_family)(const T *, T *, double *, long long, long long, int);              \
         void (*xent_rows_forward)(const T *, const T *, long long, const long long *, int, xf_rowjob *,    \
                                   const double *, double *);                                              \

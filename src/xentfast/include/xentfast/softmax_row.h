@@ -1069,6 +1069,17 @@ XF_HD void xf_rowjob_set_lse_dd(xf_rowjob *job, double hi, double lo)
     job->lse_lo = finite ? lo - (h - hi) : 0.0;
 }
 
+/* Level 1 where m + log S does not cancel, from l + lo = xf_log1p_hilo(s_hi) (the CPU's short-row groups
+ * take that logarithm for their rows side by side, softmax_rows.h) */
+XF_HD void xf_rowjob_z_lse_from_log(xf_rowjob *job, double l, double lo)
+{
+    double h, e;
+    /* the low part of s enters through the derivative 1 / (1 + s), as in xf_rowjob_set_sum */
+    lo += job->s_lo / job->S;
+    xf_two_sum(job->m, l, &h, &e);
+    xf_rowjob_set_lse_dd(job, h, e + lo);
+}
+
 /* Level 1.  exact: the row's exact logsumexp (xf_lse_cancelling) where xf_rowjob_lse_cancels, unused
  * otherwise. */
 XF_HD void xf_rowjob_z_lse(xf_rowjob *job, double exact)
@@ -1078,12 +1089,9 @@ XF_HD void xf_rowjob_z_lse(xf_rowjob *job, double exact)
         job->lse_lo = 0.0;
         return;
     }
-    double lo, h, e;
+    double lo;
     double l = xf_log1p_hilo(job->s_hi, &lo);
-    /* the low part of s enters through the derivative 1 / (1 + s), as in xf_rowjob_set_sum */
-    lo += job->s_lo / job->S;
-    xf_two_sum(job->m, l, &h, &e);
-    xf_rowjob_set_lse_dd(job, h, e + lo);
+    xf_rowjob_z_lse_from_log(job, l, lo);
 }
 
 /* Whether level 2 is needed (after level 1, terms as for xf_rowjob_finish). */
