@@ -176,13 +176,15 @@ def _rows_with_odd_ones(rng, n, C, dtype):
     return x, y, keep
 
 
+@pytest.mark.parametrize("z", [0.0, 1e-3], ids=["plain", "z-loss"])
 @pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())
 @pytest.mark.parametrize("C", [1, 10, 48, 49, 64, 65, 80, 81, 128, 129, 144, 145, 160, 161, 208, 209, 256, 257])
-def test_ffi_short_row_groups_give_numpys_bits(cpu_path_back, cpu_path, C, dtype, monkeypatch):
+def test_ffi_short_row_groups_give_numpys_bits(cpu_path_back, cpu_path, C, dtype, z, monkeypatch):
     """Short rows of integer labels run side by side in the handlers (GROUP_ROWS at a time), as in the
     NumPy API: around every class limit of the groups, with a last partial group, rows masked by
     `where` (the skip label), rows the groups hand back to the row kernel (NaN, +inf, a -inf label,
-    a spread beyond the exponentials' range) and upstream factors of 0, < 0 and inf."""
+    a spread beyond the exponentials' range) and upstream factors of 0, < 0 and inf; with the z-loss
+    too."""
     if xfj._ffi is None:
         _skip_unless_required("xentfast was built without jaxlib's FFI headers (or for a newer jaxlib)")
     monkeypatch.setattr(xfj, "CALLBACK", "ffi")
@@ -193,10 +195,10 @@ def test_ffi_short_row_groups_give_numpys_bits(cpu_path_back, cpu_path, C, dtype
     g[[3, 12, 30]] = 0.0, -1.5, np.inf
     _xent.set_cpu_path(cpu_path)
     loss, (dx,) = _vjp(lambda x: xfj.softmax_cross_entropy_with_integer_labels(
-        x, jnp.asarray(y), where=jnp.asarray(keep)), jnp.asarray(x), ct=g)
+        x, jnp.asarray(y), where=jnp.asarray(keep), z_loss=z), jnp.asarray(x), ct=g)
     y_np = np.where(keep, y, -100)
-    assert_same_bits(loss, xf.cross_entropy(x, y_np, reduction="none"))
-    assert_same_bits(dx, xf.cross_entropy_backward(g, x, y_np, reduction="none"))
+    assert_same_bits(loss, xf.cross_entropy(x, y_np, reduction="none", z_loss=z))
+    assert_same_bits(dx, xf.cross_entropy_backward(g, x, y_np, reduction="none", z_loss=z))
 
 
 @pytest.mark.parametrize("cpu_path", _xent.available_cpu_paths())

@@ -319,8 +319,8 @@ cdef void _xent_row_groups(const floating *x, floating *grad, const floating *t,
     cdef Py_ssize_t g
     cdef xf_fp_state fp_thread = 0
     cdef xf_row_scratch *scratch = NULL
-    cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, a.eps != 0.0 or t != NULL, floating is float,
-                                                   <const floating *>grad == x, a.C)
+    cdef bint want_scratch = xf_xent_wants_scratch(grad != NULL, a.eps != 0.0 or a.z != 0.0 or t != NULL,
+                                                   floating is float, <const floating *>grad == x, a.C)
     if n_threads == 1:
         fp_thread = xf_fp_ieee_enter()
         scratch = xf_row_scratch_new(a.C) if want_scratch else NULL

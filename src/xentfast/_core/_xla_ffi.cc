@@ -199,13 +199,13 @@ void xent_rows_forward(const T *x, const L *y, const T *t, long long C, double z
     }
 }
 
-// _xent.pyx's _xent_row_group: rows of index targets without the z-loss, XF_GROUP_ROWS at a time side by
+// _xent.pyx's _xent_row_group: rows of index targets (z: the z-loss), XF_GROUP_ROWS at a time side by
 // side where they qualify (xf_short_rows, softmax_rows.h: the row kernel's bits), the rest one by one
 // (without a gradient, as a batch: xent_rows_forward).
 // The group takes the skip label as its ignore_index, labels widened to int64 and the upstream factors
 // to double, the row kernel's scale 1 * g[i] (exact) as the group's scale 1 times its row factor.
 template <typename T, typename L>
-void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long C, T *loss, T *grad)
+void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long C, double z, T *loss, T *grad)
 {
     const long long n_groups = (N + XF_GROUP_ROWS - 1) / XF_GROUP_ROWS;
     on_threads(threads_for(N * C), n_groups, [=](long long k) {
@@ -222,7 +222,7 @@ void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long 
             done = Tables<T>::softmax()->short_rows(x + i0 * C, nullptr,
                                                     grad != nullptr ? grad + i0 * C : nullptr, C, 0, labels, kSkip,
                                                     nullptr, 1.0, 1.0, g != nullptr ? factors : nullptr, losses,
-                                                    0.0, 0.0, 1.0);
+                                                    0.0, z, 1.0);
         }
         if (grad == nullptr && loss != nullptr) {
             // the rows the group hands back, their logarithms side by side (_xent.pyx's _xent_row_group)
@@ -231,7 +231,7 @@ void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long 
                     loss[i0 + r] = static_cast<T>(losses[r]);
                 }
             }
-            xent_rows_forward<T, L>(x, y, nullptr, C, 0.0, i0, n, done, loss);
+            xent_rows_forward<T, L>(x, y, nullptr, C, z, i0, n, done, loss);
             return;
         }
         // the rows left to the row kernel get a scratch row as xent_rows' do (float32 keeps its
@@ -239,11 +239,11 @@ void xent_row_groups(const T *x, const L *y, const T *g, long long N, long long 
         std::unique_ptr<xf_row_scratch, void (*)(xf_row_scratch *)> scratch(nullptr, xf_row_scratch_release);
         for (long long r = 0; r < n; ++r) {
             if (!((done >> r) & 1u)) {
-                if (scratch == nullptr && xf_xent_wants_scratch(grad != nullptr, 0, sizeof(T) == sizeof(float),
+                if (scratch == nullptr && xf_xent_wants_scratch(grad != nullptr, z != 0.0, sizeof(T) == sizeof(float),
                                                                 0, C)) {
                     scratch.reset(xf_row_scratch_new(C));
                 }
-                losses[r] = xent_one_row<T, L>(x, y, nullptr, g, i0 + r, C, 0.0, grad, scratch.get());
+                losses[r] = xent_one_row<T, L>(x, y, nullptr, g, i0 + r, C, z, grad, scratch.get());
             }
             if (loss != nullptr) {
                 loss[i0 + r] = static_cast<T>(losses[r]);  // the NumPy API's astype, as below
@@ -256,8 +256,8 @@ template <typename T, typename L>
 void xent_rows(const T *x, const L *y, const T *t, const T *g, long long N, long long C, double z,
                T *loss, T *grad)
 {
-    if (y != nullptr && z == 0.0 && C <= XF_GROUP_MAX_C) {
-        xent_row_groups<T, L>(x, y, g, N, C, loss, grad);
+    if (y != nullptr && C <= XF_GROUP_MAX_C) {
+        xent_row_groups<T, L>(x, y, g, N, C, z, loss, grad);
         return;
     }
     const int nt = threads_for(N * C);
