@@ -100,6 +100,48 @@ def test_phased_split_equals_row_path(dtype, prob):
     assert np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
 
 
+@pytest.mark.parametrize("m", [2.0**20, 1.0, 2.0**-60])
+def test_exact_differences_take_the_split_s_bits(m):
+    # float32 rows whose differences m - x_j are all exact in double (xf_row_diffs_exact) take -log p_j as
+    # (m - x_j) + log S on the row path, without TwoSum's error term; the (row, block) split always adds
+    # it.  Each row: the max m (the target), a logit at m - delta (log S ~ e^-delta, near a quarter of an
+    # ULP of m for the first deltas), one at x = -(1 + 2^-23) m 2^-gap, the rest masked (-inf, no mass), so
+    # that x's smoothing term is nearly all of the loss.  m + |x| needs gap + 24 bits: exact up to gap 29
+    # (the row test takes gaps up to 28 relative to the largest magnitude), inexact from 30 on, where
+    # TwoSum's error (up to half an ULP of m) added to log S moves the rounding: the row path must keep
+    # it there.  Then subnormal and zero logits, and probability targets on rows without masks.
+    c = 2 * _xent.BLOCK + 333
+    ulp_m = m * 2.0**-52
+    deltas = [-np.log(k * ulp_m) for k in (0.1, 0.2, 0.27, 0.35, 0.45)] + [3.0]
+    rows = []
+    for delta in deltas:
+        for gap in range(26, 36):
+            row = np.full(c, -np.inf, dtype=np.float32)
+            row[0] = m
+            row[c - 1] = m - delta
+            row[_xent.BLOCK + 7] = -(1 + 2.0**-23) * m * 2.0**-gap
+            rows.append(row)
+    for small in (np.float32(1e-45), 0.0, -0.0):     # a subnormal, zeros
+        row = rows[0].copy()
+        row[_xent.BLOCK + 7] = small
+        rows.append(row)
+    x = np.array(rows)
+    y = np.zeros(x.shape[0], dtype=np.int64)
+    outs = _row_path_and_split(x, y, eps=0.3)
+    assert np.isfinite(outs[0][0]).all()
+    assert np.array_equal(outs[0][0], outs[1][0])
+    assert np.array_equal(outs[0][1], outs[1][1])
+    rng = np.random.default_rng(3)
+    xp = (rng.uniform(1.0, 2.0, size=(4, c)) * m).astype(np.float32)
+    xp[1, 9] = np.float32(m * 2.0**-29)
+    xp[2, 9] = np.float32(m * 2.0**-31)
+    xp[3, 9] = 0.0
+    t = rng.random((4, c)).astype(np.float32)
+    outs = _row_path_and_split(xp, t=t / t.sum(axis=1, keepdims=True), eps=0.1)
+    assert np.array_equal(outs[0][0], outs[1][0])
+    assert np.array_equal(outs[0][1], outs[1][1])
+
+
 @pytest.mark.parametrize("ignore_index", [-100, 10**12, 2**63 - 1])
 def test_the_phased_split_reads_nothing_at_an_ignored_rows_label(ignore_index):
     # an ignored row's label is the ignore value, never range-checked: the split once read the weight and

@@ -1117,6 +1117,50 @@ XF_KERNEL inline int XF_FN(xf_terms_chunk_never_slow)(const xf_rowjob *job, cons
            spread < 0x1p1000;
 }
 
+#if !XF_COMPENSATED
+/* Whether m - x_j is exact in double for every finite x_j of a float32 row (m its max, one of them).  Two
+ * normal floats below 2^(E + 1) in magnitude are multiples of 2^(e - 23), e the smaller exponent, and
+ * their difference, below 2^(E + 2), is such a multiple: an integer below 2^(E - e + 25) times it, which
+ * double holds exactly where E - e <= 28.  That holds for every pair where the row's least nonzero
+ * magnitude is at least 2^-28 of its largest finite one.  A zero on either side gives an exact
+ * difference anyway; a subnormal (a multiple of 2^-149) meets the test only where every magnitude is
+ * below 2^-98, and the differences, below 2^-97, are then multiples of 2^-149 within 53 bits too.  Where
+ * it holds, xf_neg_log_prob's TwoSum error is 0 for every entry.  tests/test_threads.py
+ * (test_exact_differences_take_the_split_s_bits) checks rows on both sides of the bound. */
+XF_KERNEL int XF_FN(xf_row_diffs_exact)(const float *x, long long C)
+{
+    /* on the magnitudes' bits, whose unsigned order is their order: the least nonzero one as the least of
+     * bits - 1 (a zero wraps to the largest), the largest finite one as the largest of the bits below
+     * infinity's.  Plain integer min and max on the accumulators (with float tests on them the loop ran
+     * 0.2 ns an entry, a compare and a blend on each accumulator's chain). */
+    uint32_t least_m1 = 0xffffffffu, most = 0;
+    long long j;
+#pragma omp simd reduction(min : least_m1) reduction(max : most)
+    for (j = 0; j < C; j++) {
+        uint32_t b;
+        memcpy(&b, &x[j], sizeof b);
+        const uint32_t mag = b & 0x7fffffffu;
+        const uint32_t mag_m1 = mag - 1u, finite = (mag < 0x7f800000u) ? mag : 0u;
+        least_m1 = (mag_m1 < least_m1) ? mag_m1 : least_m1;
+        most = (finite > most) ? finite : most;
+    }
+    float least_f, most_f;
+    const uint32_t least = least_m1 + 1u;
+    memcpy(&least_f, &least, sizeof least_f);
+    memcpy(&most_f, &most, sizeof most_f);
+    /* no nonzero entry: least wraps to 0, and every difference is exact */
+    return least == 0u || (double)least_f >= (double)most_f * 0x1p-28;
+}
+#endif
+
+/* xf_neg_log_prob where m - x is exact (xf_row_diffs_exact): TwoSum's error is 0 there, so its
+ * d + (log_s + 0) is d + log_s bit for bit (log_s >= +0; a -inf entry gives +inf either way), two
+ * operations in place of about ten */
+XF_KERNEL inline double XF_FN(xf_neg_log_prob_exact_diff)(double x, double m, double log_s)
+{
+    return (m - x) + log_s;
+}
+
 /* Pass 3's ordinary case, vectorized: the loss term and q_j of each element of a chunk (x, t, w at its
  * start) into tb / qb, by the operations of xf_xent_term for a class other than the index target.
  * Returns whether any element needs what xf_xent_term does beyond them: a q_j below 2^-969 that has
@@ -1124,7 +1168,7 @@ XF_KERNEL inline int XF_FN(xf_terms_chunk_never_slow)(const xf_rowjob *job, cons
  * The argmax and the index target are the caller's. */
 XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_xent_terms_chunk)(
     const XF_T *x, long long len, const xf_rowjob *job, const XF_T *t, const double *w, double *tb,
-    double *qb, const int has_t, const int has_w)
+    double *qb, const int has_t, const int has_w, const int diffs_exact)
 {
     const double m = job->m, log_s = job->log_s, ls = job->loss_scale, eps = job->eps, epc = job->eps_per_class;
     int slow = 0;
@@ -1138,7 +1182,8 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_xent_terms_chunk)(
             const double xv = (double)x[i];
             const double fin = (xv > -XF_INF) ? 1.0 : 0.0;
             const double q = xf_target_q_other(0, eps, epc, has_w ? w[i] : 1.0, fin, 0.0);
-            const double nlp = xf_neg_log_prob(xv, m, log_s);
+            const double nlp = diffs_exact ? XF_FN(xf_neg_log_prob_exact_diff)(xv, m, log_s)
+                                           : xf_neg_log_prob(xv, m, log_s);
             tb[i] = (q > 0.0) ? (q * ls) * nlp : 0.0;
             qb[i] = q;
         }
@@ -1178,7 +1223,8 @@ XF_KERNEL inline __attribute__((always_inline)) int XF_FN(xf_xent_terms_chunk)(
             const double wc = has_w ? w[i] : 1.0;
             const double tj = (double)t[i];
             const double q = xf_target_q_other(1, eps, epc, wc, fin, tj);
-            const double nlp = xf_neg_log_prob(xv, m, log_s);
+            const double nlp = diffs_exact ? XF_FN(xf_neg_log_prob_exact_diff)(xv, m, log_s)
+                                           : xf_neg_log_prob(xv, m, log_s);
             tb[i] = (xf_target_mass_min(eps, epc, wc, fin, tj) > 0.0) ? (q * ls) * nlp : 0.0;
             qb[i] = q;
         }
@@ -1279,7 +1325,7 @@ XF_KERNEL inline int XF_FN(xf_prob_terms_never_slow)(const xf_rowjob *job, long 
  * 6.8-8.4, 17-22 -> 7.7-8.4). */
 XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_terms_block_form)(
     const XF_T *x, long long n, long long offset, const xf_rowjob *job, const XF_T *t, const double *w,
-    double out[4], const int has_t, const int has_w)
+    double out[4], const int has_t, const int has_w, const int diffs_exact)
 {
     double acc[XF_LANES], cmp[XF_LANES], qacc[XF_LANES], qcmp[XF_LANES];
     double tb[XF_CHUNK], qb[XF_CHUNK];
@@ -1296,10 +1342,11 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_terms_block_f
         const long long len = (n - j < XF_CHUNK) ? n - j : XF_CHUNK;
         /* a full chunk with its length a constant: with a variable one gcc's cost model put the vector
          * loop behind a trip-count check that 64 did not pass */
-        const int slow = (len == XF_CHUNK) ? XF_FN(xf_xent_terms_chunk)(x + j, XF_CHUNK, job, has_t ? t + j : t,
-                                                                        has_w ? w + j : w, tb, qb, has_t, has_w)
-                                           : XF_FN(xf_xent_terms_chunk)(x + j, len, job, has_t ? t + j : t,
-                                                                        has_w ? w + j : w, tb, qb, has_t, has_w);
+        const int slow = (len == XF_CHUNK)
+                             ? XF_FN(xf_xent_terms_chunk)(x + j, XF_CHUNK, job, has_t ? t + j : t, has_w ? w + j : w, tb,
+                                                          qb, has_t, has_w, diffs_exact)
+                             : XF_FN(xf_xent_terms_chunk)(x + j, len, job, has_t ? t + j : t, has_w ? w + j : w, tb, qb,
+                                                          has_t, has_w, diffs_exact);
         /* every element of a chunk with a rare one, else the argmax and the index target only */
         if (slow) {
             for (i = 0; i < len; i++) {
@@ -1326,19 +1373,30 @@ XF_KERNEL inline __attribute__((always_inline)) void XF_FN(xf_xent_terms_block_f
 XF_KERNEL void XF_FN(xf_xent_terms_block)(const XF_T *x, long long n, long long offset, const xf_rowjob *job,
                                       const XF_T *t, const double *w, double out[4])
 {
+/* the four combinations of targets and weights, each with and without exact differences (float32 rows
+ * only: float64 has no such flag) */
+#define XF_TERMS_BLOCK_FORM(HT, HW)                                                                          \
+    do {                                                                                                     \
+        if (!XF_COMPENSATED && job->diffs_exact) {                                                           \
+            XF_FN(xf_xent_terms_block_form)(x, n, offset, job, t, w, out, (HT), (HW), 1);                    \
+        } else {                                                                                             \
+            XF_FN(xf_xent_terms_block_form)(x, n, offset, job, t, w, out, (HT), (HW), 0);                    \
+        }                                                                                                    \
+    } while (0)
     if (w) {
         if (job->prob) {
-            XF_FN(xf_xent_terms_block_form)(x, n, offset, job, t, w, out, 1, 1);
+            XF_TERMS_BLOCK_FORM(1, 1);
         } else {
-            XF_FN(xf_xent_terms_block_form)(x, n, offset, job, t, w, out, 0, 1);
+            XF_TERMS_BLOCK_FORM(0, 1);
         }
     } else {
         if (job->prob) {
-            XF_FN(xf_xent_terms_block_form)(x, n, offset, job, t, w, out, 1, 0);
+            XF_TERMS_BLOCK_FORM(1, 0);
         } else {
-            XF_FN(xf_xent_terms_block_form)(x, n, offset, job, t, w, out, 0, 0);
+            XF_TERMS_BLOCK_FORM(0, 0);
         }
     }
+#undef XF_TERMS_BLOCK_FORM
 }
 
 /* Pass 4's general form (probability targets, smoothing, z-loss), one loop per combination of targets and
@@ -1919,6 +1977,9 @@ XF_KERNEL double XF_FN(xf_row_loss)(const XF_T *x, long long C, xf_rowjob *job, 
             job->prob_terms_never_slow =
                 XF_FN(xf_prob_terms_never_slow)(job, C, w != 0, job->targets_nonneg, t_least);
         }
+#if !XF_COMPENSATED
+        job->diffs_exact = XF_FN(xf_row_diffs_exact)((const float *)x, C);
+#endif
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
     }
 #if XF_COMPENSATED

@@ -65,6 +65,11 @@ typedef struct {
     double s_hi, s_lo;   /* s = sum over j != argmax of exp(x_j - m) */
     double S;            /* 1 + s */
     int rescued;         /* float64, s < 2^-900: s is also held as s_scaled = s * 2^600 */
+    int diffs_exact;     /* CPU, float32 rows: m - x_j is exact in double for every finite x_j, so the loss-
+                          * terms pass takes -log p_j without TwoSum's error term, the same bits
+                          * (softmax_rows.h, xf_row_diffs_exact); 0 unless the row driver found so.  In
+                          * the padding after `rescued`: the GPU row kernel spills by the layout (see
+                          * log_s_unused) */
     double s_scaled;
     double log_s;        /* log S = log1p(s) */
     double lse;          /* m + log S */
@@ -134,6 +139,7 @@ XF_HD void xf_rowjob_init(xf_rowjob *job, long long y, double w_y, double eps, d
     job->min_finite = XF_INF;
     job->eps_per_class = 0.0;
     job->rescued = 0;
+    job->diffs_exact = 0;
     job->s_scaled = 0.0;
     job->grad_scaled = 0;
     job->s_hi = job->s_lo = 0.0;
