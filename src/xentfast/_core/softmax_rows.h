@@ -1127,29 +1127,27 @@ XF_KERNEL inline int XF_FN(xf_terms_chunk_never_slow)(const xf_rowjob *job, cons
  * below 2^-98, and the differences, below 2^-97, are then multiples of 2^-149 within 53 bits too.  Where
  * it holds, xf_neg_log_prob's TwoSum error is 0 for every entry.  tests/test_threads.py
  * (test_exact_differences_take_the_split_s_bits) checks rows on both sides of the bound. */
-XF_KERNEL int XF_FN(xf_row_diffs_exact)(const float *x, long long C)
+XF_KERNEL int XF_FN(xf_row_diffs_exact)(const float *x, long long C, double m, double min_finite)
 {
-    /* on the magnitudes' bits, whose unsigned order is their order: the least nonzero one as the least of
-     * bits - 1 (a zero wraps to the largest), the largest finite one as the largest of the bits below
-     * infinity's.  Plain integer min and max on the accumulators (with float tests on them the loop ran
-     * 0.2 ns an entry, a compare and a blend on each accumulator's chain). */
-    uint32_t least_m1 = 0xffffffffu, most = 0;
+    /* the largest finite magnitude is |m| or |min_finite| (every finite entry lies between them); the
+     * least nonzero one from the magnitudes' bits, whose unsigned order is their order, as the least of
+     * bits - 1 (a zero wraps to the largest): a plain integer min on the accumulator (with float tests on
+     * it the loop ran 0.2 ns an entry, a compare and a blend on the accumulator's chain) */
+    const double most = (xf_fabs(m) > xf_fabs(min_finite)) ? xf_fabs(m) : xf_fabs(min_finite);
+    uint32_t least_m1 = 0xffffffffu;
     long long j;
-#pragma omp simd reduction(min : least_m1) reduction(max : most)
+#pragma omp simd reduction(min : least_m1)
     for (j = 0; j < C; j++) {
         uint32_t b;
         memcpy(&b, &x[j], sizeof b);
-        const uint32_t mag = b & 0x7fffffffu;
-        const uint32_t mag_m1 = mag - 1u, finite = (mag < 0x7f800000u) ? mag : 0u;
+        const uint32_t mag_m1 = (b & 0x7fffffffu) - 1u;
         least_m1 = (mag_m1 < least_m1) ? mag_m1 : least_m1;
-        most = (finite > most) ? finite : most;
     }
-    float least_f, most_f;
+    float least_f;
     const uint32_t least = least_m1 + 1u;
     memcpy(&least_f, &least, sizeof least_f);
-    memcpy(&most_f, &most, sizeof most_f);
     /* no nonzero entry: least wraps to 0, and every difference is exact */
-    return least == 0u || (double)least_f >= (double)most_f * 0x1p-28;
+    return least == 0u || (double)least_f >= most * 0x1p-28;
 }
 #endif
 
@@ -1978,7 +1976,7 @@ XF_KERNEL double XF_FN(xf_row_loss)(const XF_T *x, long long C, xf_rowjob *job, 
                 XF_FN(xf_prob_terms_never_slow)(job, C, w != 0, job->targets_nonneg, t_least);
         }
 #if !XF_COMPENSATED
-        job->diffs_exact = XF_FN(xf_row_diffs_exact)((const float *)x, C);
+        job->diffs_exact = XF_FN(xf_row_diffs_exact)((const float *)x, C, job->m, job->min_finite);
 #endif
         XF_FN(xf_row_terms)(x, C, job, t, w, terms);
     }
